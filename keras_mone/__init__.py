@@ -1,0 +1,10 @@
+"""keras_mone: a Keras 3 model zoo for conditional-computation vision models.
+
+Mixture of Nested Experts (Jain et al., NeurIPS 2024) and the dense ViTs it
+builds on, on the jax, tensorflow and torch backends.
+"""
+
+from keras_mone import layers, models, presets, routing
+from keras_mone.version import __version__
+
+__all__ = ["__version__", "layers", "models", "presets", "routing"]

@@ -1,0 +1,22 @@
+"""Backend-agnostic Keras layers of keras_mone (``keras.ops`` only, static shapes)."""
+
+from keras_mone.layers.attention import MoNEAttention
+from keras_mone.layers.block import HalfOpenUnitInterval, MoNEBlock
+from keras_mone.layers.mlp import NestedMLP
+from keras_mone.layers.nested_dense import NestedDense
+from keras_mone.layers.patch_embedding import PatchEmbedding
+from keras_mone.layers.regularization import DropPath
+from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
+
+__all__ = [
+    "DropPath",
+    "ExpertPreferredRouting",
+    "HalfOpenUnitInterval",
+    "MoNEAttention",
+    "MoNEBlock",
+    "NestedDense",
+    "NestedMLP",
+    "PatchEmbedding",
+    "RandomRouter",
+    "Router",
+]

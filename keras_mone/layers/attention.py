@@ -1,0 +1,108 @@
+"""MoNEAttention: multi-head self-attention with nested in/out projections (App. A.1 Eq. 5)."""
+
+import keras
+from keras import ops
+
+from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.nested_dense import NestedDense
+
+
+@register
+class MoNEAttention(ConfigMixin, keras.layers.Layer):
+    """Self-attention in which each token group uses its own nested width.
+
+    A token of width ``d`` computes its query, key and value from its first
+    ``d`` features only (``x[:, :d] @ W_qkv[:d]``); attention runs over all
+    tokens at the full dimension ``D`` (Sec. 3.1: "irrespective of the sub-model
+    used in the in-projections, it is always projected to the model dimension
+    D"); the output projection produces the first ``d`` features, zero-padded
+    to ``D`` (Eq. 5 and 7). Q, K and V share one fused ``(D, 3D)`` kernel.
+
+    Call with a tensor ``(batch, tokens, D)`` for ordinary (full-width)
+    attention, or with a list of token groups ``(batch, k_j, D)`` and their
+    ``widths``; the result has the same structure as the input.
+
+    Args:
+        hidden_dim: model dimension ``D``.
+        num_heads: attention heads; ``D`` must be divisible by it.
+        use_bias: biases on the projections.
+        dropout_rate: dropout on the attention output.
+        kernel_initializer: initialiser of both projections.
+    """
+
+    def __init__(
+        self,
+        hidden_dim,
+        num_heads,
+        use_bias=True,
+        dropout_rate=0.0,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if hidden_dim % num_heads:
+            raise ValueError(
+                f"`hidden_dim` ({hidden_dim}) must be divisible by `num_heads` ({num_heads})."
+            )
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.use_bias = use_bias
+        self.dropout_rate = dropout_rate
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.qkv = NestedDense(
+            3 * hidden_dim, use_bias=use_bias, kernel_initializer=kernel_initializer,
+            dtype=self.dtype_policy, name="qkv",
+        )
+        self.out = NestedDense(
+            hidden_dim, use_bias=use_bias, kernel_initializer=kernel_initializer,
+            dtype=self.dtype_policy, name="out",
+        )
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.qkv.build((None, None, self.hidden_dim))
+        self.out.build((None, None, self.hidden_dim))
+
+    def call(self, inputs, widths=None, training=None):
+        groups, widths, single = as_groups(inputs, widths, self.hidden_dim)
+        sizes = [g.shape[1] for g in groups]
+        qkv = [self.qkv(g, in_width=w) for g, w in zip(groups, widths)]
+        qkv = qkv[0] if len(qkv) == 1 else ops.concatenate(qkv, axis=1)
+        head_dim = self.hidden_dim // self.num_heads
+        qkv = ops.reshape(qkv, (-1, qkv.shape[1], 3, self.num_heads, head_dim))
+        query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        attended = ops.dot_product_attention(query, key, value)
+        attended = ops.reshape(attended, (-1, attended.shape[1], self.hidden_dim))
+        outputs = []
+        start = 0
+        for size, width in zip(sizes, widths):
+            part = attended if len(sizes) == 1 else attended[:, start : start + size]
+            start += size
+            outputs.append(self.dropout(self.out(part, out_width=width), training=training))
+        return outputs[0] if single else outputs
+
+    def compute_output_shape(self, input_shape, widths=None):
+        return input_shape
+
+
+def as_groups(inputs, widths, hidden_dim):
+    """Normalises a tensor or a list of token groups and their widths.
+
+    Returns ``(groups, widths, single)``; a bare tensor is one group at full
+    width ``hidden_dim``.
+    """
+    single = not isinstance(inputs, (list, tuple))
+    groups = [inputs] if single else list(inputs)
+    if widths is None:
+        widths = [hidden_dim] * len(groups)
+    elif isinstance(widths, int):
+        widths = [widths] * len(groups)
+    widths = [int(w) for w in widths]
+    if len(widths) != len(groups):
+        raise ValueError(
+            f"Got {len(groups)} token groups but {len(widths)} `widths`; pass one width per group."
+        )
+    for w in widths:
+        if not 0 < w <= hidden_dim:
+            raise ValueError(f"`widths` must lie in [1, {hidden_dim}], got {widths}.")
+    return groups, widths, single

@@ -1,0 +1,108 @@
+"""The transformer block of every ViT in keras_mone, dense or MoNE (Eq. 1)."""
+
+import keras
+from keras import ops
+
+from keras_mone.layers.attention import MoNEAttention, as_groups
+from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.mlp import NestedMLP
+from keras_mone.layers.nested_dense import pad_features
+from keras_mone.layers.regularization import DropPath
+
+
+@register
+class HalfOpenUnitInterval(keras.constraints.Constraint):
+    """Clips a weight into ``[0, 1)`` (MoNE's alpha, Sec. 4.1)."""
+
+    def __call__(self, w):
+        return ops.clip(w, 0.0, 1.0 - 1e-6)
+
+
+@register
+class MoNEBlock(ConfigMixin, keras.layers.Layer):
+    """Pre-LayerNorm ViT block over token groups of nested widths (Eq. 1).
+
+    For a token ``x`` routed to the expert of width ``d`` with router
+    probability ``r``::
+
+        z  = x + Pad(SA_d(LN1(x)))
+        x' = z + (alpha * r + 1) * Pad(FFN_d(LN2(z)))
+
+    LayerNorms and residuals act on the full width ``D``; the projections are
+    nested (``MoNEAttention``, ``NestedMLP``). ``alpha`` is learnable, kept in
+    ``[0, 1)`` and starts at 0 (Sec. 4.1); it exists only when ``routed=True``.
+
+    Call with a tensor ``(batch, tokens, D)`` (dense ViT block), or with a list
+    of token groups, their ``widths`` and, for routed blocks, ``gates``: one
+    ``(batch, k_j)`` tensor of router probabilities per group (``None`` for a
+    group with gate factor 1).
+
+    Args:
+        hidden_dim, num_heads, mlp_dim: ViT dimensions.
+        routed: create ``alpha`` and apply the router gate of Eq. 1.
+        dropout_rate: dropout in attention output and MLP.
+        drop_path_rate: stochastic depth rate of both residual branches.
+        layer_norm_epsilon: LayerNorm epsilon (1e-6 as in ViT).
+    """
+
+    def __init__(
+        self,
+        hidden_dim,
+        num_heads,
+        mlp_dim,
+        routed=False,
+        dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.routed = routed
+        self.dropout_rate = dropout_rate
+        self.drop_path_rate = drop_path_rate
+        self.layer_norm_epsilon = layer_norm_epsilon
+        policy = self.dtype_policy
+        self.norm1 = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=policy, name="norm1"
+        )
+        self.attention = MoNEAttention(
+            hidden_dim, num_heads, dropout_rate=dropout_rate, dtype=policy, name="attention"
+        )
+        self.norm2 = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=policy, name="norm2"
+        )
+        self.mlp = NestedMLP(hidden_dim, mlp_dim, dropout_rate=dropout_rate, dtype=policy, name="mlp")
+        self.drop_path = DropPath(drop_path_rate, dtype=policy)
+
+    def build(self, input_shape):
+        shape = (None, None, self.hidden_dim)
+        for layer in (self.norm1, self.attention, self.norm2, self.mlp):
+            layer.build(shape)
+        self.alpha = None
+        if self.routed:
+            self.alpha = self.add_weight(
+                name="alpha", shape=(), initializer="zeros", constraint=HalfOpenUnitInterval()
+            )
+
+    def call(self, inputs, widths=None, gates=None, training=None):
+        groups, widths, single = as_groups(inputs, widths, self.hidden_dim)
+        attended = self.attention([self.norm1(g) for g in groups], widths=widths, training=training)
+        mids = [g + self.drop_path(a, training=training) for g, a in zip(groups, attended)]
+        outputs = []
+        for j, (z, width) in enumerate(zip(mids, widths)):
+            update = self.mlp(self.norm2(z), width=width, pad_output=False, training=training)
+            gate = None if gates is None else gates[j]
+            if gate is not None:
+                if self.alpha is None:
+                    raise ValueError(f"MoNEBlock '{self.name}' got `gates` but was built with routed=False.")
+                scale = ops.cast(self.alpha, gate.dtype) * gate + 1.0
+                update = update * ops.cast(ops.expand_dims(scale, -1), update.dtype)
+            update = pad_features(update, self.hidden_dim)
+            outputs.append(z + self.drop_path(update, training=training))
+        return outputs[0] if single else outputs
+
+    def compute_output_shape(self, input_shape, widths=None, gates=None):
+        return input_shape

@@ -1,0 +1,50 @@
+"""Serialization helpers shared by every keras_mone layer and model.
+
+Each constructor argument is written once: it is stored on ``self`` under its
+own name, and ``ConfigMixin.get_config`` reads the constructor's signature to
+build the config, so the config and the constructor cannot drift apart.
+"""
+
+import inspect
+
+import keras
+
+PACKAGE = "keras_mone"
+
+
+def register(cls):
+    """Registers ``cls`` for ``.keras`` saving under the ``keras_mone`` package."""
+    return keras.saving.register_keras_serializable(package=PACKAGE)(cls)
+
+
+class ConfigMixin:
+    """``get_config`` from the ``__init__`` signature (arguments stored as attributes)."""
+
+    def get_config(self):
+        config = super().get_config()
+        for name in config_argument_names(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, (keras.initializers.Initializer, keras.layers.Layer)):
+                value = keras.saving.serialize_keras_object(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            config[name] = value
+        return config
+
+
+def config_argument_names(cls):
+    """Explicit ``__init__`` arguments of ``cls`` and of its keras_mone bases.
+
+    A subclass that forwards ``**kwargs`` to its parent still gets the
+    parent's arguments in its config.
+    """
+    names = []
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("keras_mone") or "__init__" not in vars(klass):
+            continue
+        for p in inspect.signature(klass.__init__).parameters.values():
+            if p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            if p.name not in names:
+                names.append(p.name)
+    return names

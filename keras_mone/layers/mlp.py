@@ -1,0 +1,59 @@
+"""NestedMLP: the ViT MLP with nested in/out projections (App. A.1 Eq. 6)."""
+
+import keras
+from keras import ops
+
+from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.nested_dense import NestedDense
+
+
+@register
+class NestedMLP(ConfigMixin, keras.layers.Layer):
+    """``gelu(x[:, :d] @ W_in[:d]) @ W_out[:, :d]``, padded back to ``D`` (Eq. 6).
+
+    The hidden width stays at the full ``mlp_dim`` (4D in ViT) for every nested
+    width ``d``, as in Sec. 3.1; only the in- and out-projections are sliced.
+
+    Args:
+        hidden_dim: model dimension ``D``.
+        mlp_dim: hidden width of the MLP.
+        dropout_rate: dropout after the activation and after the out-projection.
+        kernel_initializer: initialiser of both projections.
+    """
+
+    def __init__(
+        self, hidden_dim, mlp_dim, dropout_rate=0.0, kernel_initializer="glorot_uniform", **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.mlp_dim = mlp_dim
+        self.dropout_rate = dropout_rate
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.fc1 = NestedDense(
+            mlp_dim, kernel_initializer=kernel_initializer, bias_initializer=_small_normal(),
+            dtype=self.dtype_policy, name="fc1",
+        )
+        self.fc2 = NestedDense(
+            hidden_dim, kernel_initializer=kernel_initializer, bias_initializer=_small_normal(),
+            dtype=self.dtype_policy, name="fc2",
+        )
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.fc1.build((None, None, self.hidden_dim))
+        self.fc2.build((None, None, self.mlp_dim))
+
+    def call(self, inputs, width=None, pad_output=True, training=None):
+        hidden = ops.gelu(self.fc1(inputs, in_width=width), approximate=False)
+        hidden = self.dropout(hidden, training=training)
+        outputs = self.fc2(hidden, out_width=width, pad_output=pad_output)
+        return self.dropout(outputs, training=training)
+
+    def compute_output_shape(self, input_shape, width=None, pad_output=True, **kwargs):
+        last = self.hidden_dim if (pad_output or width is None) else width
+        return tuple(input_shape[:-1]) + (last,)
+
+
+def _small_normal():
+    # ViT's MLP biases start at N(0, 1e-6) (big_vision, timm); kept for parity.
+    return keras.initializers.RandomNormal(stddev=1e-6)

@@ -1,0 +1,96 @@
+"""NestedDense: one full-size Dense kernel used at any nested width (MoNE App. A.1)."""
+
+import keras
+from keras import ops
+
+from keras_mone.layers.config import ConfigMixin, register
+
+
+@register
+class NestedDense(ConfigMixin, keras.layers.Layer):
+    """A Dense layer whose kernel serves every nested width (Eq. 7).
+
+    With ``in_width=d`` it is the sliced in-projection ``x[:, :d] @ W[:d, :]``;
+    with ``out_width=d`` the sliced out-projection ``x @ W[:, :d]`` whose result
+    is zero-padded back to ``units`` features (``pad_output=True``) before the
+    residual connection. Only the sliced sub-matrix is multiplied, so the cost
+    scales with ``d``. Called without widths it is an ordinary Dense layer.
+
+    Args:
+        units: full output width.
+        use_bias: add a bias (sliced like the kernel's columns).
+        kernel_initializer, bias_initializer: Keras initialisers.
+
+    Example:
+        >>> layer = NestedDense(64)
+        >>> y = layer(x, in_width=8)              # reads x[..., :8]
+        >>> y = layer(x, out_width=16)            # 16 features, padded to 64
+    """
+
+    def __init__(
+        self,
+        units,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = int(units)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(input_shape[-1], self.units),
+            initializer=self.kernel_initializer,
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias", shape=(self.units,), initializer=self.bias_initializer
+            )
+
+    def call(self, inputs, in_width=None, out_width=None, pad_output=True):
+        full_in, full_out = self.kernel.shape
+        in_width = _check_width(in_width, full_in, "in_width")
+        out_width = _check_width(out_width, full_out, "out_width")
+        if inputs.shape[-1] not in (in_width, full_in):
+            raise ValueError(
+                f"NestedDense '{self.name}' expects {in_width} or {full_in} input "
+                f"features, got {inputs.shape[-1]}."
+            )
+        if inputs.shape[-1] != in_width:
+            inputs = inputs[..., :in_width]
+        kernel = self.kernel
+        if in_width != full_in or out_width != full_out:
+            kernel = kernel[:in_width, :out_width]
+        outputs = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))
+        if self.bias is not None:
+            bias = self.bias if out_width == full_out else self.bias[:out_width]
+            outputs = outputs + ops.cast(bias, self.compute_dtype)
+        if pad_output and out_width != full_out:
+            outputs = pad_features(outputs, full_out)
+        return outputs
+
+    def compute_output_shape(self, input_shape, out_width=None, pad_output=True, **kwargs):
+        width = self.units if (pad_output or out_width is None) else out_width
+        return tuple(input_shape[:-1]) + (width,)
+
+
+def pad_features(x, width):
+    """Zero-pads the last axis of ``x`` to ``width`` (the paper's *Pad*)."""
+    missing = width - x.shape[-1]
+    if missing == 0:
+        return x
+    return ops.pad(x, [[0, 0]] * (len(x.shape) - 1) + [[0, missing]])
+
+
+def _check_width(width, full, name):
+    if width is None:
+        return full
+    if not 0 < width <= full:
+        raise ValueError(f"`{name}` must be in [1, {full}], got {width}.")
+    return int(width)

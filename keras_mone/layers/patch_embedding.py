@@ -1,0 +1,103 @@
+"""Patch embedding of ViT: non-overlapping patches, optional class token, positions."""
+
+import keras
+from keras import ops
+
+from keras_mone.layers.config import ConfigMixin, register
+
+
+@register
+class PatchEmbedding(ConfigMixin, keras.layers.Layer):
+    """Images ``(batch, H, W, C)`` to tokens ``(batch, N [+1], D)``.
+
+    A ``patch_size`` x ``patch_size`` convolution with the same stride, an
+    optional learned class token in front, and learned position embeddings.
+    Inputs are checked against ``image_size`` and ``num_channels`` with an
+    error that names the argument.
+    """
+
+    def __init__(
+        self, image_size, patch_size, hidden_dim, num_channels=3, use_class_token=False, **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.image_size = validate_image_geometry(image_size, patch_size)
+        self.patch_size = patch_size
+        self.hidden_dim = hidden_dim
+        self.num_channels = num_channels
+        self.use_class_token = use_class_token
+        self.projection = keras.layers.Conv2D(
+            hidden_dim, patch_size, strides=patch_size, padding="valid",
+            kernel_initializer=keras.initializers.LecunNormal(),
+            dtype=self.dtype_policy, name="projection",
+        )
+
+    @property
+    def grid_size(self):
+        return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
+
+    @property
+    def num_tokens(self):
+        return self.grid_size[0] * self.grid_size[1] + int(self.use_class_token)
+
+    def build(self, input_shape):
+        self.projection.build((None, *self.image_size, self.num_channels))
+        self.class_token = None
+        if self.use_class_token:
+            self.class_token = self.add_weight(
+                name="class_token", shape=(1, 1, self.hidden_dim), initializer="zeros"
+            )
+        self.position_embedding = self.add_weight(
+            name="position_embedding",
+            shape=(1, self.num_tokens, self.hidden_dim),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+
+    def call(self, images):
+        check_images(images, self.image_size, self.num_channels)
+        tokens = self.projection(images)
+        tokens = ops.reshape(tokens, (-1, tokens.shape[1] * tokens.shape[2], self.hidden_dim))
+        if self.class_token is not None:
+            cls = ops.broadcast_to(
+                ops.cast(self.class_token, tokens.dtype), (ops.shape(tokens)[0], 1, self.hidden_dim)
+            )
+            tokens = ops.concatenate([cls, tokens], axis=1)
+        return tokens + ops.cast(self.position_embedding, tokens.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_tokens, self.hidden_dim)
+
+
+def validate_image_geometry(image_size, patch_size):
+    """Returns ``image_size`` as ``(H, W)`` or raises naming the bad argument."""
+    if isinstance(image_size, int):
+        image_size = (image_size, image_size)
+    image_size = tuple(int(s) for s in image_size)
+    if len(image_size) != 2 or min(image_size) <= 0:
+        raise ValueError(f"`image_size` must be a positive int or (height, width), got {image_size}.")
+    if not isinstance(patch_size, int) or patch_size <= 0:
+        raise ValueError(f"`patch_size` must be a positive int, got {patch_size!r}.")
+    if image_size[0] % patch_size or image_size[1] % patch_size:
+        raise ValueError(
+            f"`image_size` {image_size} must be divisible by `patch_size` ({patch_size}); "
+            f"for example {tuple((s // patch_size or 1) * patch_size for s in image_size)}."
+        )
+    return image_size
+
+
+def check_images(images, image_size, num_channels):
+    """Raises a ``ValueError`` naming ``images`` if its static shape does not fit."""
+    shape = tuple(images.shape)
+    if len(shape) != 4:
+        raise ValueError(
+            f"`images` must have shape (batch, height, width, channels), got {shape}."
+        )
+    if shape[3] is not None and shape[3] != num_channels:
+        raise ValueError(
+            f"`images` has {shape[3]} channels but the model expects `num_channels`={num_channels}."
+        )
+    if None not in shape[1:3] and tuple(shape[1:3]) != tuple(image_size):
+        raise ValueError(
+            f"`images` are {shape[1]}x{shape[2]} but the model was built for "
+            f"`image_size`={tuple(image_size)}; resize the images or build the model "
+            f"with image_size={shape[1]}."
+        )

@@ -1,0 +1,216 @@
+"""MoNE-ViT: a ViT whose tokens are routed to nested experts (MoNE paper, Sec. 4)."""
+
+from keras import ops
+
+from keras_mone.layers.config import register
+from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
+from keras_mone.routing import capacity as capacity_lib
+from keras_mone.routing.epr import DROPPED, gather_tokens, inverse_permutation
+from keras_mone.models.vit_backbone import ViTBackbone
+
+ROUTER_TYPES = ("learned", "random")
+
+
+@register
+class MoNEViTBackbone(ViTBackbone):
+    """Mixture of Nested Experts ViT with real compute savings.
+
+    A router (Sec. 4.1) at each of ``router_positions`` scores every token for
+    the ``num_experts`` nested experts of widths ``D/2**(E-1), ..., D/2, D``;
+    Expert Preferred Routing (Algorithm 1) assigns each example's tokens with
+    exact static counts from the capacity distribution (Eq. 3). The tokens are
+    then *grouped by expert once*, and every block runs each group on its own
+    contiguous slice at its own width (``MoNEBlock``): nothing is computed at
+    full width and masked. A routing decision holds until the next router
+    (Sec. 6); blocks before the first router run at full width. Outputs come
+    back in the original token order.
+
+    Everything about the capacity is static, so changing it retraces:
+    ``set_capacity(e_c)`` switches an existing model to another budget without
+    touching its weights, and ``predict`` / ``evaluate`` / ``fit`` follow it.
+    At ``capacity=1.0`` every token goes to the full expert; with ``alpha=0``
+    (its initial value) the model is then exactly the dense ViT.
+
+    Args (beyond ``ViTBackbone``'s):
+        num_experts: ``E``, number of nested experts (4 in the paper).
+        capacity: effective capacity ``e_c`` in ``(0, 1]`` (at least
+            ``2**-(E-1)`` unless ``capacity_method="mod_greedy"``).
+        capacity_method: "mone" (Eq. 3), "greedy" or "mod_greedy" (Table 2).
+        router_positions: indices of blocks that get a router (default: the
+            first block, as in the paper).
+        router_type: "learned" (Eq. 1 gates with the router probability) or
+            "random" (Sec. 6 / Fig. 7c: random assignment, same capacities,
+            no gate).
+        router_seed: seed of the random router.
+    """
+
+    default_name = "mone_vit_backbone"
+
+    def __init__(
+        self,
+        num_experts=4,
+        capacity=0.5,
+        capacity_method="mone",
+        router_positions=(0,),
+        router_type="learned",
+        router_seed=None,
+        **kwargs,
+    ):
+        depth = kwargs.get("depth", 12)
+        positions = sorted({int(p) for p in router_positions})
+        if not positions or positions[0] < 0 or positions[-1] >= depth:
+            raise ValueError(
+                f"`router_positions` must be block indices in [0, {depth - 1}], got {router_positions!r}."
+            )
+        if router_type not in ROUTER_TYPES:
+            raise ValueError(f"`router_type` must be one of {ROUTER_TYPES}, got {router_type!r}.")
+        hidden_dim = kwargs.get("hidden_dim", 768)
+        if not isinstance(num_experts, int) or num_experts < 1 or hidden_dim % 2 ** (num_experts - 1):
+            raise ValueError(
+                f"`num_experts`={num_experts!r} needs `hidden_dim` ({hidden_dim}) divisible by "
+                f"2**(num_experts - 1) so that every nested width D/2**k is an integer."
+            )
+        self._first_router = positions[0]
+        super().__init__(**kwargs)
+        self.num_experts = num_experts
+        self.capacity_method = capacity_method
+        self.router_positions = positions
+        self.router_type = router_type
+        self.router_seed = router_seed
+        self.expert_widths = [hidden_dim // 2 ** (num_experts - 1 - j) for j in range(num_experts)]
+        self.routing = ExpertPreferredRouting(
+            num_experts, 1.0, capacity_method=capacity_method, name="routing"
+        )
+        self.capacity = None
+        self.set_capacity(capacity)
+        if router_type == "learned":
+            self.routers = [
+                Router(num_experts, dtype=self.dtype_policy, name=f"router_{p}") for p in positions
+            ]
+        else:
+            self.routers = [
+                RandomRouter(num_experts, seed=router_seed, name=f"router_{p}") for p in positions
+            ]
+
+    def _is_routed_block(self, index):
+        return index >= self._first_router
+
+    def _build_extra(self, token_shape):
+        for router in self.routers:
+            router.build(token_shape)
+
+    # -- capacity ---------------------------------------------------------
+    def set_capacity(self, capacity):
+        """Runs the model at effective capacity ``capacity`` from now on.
+
+        Weights are untouched; compiled ``predict`` / ``evaluate`` / ``fit``
+        functions are rebuilt on their next use.
+        """
+        minimum = None if self.capacity_method == "mod_greedy" else self.num_experts
+        capacity = capacity_lib.validate_effective_capacity(capacity, minimum, "capacity")
+        self.routing.set_capacity(capacity)
+        self.capacity = capacity
+
+    @property
+    def expert_capacities(self):
+        """Capacity distribution ``c`` in use, smallest expert first."""
+        return self.routing.capacities
+
+    def expert_token_counts(self):
+        """Static tokens per expert (smallest first) and dropped tokens, per example."""
+        return self.routing.token_counts(self.num_tokens)
+
+    def routing_key(self):
+        return (self.capacity_method, self.routing.capacities)
+
+    # -- forward ------------------------------------------------------------
+    def call(self, images, training=None, return_intermediates=False):
+        tokens = self.patch_embedding(images)
+        state = _TokenGroups(tokens, self.hidden_dim)
+        intermediates = {"router_probs": [], "expert_index": []}
+        routers = dict(zip(self.router_positions, self.routers))
+        for index, block in enumerate(self.blocks):
+            if index in routers:
+                probs = routers[index](state.merged())
+                state = self._regroup(state, probs)
+                if return_intermediates:
+                    restore = state.restore_indices()
+                    intermediates["router_probs"].append(gather_tokens(probs, _undo(state, probs)))
+                    intermediates["expert_index"].append(
+                        gather_tokens(state.labels(probs), restore)
+                    )
+            state.groups = block(state.groups, widths=state.widths, gates=state.gates, training=training)
+        tokens = self.norm(state.restored())
+        return (tokens, intermediates) if return_intermediates else tokens
+
+    def _regroup(self, state, probs):
+        """Assigns the current tokens to experts (EPR) and groups them."""
+        current = state.merged()
+        index_groups, dropped = self.routing.group(probs)
+        new = _TokenGroups(None, self.hidden_dim)
+        positions = []
+        for expert, indices in enumerate(index_groups):
+            if indices.shape[1] == 0:
+                continue
+            new.groups.append(gather_tokens(current, indices))
+            new.widths.append(self.expert_widths[expert])
+            new.experts.append(expert)
+            if self.router_type == "learned":
+                new.gates.append(gather_tokens(probs[..., expert], indices))
+            positions.append(indices)
+        if dropped.shape[1]:
+            new.dropped = gather_tokens(current, dropped)
+            positions.append(dropped)
+        if self.router_type != "learned":
+            new.gates = None
+        order = ops.concatenate(positions, axis=1) if len(positions) > 1 else positions[0]
+        new.previous_order = state.order
+        new.order = order if state.order is None else ops.take_along_axis(state.order, order, axis=1)
+        return new
+
+
+class _TokenGroups:
+    """Token features grouped by expert, with the permutation that undoes it.
+
+    ``order[b, p]`` is the original index of the token now at position ``p`` of
+    the concatenation ``groups + [dropped]``.
+    """
+
+    def __init__(self, tokens, hidden_dim):
+        self.groups = [] if tokens is None else [tokens]
+        self.widths = [] if tokens is None else [hidden_dim]
+        self.experts = [] if tokens is None else [None]
+        self.gates = [] if tokens is None else None
+        self.dropped = None
+        self.order = None
+        self.previous_order = None
+
+    def merged(self):
+        parts = self.groups + ([self.dropped] if self.dropped is not None else [])
+        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+
+    def restore_indices(self):
+        return inverse_permutation(self.order)
+
+    def restored(self):
+        merged = self.merged()
+        return merged if self.order is None else gather_tokens(merged, self.restore_indices())
+
+    def labels(self, probs):
+        """Expert index of each position of ``merged()`` (``DROPPED`` = -1)."""
+        labels = []
+        for expert, group in zip(self.experts, self.groups):
+            labels.append(ops.full((group.shape[1],), expert, dtype="int32"))
+        if self.dropped is not None:
+            labels.append(ops.full((self.dropped.shape[1],), DROPPED, dtype="int32"))
+        labels = ops.concatenate(labels) if len(labels) > 1 else labels[0]
+        return ops.broadcast_to(labels, ops.shape(probs)[:2])
+
+
+def _undo(state, probs):
+    """Indices that put router probabilities (computed in the previous order) in original order."""
+    if state.previous_order is None:
+        return ops.cast(ops.broadcast_to(ops.arange(probs.shape[1]), ops.shape(probs)[:2]), "int32")
+    return inverse_permutation(state.previous_order)
+
+

@@ -1,0 +1,116 @@
+"""Dense ViT backbone (Dosovitskiy et al. 2021), pre-LayerNorm, big_vision layout."""
+
+import keras
+
+from keras_mone.layers.block import MoNEBlock
+from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.patch_embedding import PatchEmbedding
+from keras_mone.models.capacity_control import CapacityControlMixin
+
+
+@register
+class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
+    """Vision Transformer encoder: images to normalised token features.
+
+    ``backbone(images)`` maps ``(batch, H, W, C)`` images to
+    ``(batch, tokens, hidden_dim)`` features after the final LayerNorm. The
+    class token, when used, is the first token. The weight layout is shared
+    with ``MoNEViTBackbone``, so dense weights load into a MoNE model.
+
+    Args:
+        image_size: input size, an int or ``(height, width)``, divisible by
+            ``patch_size``.
+        patch_size: side of the square patches.
+        hidden_dim, depth, num_heads, mlp_dim: transformer size (see
+            ``keras_mone.models.decode_variant``).
+        num_channels: input channels.
+        use_class_token: prepend a learned class token (for token pooling).
+        dropout_rate: dropout inside attention and MLP.
+        drop_path_rate: stochastic depth, rising linearly to this rate at the
+            last block.
+        layer_norm_epsilon: LayerNorm epsilon.
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        patch_size=16,
+        hidden_dim=768,
+        depth=12,
+        num_heads=12,
+        mlp_dim=3072,
+        num_channels=3,
+        use_class_token=False,
+        dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        **kwargs,
+    ):
+        kwargs.setdefault("name", self.default_name)
+        super().__init__(**kwargs)
+        self.patch_embedding = PatchEmbedding(
+            image_size, patch_size, hidden_dim, num_channels=num_channels,
+            use_class_token=use_class_token, dtype=self.dtype_policy, name="patch_embedding",
+        )
+        self.image_size = list(self.patch_embedding.image_size)
+        self.patch_size = patch_size
+        self.hidden_dim = hidden_dim
+        self.depth = depth
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.num_channels = num_channels
+        self.use_class_token = use_class_token
+        self.dropout_rate = dropout_rate
+        self.drop_path_rate = drop_path_rate
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.blocks = [
+            MoNEBlock(
+                hidden_dim, num_heads, mlp_dim,
+                routed=self._is_routed_block(index),
+                dropout_rate=dropout_rate,
+                drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
+                layer_norm_epsilon=layer_norm_epsilon,
+                dtype=self.dtype_policy,
+                name=f"block_{index}",
+            )
+            for index in range(depth)
+        ]
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="norm"
+        )
+
+    default_name = "vit_backbone"
+
+    @property
+    def num_tokens(self):
+        """Tokens per image, class token included."""
+        return self.patch_embedding.num_tokens
+
+    @property
+    def input_shape_per_example(self):
+        return (*self.image_size, self.num_channels)
+
+    def _is_routed_block(self, index):
+        return False
+
+    def build(self, input_shape=None):
+        self.patch_embedding.build((None, *self.input_shape_per_example))
+        token_shape = (None, self.num_tokens, self.hidden_dim)
+        for block in self.blocks:
+            block.build(token_shape)
+        self.norm.build(token_shape)
+        self._build_extra(token_shape)
+        self.built = True
+
+    def _build_extra(self, token_shape):
+        """Hook for sub-classes that add layers (routers)."""
+
+    def call(self, images, training=None, return_intermediates=False):
+        tokens = self.patch_embedding(images)
+        for block in self.blocks:
+            tokens = block(tokens, training=training)
+        tokens = self.norm(tokens)
+        return (tokens, {}) if return_intermediates else tokens
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_tokens, self.hidden_dim)

@@ -1,0 +1,41 @@
+"""Copying weights between models that share a layout (dense ViT -> MoNE-ViT)."""
+
+
+def _relative_paths(model):
+    prefix = model.name + "/"
+    return {
+        (v.path[len(prefix):] if v.path.startswith(prefix) else v.path): v for v in model.weights
+    }
+
+
+def transfer_weights(source, target):
+    """Copies every weight of ``source`` into the weight of ``target`` at the same path.
+
+    Both models must be built. Typical use: initialise a ``MoNEViTBackbone``
+    from a trained ``ViTBackbone``; the routers and the per-block ``alpha``
+    are the only MoNE weights without a dense counterpart and keep their
+    initial values (with ``alpha = 0`` the MoNE model at capacity 1.0 then
+    reproduces the dense model).
+
+    Returns:
+        Sorted paths of ``target`` weights that had no counterpart.
+
+    Raises:
+        ValueError: a ``source`` weight has no place in ``target`` or a shape
+            differs; nothing is copied in that case.
+    """
+    source_weights, target_weights = _relative_paths(source), _relative_paths(target)
+    missing = sorted(set(source_weights) - set(target_weights))
+    mismatched = [
+        f"{path}: {tuple(v.shape)} vs {tuple(target_weights[path].shape)}"
+        for path, v in source_weights.items()
+        if path in target_weights and tuple(v.shape) != tuple(target_weights[path].shape)
+    ]
+    if missing or mismatched:
+        raise ValueError(
+            f"Cannot transfer weights from '{source.name}' to '{target.name}': "
+            f"weights absent in the target: {missing}; shape mismatches: {mismatched}."
+        )
+    for path, variable in source_weights.items():
+        target_weights[path].assign(variable)
+    return sorted(set(target_weights) - set(source_weights))

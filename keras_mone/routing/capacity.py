@@ -1,0 +1,225 @@
+"""Capacity distributions over nested experts (MoNE paper, Sec. 4.3 and Table 2).
+
+A capacity distribution ``c`` gives the fraction of tokens each nested expert
+processes, ordered from the smallest expert (width ``D / 2**(E-1)``) to the
+full one (width ``D``). Its *effective capacity* is
+``e_c = sum_i c_i * d_i / D`` (Sec. 4.3), the fraction of the dense model's
+projection FLOPs that the routed model spends.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+_SOLVER_TOLERANCE = 1e-9
+
+
+def expert_width_fractions(num_experts):
+    """``d_i / D`` for ``i = 1..E``: ``[1/2**(E-1), ..., 1/2, 1]`` (Sec. 4.3)."""
+    _check_num_experts(num_experts)
+    return np.array([2.0 ** -(num_experts - 1 - i) for i in range(num_experts)])
+
+
+def minimum_effective_capacity(num_experts):
+    """Smallest reachable ``e_c`` when every token goes to some expert."""
+    return float(expert_width_fractions(num_experts)[0])
+
+
+def effective_capacity(capacities):
+    """``e_c = sum_i c_i d_i / D`` of a distribution ordered small to large."""
+    capacities = np.asarray(capacities, dtype=np.float64)
+    return float(capacities @ expert_width_fractions(len(capacities)))
+
+
+def validate_effective_capacity(value, num_experts=None, name="capacity"):
+    """Returns ``value`` as a float, or raises a ``ValueError`` naming ``name``.
+
+    Allowed: a finite number in ``(0, 1]``; with ``num_experts`` given, also at
+    least the smallest expert's width fraction ``2**-(num_experts - 1)``.
+    """
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"`{name}` must be a number in (0, 1], got {value!r}."
+        ) from None
+    if math.isnan(value) or not 0.0 < value <= 1.0:
+        raise ValueError(f"`{name}` must be in (0, 1], got {value}.")
+    if num_experts is not None:
+        low = minimum_effective_capacity(num_experts)
+        if value < low - _SOLVER_TOLERANCE:
+            raise ValueError(
+                f"`{name}`={value} is below {low:g}, the smallest effective "
+                f"capacity that {num_experts} nested experts can reach (every "
+                f"token at the smallest expert, width D/{2 ** (num_experts - 1)}). "
+                f"Use a capacity in [{low:g}, 1] or more experts "
+                f"(`num_experts`={_experts_needed(value)} reaches {value})."
+            )
+    return value
+
+
+@functools.lru_cache(maxsize=256)
+def _solve_eq3(e_c, num_experts, beta, delta):
+    from scipy.optimize import minimize
+
+    widths = expert_width_fractions(num_experts)
+    # Reward for using expert i (1-based, small to large): delta**-(E - i).
+    # Eq. 3 as printed divides by delta**(i - 1), which rewards the *smallest*
+    # expert most; Sec. 4.3 says "we incentivize the usage of larger models",
+    # so keras_mone follows the text: the full expert gets reward 1 and each
+    # halving of width divides the reward by delta.
+    reward = delta ** -np.arange(num_experts - 1, -1, -1, dtype=np.float64)
+
+    def negative_objective(c):
+        safe = np.clip(c, 1e-300, None)
+        return -(reward @ c - beta * np.sum(c * np.log(safe)))
+
+    def gradient(c):
+        safe = np.clip(c, 1e-300, None)
+        return -(reward - beta * (np.log(safe) + 1.0))
+
+    constraints = [
+        {"type": "eq", "fun": lambda c: np.sum(c) - 1.0, "jac": lambda c: np.ones_like(c)},
+        {"type": "eq", "fun": lambda c: c @ widths - e_c, "jac": lambda c: widths},
+    ]
+    start = _interior_start(e_c, widths)
+    result = minimize(
+        negative_objective,
+        start,
+        jac=gradient,
+        method="SLSQP",
+        bounds=[(0.0, 1.0)] * num_experts,
+        constraints=constraints,
+        options={"ftol": 1e-15, "maxiter": 1000},
+    )
+    c = _project_onto_constraints(np.clip(result.x, 0.0, 1.0), e_c, widths)
+    if (
+        np.any(c < -_SOLVER_TOLERANCE)
+        or abs(c.sum() - 1.0) > 1e-9
+        or abs(c @ widths - e_c) > 1e-9
+    ):
+        raise RuntimeError(
+            f"SLSQP did not find a feasible capacity distribution for "
+            f"effective_capacity={e_c}: {result.message}"
+        )
+    return tuple(np.clip(c, 0.0, 1.0))
+
+
+def capacity_distribution(effective_capacity, num_experts=4, beta=10.0, delta=2.0):
+    """Solves Eq. 3 of the MoNE paper for the per-expert capacities.
+
+    maximise   sum_i c_i / delta**(E - i)  -  beta * sum_i c_i log c_i
+    subject to sum_i c_i = 1,  sum_i c_i d_i / D = e_c,  0 <= c_i <= 1
+
+    with SLSQP, as in the paper (beta = 10, delta = 2). The linear term rewards
+    the larger experts, as the paper's text states; the formula as printed
+    (``c_i / delta**(i - 1)``) would reward the smaller ones instead.
+
+    Args:
+        effective_capacity: ``e_c`` in ``[2**-(E-1), 1]``.
+        num_experts: ``E``, the number of nested experts (widths D/2**(E-1)..D).
+        beta: weight of the entropy term (> 0).
+        delta: reward ratio between neighbouring experts (> 1).
+
+    Returns:
+        A float64 numpy array of ``E`` capacities, smallest expert first.
+    """
+    e_c = validate_effective_capacity(effective_capacity, num_experts, "effective_capacity")
+    if not beta > 0:
+        raise ValueError(f"`beta` must be > 0, got {beta}.")
+    if not delta > 1:
+        raise ValueError(f"`delta` must be > 1, got {delta}.")
+    widths = expert_width_fractions(num_experts)
+    # The two ends of the range have a single feasible point.
+    if e_c >= 1.0 - _SOLVER_TOLERANCE:
+        return np.eye(num_experts)[-1]
+    if e_c <= widths[0] + _SOLVER_TOLERANCE:
+        return np.eye(num_experts)[0]
+    return np.array(_solve_eq3(e_c, num_experts, float(beta), float(delta)))
+
+
+def uniform_distribution(num_experts=4):
+    """Table 2 "Uniform": every expert gets ``1/E`` of the tokens (e_c 0.47 at E=4)."""
+    _check_num_experts(num_experts)
+    return np.full(num_experts, 1.0 / num_experts)
+
+
+def proportionate_distribution(num_experts=4):
+    """Table 2 "Proportionate": capacity inversely proportional to expert cost.
+
+    ``c_i ∝ D / d_i`` (e_c = 4/15 ≈ 0.27 at E=4).
+    """
+    inverse_cost = 1.0 / expert_width_fractions(num_experts)
+    return inverse_cost / inverse_cost.sum()
+
+
+def greedy_distribution(effective_capacity, num_experts=4):
+    """Table 2 "Greedy": the full expert takes as many tokens as the budget
+    allows while every other token goes to the smallest expert."""
+    e_c = validate_effective_capacity(effective_capacity, num_experts, "effective_capacity")
+    return _greedy(e_c, expert_width_fractions(num_experts))
+
+
+def mod_greedy_distribution(effective_capacity, num_experts=4):
+    """Table 2 "MoD Greedy": the whole budget goes to the full expert and all
+    other tokens are dropped (they skip the block, as in Mixture-of-Depths).
+
+    The returned capacities sum to ``effective_capacity``; ``1 - sum`` is the
+    fraction of dropped tokens.
+    """
+    e_c = validate_effective_capacity(effective_capacity, None, "effective_capacity")
+    _check_num_experts(num_experts)
+    c = np.zeros(num_experts)
+    c[-1] = e_c
+    return c
+
+
+DISTRIBUTIONS = {
+    "mone": capacity_distribution,
+    "greedy": greedy_distribution,
+    "mod_greedy": mod_greedy_distribution,
+}
+"""Dynamic-budget distributions, ``fn(effective_capacity, num_experts)``."""
+
+
+def distribution_for(method, effective_capacity, num_experts):
+    """Capacities of a named dynamic-budget method (see ``DISTRIBUTIONS``)."""
+    if method not in DISTRIBUTIONS:
+        raise ValueError(
+            f"`capacity_method` must be one of {sorted(DISTRIBUTIONS)}, got {method!r}."
+        )
+    return DISTRIBUTIONS[method](effective_capacity, num_experts=num_experts)
+
+
+def _greedy(e_c, widths):
+    c = np.zeros(len(widths))
+    c[-1] = (e_c - widths[0]) / (1.0 - widths[0])
+    c[0] = 1.0 - c[-1]
+    return c
+
+
+def _interior_start(e_c, widths):
+    """A feasible start with every entry > 0: uniform mixed with a greedy point."""
+    uniform = np.full(len(widths), 1.0 / len(widths))
+    for t in (0.5, 0.25, 0.1, 0.01):
+        e_rest = (e_c - t * (uniform @ widths)) / (1.0 - t)
+        if widths[0] < e_rest < 1.0:
+            return t * uniform + (1.0 - t) * _greedy(e_rest, widths)
+    return _greedy(e_c, widths)
+
+
+def _project_onto_constraints(c, e_c, widths):
+    """Euclidean projection of ``c`` onto {sum c = 1, c . widths = e_c}."""
+    a = np.stack([np.ones_like(widths), widths])
+    residual = a @ c - np.array([1.0, e_c])
+    return c - a.T @ np.linalg.solve(a @ a.T, residual)
+
+
+def _check_num_experts(num_experts):
+    if not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
+        raise ValueError(f"`num_experts` must be a positive integer, got {num_experts!r}.")
+
+
+def _experts_needed(e_c):
+    return max(1, int(math.ceil(1 - math.log2(e_c))))

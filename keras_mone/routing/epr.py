@@ -1,0 +1,141 @@
+"""Expert Preferred Routing (MoNE paper, Algorithm 1) with static shapes.
+
+Every function here uses ``keras.ops`` only and static per-expert token counts,
+so it compiles under ``jax.jit``, ``tf.function`` and ``torch.compile``.
+"""
+
+import math
+
+import numpy as np
+from keras import ops
+
+DROPPED = -1
+"""Expert index of a token that no expert processes (only with ``mod_greedy``)."""
+
+_NULLED = -1.0  # below every probability, so an assigned token is never re-picked
+
+
+def expert_token_counts(capacities, num_tokens):
+    """Static per-expert token counts ``k_j`` for ``num_tokens`` tokens.
+
+    ``k_j = floor(c_j * N)`` for every expert but the smallest, which also takes
+    the tokens left over by integer packing (Algorithm 1, lines 1-3). When the
+    capacities sum to less than one (``mod_greedy``), the smallest expert gets
+    ``floor(c_1 * N)`` and the rest are dropped.
+
+    Returns:
+        ``(counts, num_dropped)``: a tuple of ``E`` ints (smallest expert first)
+        and the number of dropped tokens.
+    """
+    c = np.asarray(capacities, dtype=np.float64)
+    if c.ndim != 1 or c.size == 0 or np.any(c < 0) or c.sum() > 1.0 + 1e-6:
+        raise ValueError(
+            "`capacities` must be a non-empty 1-D list of non-negative numbers "
+            f"summing to at most 1, got {capacities!r}."
+        )
+    # The small epsilon keeps 0.3 * 10 = 2.9999999999999996 from flooring to 2.
+    counts = [int(math.floor(x * num_tokens + 1e-9)) for x in c]
+    if c.sum() >= 1.0 - 1e-6:
+        counts[0] = num_tokens - sum(counts[1:])
+    return tuple(counts), num_tokens - sum(counts)
+
+
+def route_tokens(router_probs, counts, num_dropped=0):
+    """Algorithm 1 on a batch, returning each expert's tokens as index lists.
+
+    From the largest expert to the smallest, expert ``j`` takes the ``k_j``
+    still-unassigned tokens with the highest router probability for ``j``.
+
+    Args:
+        router_probs: ``(batch, tokens, experts)``, non-negative.
+        counts: static token count per expert, smallest first (see
+            ``expert_token_counts``); they and ``num_dropped`` sum to ``tokens``.
+        num_dropped: tokens left to no expert.
+
+    Returns:
+        ``(groups, dropped)``: a list with one ``(batch, k_j)`` int32 tensor of
+        token indices per expert (smallest first) and a ``(batch, num_dropped)``
+        tensor of dropped tokens.
+    """
+    probs = ops.cast(router_probs, "float32")
+    num_tokens, num_experts = probs.shape[1], probs.shape[2]
+    if len(counts) != num_experts or sum(counts) + num_dropped != num_tokens:
+        raise ValueError(
+            f"`counts` {tuple(counts)} (+{num_dropped} dropped) must have one entry "
+            f"per expert ({num_experts}) and sum to the number of tokens ({num_tokens})."
+        )
+    empty = ops.cast(probs[:, :0, 0], "int32")
+    taken = ops.zeros_like(probs[..., 0])
+    groups = [empty] * num_experts
+    for j in reversed(range(num_experts)):
+        if counts[j] == 0:
+            continue
+        scores = ops.where(taken > 0, _NULLED, probs[..., j])
+        groups[j] = _top_k_indices(scores, counts[j])
+        if j > 0 or num_dropped:
+            taken = taken + ops.sum(ops.one_hot(groups[j], num_tokens, dtype="float32"), axis=1)
+    dropped = empty
+    if num_dropped:
+        dropped = _top_k_indices(-taken, num_dropped)
+    return groups, dropped
+
+
+def assignment_from_groups(groups, dropped, num_tokens):
+    """Per-token expert index ``(batch, tokens)`` from ``route_tokens`` output."""
+    assignment = None
+    for expert, indices in enumerate(list(groups) + [dropped]):
+        if indices.shape[1] == 0:
+            continue
+        label = DROPPED if expert == len(groups) else expert
+        hits = ops.sum(ops.one_hot(indices, num_tokens, dtype="int32"), axis=1) * label
+        assignment = hits if assignment is None else assignment + hits
+    return assignment
+
+
+def expert_preferred_routing(router_probs, capacities):
+    """Expert Preferred Routing (Algorithm 1) as a function on arrays.
+
+    Args:
+        router_probs: ``(batch, tokens, experts)`` router probabilities.
+        capacities: capacity distribution over the experts, smallest first
+            (e.g. from ``capacity_distribution``).
+
+    Returns:
+        int32 ``(batch, tokens)``: the expert of every token, 0 = smallest,
+        ``-1`` (``DROPPED``) for tokens no expert takes.
+
+    Ties are broken by the backend's ``top_k``; every per-example count per
+    expert is exact.
+    """
+    router_probs = ops.convert_to_tensor(router_probs)
+    if len(router_probs.shape) != 3:
+        raise ValueError(
+            "`router_probs` must have shape (batch, tokens, experts), got "
+            f"{tuple(router_probs.shape)}."
+        )
+    num_tokens, num_experts = router_probs.shape[1], router_probs.shape[2]
+    if len(capacities) != num_experts:
+        raise ValueError(
+            f"`capacities` has {len(capacities)} entries but `router_probs` has "
+            f"{num_experts} experts."
+        )
+    counts, num_dropped = expert_token_counts(capacities, num_tokens)
+    groups, dropped = route_tokens(router_probs, counts, num_dropped)
+    return assignment_from_groups(groups, dropped, num_tokens)
+
+
+def _top_k_indices(scores, k):
+    _, indices = ops.top_k(scores, k, sorted=False)
+    return ops.cast(indices, "int32")
+
+
+def gather_tokens(x, indices):
+    """``x[b, indices[b, i]]`` for ``x`` of shape (batch, tokens, ...)."""
+    expanded = ops.expand_dims(indices, -1) if len(x.shape) == 3 else indices
+    return ops.take_along_axis(x, expanded, axis=1)
+
+
+def inverse_permutation(permutation):
+    """Per-example inverse of a (batch, tokens) permutation."""
+    return ops.cast(ops.argsort(permutation, axis=-1), "int32")
+
