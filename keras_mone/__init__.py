@@ -4,7 +4,18 @@ Mixture of Nested Experts (Jain et al., NeurIPS 2024) and the dense ViTs it
 builds on, on the jax, tensorflow and torch backends.
 """
 
-from keras_mone import layers, models, presets, routing
+from keras_mone import analysis, data, layers, models, presets, routing, training
+from keras_mone.analysis import flops
 from keras_mone.version import __version__
 
-__all__ = ["__version__", "layers", "models", "presets", "routing"]
+__all__ = [
+    "__version__",
+    "analysis",
+    "data",
+    "flops",
+    "layers",
+    "models",
+    "presets",
+    "routing",
+    "training",
+]

@@ -2,9 +2,13 @@
 
 Per-expert token counts are static, so a compiled function bakes in the
 capacity it was traced with. Models that expose ``set_capacity`` mix this in:
-whenever the routing key (the capacities of every routed backbone) differs
-from the one the cached functions were built for, they are rebuilt.
+the compiled functions are kept per routing key (the capacities of the routed
+backbone), so switching to a new capacity compiles once and switching back to
+a capacity seen before reuses its functions (adaptive-capacity training draws
+a capacity per step from a small set).
 """
+
+_FUNCTIONS = ("train_function", "test_function", "predict_function")
 
 
 class CapacityControlMixin:
@@ -13,12 +17,17 @@ class CapacityControlMixin:
         return None
 
     def _refresh_compiled_functions(self):
-        key = self.routing_key()
-        if getattr(self, "_compiled_routing_key", None) != key:
-            self.train_function = None
-            self.test_function = None
-            self.predict_function = None
-            self._compiled_routing_key = key
+        # A new compile() creates a new compile config: functions compiled for
+        # the previous optimizer / loss must not come back from the cache.
+        key = (self.routing_key(), id(getattr(self, "_compile_config", None)))
+        current = getattr(self, "_compiled_routing_key", None)
+        if current == key:
+            return
+        cache = self.__dict__.setdefault("_compiled_by_routing_key", {})
+        cache[current] = tuple(getattr(self, name, None) for name in _FUNCTIONS)
+        for name, function in zip(_FUNCTIONS, cache.get(key, (None,) * len(_FUNCTIONS))):
+            setattr(self, name, function)
+        self._compiled_routing_key = key
 
     def make_train_function(self, force=False):
         self._refresh_compiled_functions()

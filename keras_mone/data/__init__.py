@@ -1,0 +1,21 @@
+"""Bundled, download-free datasets, generated locally from scikit-learn's 8x8 digits."""
+
+from keras_mone.data.cluttered_digits import (
+    DIRECTIONS,
+    MOVING_TARGETS,
+    clear_cache,
+    load_cluttered_digits,
+    load_moving_digits,
+    patch_coverage,
+    source_indices,
+)
+
+__all__ = [
+    "DIRECTIONS",
+    "MOVING_TARGETS",
+    "clear_cache",
+    "load_cluttered_digits",
+    "load_moving_digits",
+    "patch_coverage",
+    "source_indices",
+]

@@ -1,0 +1,178 @@
+"""Shared harness of the keras_mone test suite (jax, tensorflow and torch).
+
+Run per backend: ``KERAS_BACKEND=jax python -m pytest tests -q`` (also
+``tensorflow`` and ``torch``). Tests building ViT-B/L are marked ``large``
+and deselected by default (``-m large`` runs them).
+
+Speed: on the jax backend every eager op is compiled by XLA on first use of a
+shape, which dominates the run time on a small CPU. Unless the caller set
+them already, this file therefore (1) lowers the XLA CPU backend
+optimisation level (a compile-time knob; float32 semantics are unchanged) and
+(2) turns on jax's persistent compilation cache in the system temp dir, so
+repeated runs reuse compiled ops. Set ``KERAS_MONE_TEST_JAX_CACHE=off`` to
+disable the cache, or to a directory to move it.
+"""
+
+import os
+import tempfile
+
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+BACKEND = keras.backend.backend()
+
+if BACKEND == "jax":
+    import jax
+
+    _cache = os.environ.get(
+        "KERAS_MONE_TEST_JAX_CACHE", os.path.join(tempfile.gettempdir(), "keras_mone_test_jax_cache")
+    )
+    if _cache.lower() not in ("off", "0", "false", ""):
+        jax.config.update("jax_compilation_cache_dir", _cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+# The one tiny geometry used everywhere (few distinct shapes = few compilations):
+# 32x32 images, 8x8 patches -> 16 tokens; D=32 so the 4 experts have widths 4, 8, 16, 32.
+TINY = dict(image_size=32, patch_size=8, hidden_dim=32, depth=2, num_heads=4, mlp_dim=64)
+BATCH = 2
+NUM_TOKENS = (TINY["image_size"] // TINY["patch_size"]) ** 2
+
+# float32 tolerance of a tiny forward pass against the float64 numpy reference.
+# Features after LayerNorm are O(1); float32 has eps 1.2e-7 and the longest
+# dot products have 64 terms, so one layer is exact to ~1e-6 relative; 2-3
+# blocks plus LayerNorms (which divide by the feature std) stay ~2e-6 (measured
+# maximum ~1.5e-6 on all three backends). 2e-5 leaves a 10x margin while a
+# wrong width, gate, slice or scale shows up at >= 1e-3.
+F32_ATOL = 2e-5
+
+
+def pytest_report_header(config):
+    return f"keras {keras.__version__}, backend {BACKEND}, XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Every test starts from the same random state."""
+    keras.utils.set_random_seed(20240731)
+    yield
+
+
+@pytest.fixture
+def tiny_config():
+    """A fresh copy of the tiny ViT geometry (mutate freely)."""
+    return dict(TINY)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def images(batch=BATCH, seed=0, size=TINY["image_size"], channels=3):
+    return np.random.default_rng(seed).standard_normal((batch, size, size, channels)).astype("float32")
+
+
+def to_numpy(x):
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def relative_weights(model):
+    """``{path without the model-name prefix: float64 array}`` of every weight."""
+    prefix = model.name + "/"
+    return {
+        (v.path[len(prefix):] if v.path.startswith(prefix) else v.path): to_numpy(v).astype(np.float64)
+        for v in model.weights
+    }
+
+
+def randomize_weights(layer, seed=0, scale=0.3):
+    """Overwrites every float weight of ``layer`` with N(0, scale) values (LayerNorm
+    gammas around 1), so that biases, class tokens, alphas... all matter.
+    ``alpha`` weights get a value in (0.2, 0.8)."""
+    rng = np.random.default_rng(seed)
+    for v in layer.weights:
+        if not str(v.dtype).startswith(("float", "bfloat")):
+            continue
+        shape = tuple(v.shape)
+        name = v.path.rsplit("/", 1)[-1]
+        if name == "alpha":
+            value = rng.uniform(0.2, 0.8, size=shape)
+        elif name == "gamma":
+            value = 1.0 + scale * rng.standard_normal(shape)
+        else:
+            value = scale * rng.standard_normal(shape)
+        v.assign(value.astype("float32"))
+
+
+def max_abs_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def per_example_counts(expert_index, num_experts):
+    """(batch, E + 1) token counts per expert per example; last column = dropped (-1)."""
+    expert_index = np.asarray(expert_index)
+    counts = [(expert_index == j).sum(axis=1) for j in range(num_experts)]
+    counts.append((expert_index == -1).sum(axis=1))
+    return np.stack(counts, axis=1)
+
+
+def run_serialization_roundtrip(model, inputs, tmp_path, atol=0.0):
+    """Saves ``model`` as ``.keras``, reloads it and checks the reloaded model
+    predicts the same (``atol`` 0 by default: same weights, same ops, same
+    machine). Returns the reloaded model."""
+    expected = to_numpy(model(inputs))
+    path = os.path.join(str(tmp_path), "model.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    assert type(restored) is type(model)
+    actual = to_numpy(restored(inputs))
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=atol)
+    return restored
+
+
+def config_roundtrip(layer):
+    """``from_config(get_config())`` gives an equal config; returns the new layer."""
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+    return clone
+
+
+def gradients(model, loss_fn, inputs, variables):
+    """d loss_fn(model(inputs, training=True)) / d variables, per backend, as numpy."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model(inputs, training=True))
+        grads = tape.gradient(loss, [v.value for v in variables])
+        return [None if g is None else to_numpy(g) for g in grads]
+    if BACKEND == "torch":
+        import torch
+
+        loss = loss_fn(model(inputs, training=True))
+        grads = torch.autograd.grad(loss, [v.value for v in variables], allow_unused=True)
+        return [None if g is None else g.detach().cpu().numpy() for g in grads]
+    if BACKEND == "jax":
+        import jax
+
+        trainable = model.trainable_variables
+        wanted = [next(i for i, t in enumerate(trainable) if t is v) for v in variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+
+        @jax.jit
+        def grad_fn(values):
+            def loss_of(vals):
+                out, _ = model.stateless_call(vals, non_trainable, inputs, training=True)
+                return loss_fn(out)
+
+            return jax.grad(loss_of)(values)
+
+        grads = grad_fn([v.value for v in trainable])
+        return [np.asarray(grads[i]) for i in wanted]
+    raise NotImplementedError(BACKEND)

@@ -1,0 +1,223 @@
+"""Tests of the bundled cluttered-digits datasets (numpy only, backend-independent)."""
+
+import numpy as np
+import pytest
+
+from keras_mone.data import (
+    DIRECTIONS,
+    MOVING_TARGETS,
+    clear_cache,
+    load_cluttered_digits,
+    load_moving_digits,
+    patch_coverage,
+    source_indices,
+)
+from keras_mone.data.cluttered_digits import DIRECTION_STEPS
+
+# Small clips keep the video tests fast.
+VIDEO = dict(num_frames=4, image_size=32, split="test")
+
+
+@pytest.fixture(scope="module")
+def train():
+    return load_cluttered_digits(split="train", return_masks=True, return_info=True)
+
+
+@pytest.fixture(scope="module")
+def video():
+    return load_moving_digits(**VIDEO, return_masks=True, return_info=True)
+
+
+# ----------------------------------------------------------------------------
+# Still images
+# ----------------------------------------------------------------------------
+
+
+def test_determinism():
+    a, la = load_cluttered_digits(seed=3, split="test")
+    clear_cache()  # regenerate rather than hit the cache
+    b, lb = load_cluttered_digits(seed=3, split="test")
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(la, lb)
+    c, _ = load_cluttered_digits(seed=4, split="test")
+    assert not np.array_equal(a, c)
+
+
+def test_returns_copies_of_cache():
+    a, la = load_cluttered_digits(split="test")
+    a[:] = -1.0
+    la[:] = -1
+    b, lb = load_cluttered_digits(split="test")
+    assert b.min() >= 0.0 and lb.min() >= 0
+
+
+@pytest.mark.parametrize("image_size,digit_scale", [(32, 2), (48, 3)])
+def test_shapes_dtypes_range(image_size, digit_scale):
+    x, y, m = load_cluttered_digits(
+        image_size=image_size, digit_scale=digit_scale, split="test", return_masks=True
+    )
+    n = len(source_indices("test"))
+    assert x.shape == (n, image_size, image_size, 3) and x.dtype == np.float32
+    assert y.shape == (n,) and np.issubdtype(y.dtype, np.integer)
+    assert m.shape == (n, image_size, image_size) and m.dtype == bool
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    # Digits occupy a minority of the canvas: most tokens are background.
+    assert 0.03 < m.mean() < 0.3
+
+
+def test_samples_per_digit_and_channels():
+    x, y, info = load_cluttered_digits(samples_per_digit=3, split="test", return_info=True)
+    src = source_indices("test")
+    assert len(x) == 3 * len(src)
+    np.testing.assert_array_equal(np.bincount(info["source_index"])[src], 3)
+    # Random tints: colour channels are not all equal.
+    assert np.abs(x[..., 0] - x[..., 1]).mean() > 0.01
+
+
+def test_labels_range_and_balance(train):
+    _, y, _, _ = train
+    assert y.min() == 0 and y.max() == 9
+    counts = np.bincount(y, minlength=10)
+    assert counts.min() > 0.8 * counts.mean() and counts.max() < 1.2 * counts.mean()
+
+
+def test_labels_match_source_digits(train):
+    from keras_mone.data.cluttered_digits import _source_digits
+
+    _, y, _, info = train
+    np.testing.assert_array_equal(y, _source_digits()[1][info["source_index"]])
+
+
+def test_split_is_fixed_and_disjoint():
+    tr, te = source_indices("train"), source_indices("test")
+    assert len(np.intersect1d(tr, te)) == 0
+    assert len(tr) + len(te) == 1797
+    assert 0.18 < len(te) / 1797 < 0.22
+    for seed in (0, 1):
+        for split, pool in (("train", tr), ("test", te)):
+            _, _, info = load_cluttered_digits(seed=seed, split=split, return_info=True)
+            # Neither the digit nor any clutter fragment comes from the other split.
+            assert np.isin(info["source_index"], pool).all()
+            assert np.isin(info["clutter_source_index"], pool).all()
+            assert (info["clutter_source_index"] != info["source_index"][:, None]).all()
+
+
+def test_masks_align_with_digit(train):
+    x, _, m, info = train
+    brightness = x.max(axis=-1)
+    inside = brightness[m].mean()
+    outside = brightness[~m].mean()
+    assert inside > 0.5 and outside < 0.25 and inside > outside + 0.3
+    # Every mask is non-empty and inside its box.
+    assert m.any(axis=(1, 2)).all()
+    ys, xs = np.nonzero(m[0])
+    y0, x0, y1, x1 = info["boxes"][0]
+    assert ys.min() >= y0 and ys.max() < y1 and xs.min() >= x0 and xs.max() < x1
+    boxes = info["boxes"]
+    box_area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    assert (m.sum(axis=(1, 2)) <= box_area).all()
+
+
+def test_patch_coverage(train):
+    _, _, m, _ = train
+    cov = patch_coverage(m, 4)
+    assert cov.shape == (len(m), 64) and cov.dtype == np.float32
+    assert 0.0 <= cov.min() and cov.max() <= 1.0
+    np.testing.assert_allclose(cov.sum(axis=1) * 16, m.sum(axis=(1, 2)), rtol=1e-5)
+    # Row-major token order: the top-left patch is the first token.
+    np.testing.assert_allclose(cov[:, 0], m[:, :4, :4].mean(axis=(1, 2)), rtol=1e-6)
+    assert (cov == 0).mean() > 0.5  # most tokens are pure background
+    with pytest.raises(ValueError):
+        patch_coverage(m, 5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(split="val"),
+        dict(image_size=12),
+        dict(digit_scale=0),
+        dict(samples_per_digit=0),
+        dict(clutter=-1),
+        dict(seed=-1),
+        dict(noise=2.0),
+    ],
+)
+def test_invalid_arguments(kwargs):
+    with pytest.raises(ValueError):
+        load_cluttered_digits(**kwargs)
+
+
+# ----------------------------------------------------------------------------
+# Moving digits
+# ----------------------------------------------------------------------------
+
+
+def test_video_shapes_and_labels(video):
+    v, y, m, info = video
+    n, t = len(source_indices("test")), VIDEO["num_frames"]
+    assert v.shape == (n, t, 32, 32, 3) and v.dtype == np.float32
+    assert m.shape == (n, t, 32, 32) and m.dtype == bool
+    assert 0.0 <= v.min() and v.max() <= 1.0
+    assert y.min() >= 0 and y.max() < MOVING_TARGETS["digit_direction"]
+    np.testing.assert_array_equal(y // 4, info["digit"])
+    np.testing.assert_array_equal(y % 4, info["direction"])
+    counts = np.bincount(info["direction"], minlength=len(DIRECTIONS))
+    assert counts.max() - counts.min() <= 1  # balanced directions
+
+
+def test_video_determinism_and_split():
+    a, la, ia = load_moving_digits(**VIDEO, seed=5, return_info=True)
+    clear_cache()
+    b, lb = load_moving_digits(**VIDEO, seed=5)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(la, lb)
+    c, _ = load_moving_digits(**VIDEO, seed=6)
+    assert not np.array_equal(a, c)
+    assert np.isin(ia["source_index"], source_indices("test")).all()
+    assert np.isin(ia["clutter_source_index"], source_indices("test")).all()
+
+
+def test_video_moves_in_labelled_direction(video):
+    v, _, m, info = video
+    grid_y, grid_x = np.mgrid[:32, :32]
+    area = m.sum(axis=(2, 3))
+    assert (area > 0).all()
+    cy = (m * grid_y).sum(axis=(2, 3)) / area
+    cx = (m * grid_x).sum(axis=(2, 3)) / area
+    dy, dx = cy[:, -1] - cy[:, 0], cx[:, -1] - cx[:, 0]
+    steps = np.asarray(DIRECTION_STEPS)[info["direction"]]
+    travel = info["speed"] * (VIDEO["num_frames"] - 1)
+    np.testing.assert_allclose(dy, steps[:, 0] * travel, atol=1e-4)
+    np.testing.assert_allclose(dx, steps[:, 1] * travel, atol=1e-4)
+    # Pixels follow the mask: the digit is brighter where the mask is.
+    b = v.max(axis=-1)
+    assert b[m].mean() > b[~m].mean() + 0.3
+    # Static clutter: outside the digit's path consecutive frames differ only by noise.
+    still = ~(m.any(axis=1, keepdims=True))
+    diff = np.abs(np.diff(v.max(axis=-1), axis=1))
+    assert diff[np.broadcast_to(still[:, :1], diff.shape)].mean() < 0.1
+
+
+@pytest.mark.parametrize("target", sorted(MOVING_TARGETS))
+def test_video_targets(target):
+    _, y, info = load_moving_digits(**VIDEO, target=target, clutter=0, return_info=True)
+    assert y.min() == 0 and y.max() == MOVING_TARGETS[target] - 1
+    expected = {
+        "digit_direction": info["digit"] * 4 + info["direction"],
+        "parity_direction": (info["digit"] % 2) * 4 + info["direction"],
+        "direction": info["direction"],
+        "digit": info["digit"],
+    }[target]
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_video_invalid_arguments():
+    with pytest.raises(ValueError):
+        load_moving_digits(num_frames=1)
+    with pytest.raises(ValueError):
+        load_moving_digits(num_frames=20, image_size=32)  # the digit cannot move 19 steps
+    with pytest.raises(ValueError):
+        load_moving_digits(max_speed=5)
+    with pytest.raises(ValueError):
+        load_moving_digits(target="colour")

@@ -1,0 +1,447 @@
+"""Nested layers against the numpy reference of App. A.1 Eq. 5-7 and Eq. 1."""
+
+import keras
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from conftest import config_roundtrip, max_abs_diff, randomize_weights, to_numpy
+from keras_mone import layers
+
+D, HEADS, MLP = 32, 4, 64
+WIDTHS = [4, 8, 16, 32]  # the four nested experts of D = 32
+SIZES = [5, 4, 4, 3]  # tokens per group in the mixed-width calls
+
+# One float32 layer against float64: inputs ~N(0, 1), weights ~N(0, 0.3), dot
+# products of <= 96 terms -> outputs O(1-3) with float32 rounding error
+# ~sqrt(96) * 6e-8 * |terms| ~ 1e-6 (measured <= 1.5e-6). 1e-5 is a 5-10x
+# margin; slicing / scaling mistakes give errors >= 1e-2.
+ATOL = 1e-5
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def weights_of(layer):
+    return {v.path.split("/", 1)[1] if "/" in v.path else v.path: to_numpy(v) for v in layer.weights}
+
+
+def built(layer, shape, seed=0):
+    layer.build(shape)
+    randomize_weights(layer, seed=seed)
+    return layer
+
+
+def attention_params(layer):
+    w = {v.path: to_numpy(v) for v in layer.weights}
+    get = lambda suffix: next(val for path, val in w.items() if path.endswith(suffix))  # noqa: E731
+    return (get("qkv/kernel"), get("qkv/bias"), get("out/kernel"), get("out/bias"))
+
+
+def block_params(block):
+    w = {v.path: to_numpy(v) for v in block.weights}
+    get = lambda suffix: next(val for path, val in w.items() if path.endswith(suffix))  # noqa: E731
+    names = {
+        "norm1_gamma": "norm1/gamma", "norm1_beta": "norm1/beta",
+        "qkv_kernel": "qkv/kernel", "qkv_bias": "qkv/bias",
+        "out_kernel": "out/kernel", "out_bias": "out/bias",
+        "norm2_gamma": "norm2/gamma", "norm2_beta": "norm2/beta",
+        "fc1_kernel": "fc1/kernel", "fc1_bias": "fc1/bias",
+        "fc2_kernel": "fc2/kernel", "fc2_bias": "fc2/bias",
+    }
+    params = {k: get(v).astype(np.float64) for k, v in names.items()}
+    params["num_heads"] = block.num_heads
+    return params
+
+
+def mixed_groups(seed=0):
+    """Token groups (batch 2, k_j tokens, D) and the per-token widths of their concatenation."""
+    groups = [rand(2, k, D, seed=seed + j) for j, k in enumerate(SIZES)]
+    per_token = np.concatenate([np.full((2, k), w) for k, w in zip(SIZES, WIDTHS)], axis=1)
+    return groups, per_token
+
+
+# --------------------------------------------------------------------------
+# NestedDense (Eq. 7)
+# --------------------------------------------------------------------------
+class TestNestedDense:
+    def make(self):
+        return built(layers.NestedDense(48), (None, None, D))
+
+    def test_full_width_is_dense(self):
+        layer = self.make()
+        x = rand(2, 5, D)
+        w = weights_of(layer)
+        expected = x.astype(np.float64) @ w["kernel"] + w["bias"]
+        assert max_abs_diff(to_numpy(layer(x)), expected) <= ATOL
+
+    @pytest.mark.parametrize("width", [4, 8, 16])
+    def test_sliced_in_projection(self, width):
+        layer = self.make()
+        x = rand(2, 5, D)
+        w = weights_of(layer)
+        expected = ref.nested_dense(x, w["kernel"], w["bias"], in_width=width)
+        out = to_numpy(layer(x, in_width=width))
+        assert out.shape == (2, 5, 48)
+        assert max_abs_diff(out, expected) <= ATOL
+        # Only the first `width` features are read: scrambling the rest changes nothing.
+        x2 = x.copy()
+        x2[..., width:] = rand(2, 5, D - width, seed=7) * 100.0
+        np.testing.assert_array_equal(to_numpy(layer(x2, in_width=width)), out)
+        # ...and an input already sliced to `width` features is accepted.
+        np.testing.assert_allclose(to_numpy(layer(x[..., :width], in_width=width)), out, rtol=0, atol=ATOL)
+
+    @pytest.mark.parametrize("width", [4, 16])
+    def test_sliced_out_projection_is_zero_padded(self, width):
+        layer = self.make()
+        x = rand(2, 5, D)
+        w = weights_of(layer)
+        out = to_numpy(layer(x, out_width=width))
+        assert out.shape == (2, 5, 48)
+        assert np.all(out[..., width:] == 0.0)
+        expected = x.astype(np.float64) @ w["kernel"][:, :width] + w["bias"][:width]
+        assert max_abs_diff(out[..., :width], expected) <= ATOL
+        unpadded = to_numpy(layer(x, out_width=width, pad_output=False))
+        assert unpadded.shape == (2, 5, width)
+        np.testing.assert_array_equal(unpadded, out[..., :width])
+
+    def test_both_slices(self):
+        layer = self.make()
+        x = rand(2, 5, D)
+        w = weights_of(layer)
+        expected = ref.nested_dense(x, w["kernel"], w["bias"], in_width=8, out_width=12)
+        assert max_abs_diff(to_numpy(layer(x, in_width=8, out_width=12)), expected) <= ATOL
+
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(in_width=0), "in_width"), (dict(in_width=D + 1), "in_width"),
+        (dict(out_width=0), "out_width"), (dict(out_width=49), "out_width"),
+    ])
+    def test_bad_width(self, kwargs, name):
+        layer = self.make()
+        with pytest.raises(ValueError, match=name):
+            layer(rand(2, 5, D), **kwargs)
+
+    def test_wrong_feature_count(self):
+        layer = self.make()
+        with pytest.raises(ValueError, match="input features"):
+            layer(rand(2, 5, 12), in_width=8)
+
+
+# --------------------------------------------------------------------------
+# MoNEAttention (Eq. 5)
+# --------------------------------------------------------------------------
+class TestMoNEAttention:
+    def make(self):
+        return built(layers.MoNEAttention(D, HEADS), (None, None, D), seed=1)
+
+    def test_full_width_matches_reference(self):
+        layer = self.make()
+        x = rand(2, 7, D)
+        expected = ref.attention(x, D, *attention_params(layer), HEADS)
+        assert max_abs_diff(to_numpy(layer(x)), expected) <= ATOL
+
+    def test_mixed_widths_match_reference(self):
+        layer = self.make()
+        groups, per_token = mixed_groups()
+        outs = layer(groups, widths=WIDTHS)
+        assert isinstance(outs, list) and len(outs) == len(groups)
+        expected = ref.attention(np.concatenate(groups, axis=1), per_token, *attention_params(layer), HEADS)
+        got = np.concatenate([to_numpy(o) for o in outs], axis=1)
+        assert got.shape == expected.shape
+        assert max_abs_diff(got, expected) <= ATOL
+        # Out-projections of width-d tokens are exactly zero beyond d.
+        for out, width in zip(outs, WIDTHS):
+            assert np.all(to_numpy(out)[..., width:] == 0.0)
+
+    def test_tokens_only_read_their_first_d_features(self):
+        layer = self.make()
+        groups, _ = mixed_groups()
+        before = [to_numpy(o) for o in layer(groups, widths=WIDTHS)]
+        changed = [g.copy() for g in groups]
+        for g, width in zip(changed, WIDTHS):
+            g[..., width:] += 50.0 * rand(*g[..., width:].shape, seed=width)
+        after = [to_numpy(o) for o in layer(changed, widths=WIDTHS)]
+        for b, a in zip(before, after):  # every group, since keys/values are unchanged too
+            np.testing.assert_array_equal(a, b)
+
+    def test_widths_beyond_D_are_read(self):
+        # Control for the test above: a full-width group *does* see all features.
+        layer = self.make()
+        x = rand(2, 4, D)
+        x2 = x.copy()
+        x2[..., 16:] += 1.0
+        assert max_abs_diff(to_numpy(layer([x], widths=[D])[0]), to_numpy(layer([x2], widths=[D])[0])) > 1e-3
+
+    def test_group_order_does_not_matter(self):
+        # Attention is over all tokens of all groups: permuting groups permutes outputs.
+        layer = self.make()
+        groups, _ = mixed_groups()
+        outs = [to_numpy(o) for o in layer(groups, widths=WIDTHS)]
+        rev = [to_numpy(o) for o in layer(groups[::-1], widths=WIDTHS[::-1])][::-1]
+        for a, b in zip(outs, rev):
+            assert max_abs_diff(a, b) <= ATOL
+
+    def test_bad_arguments(self):
+        with pytest.raises(ValueError, match="num_heads"):
+            layers.MoNEAttention(30, 4)
+        layer = self.make()
+        groups, _ = mixed_groups()
+        with pytest.raises(ValueError, match="widths"):
+            layer(groups, widths=WIDTHS[:3])
+        with pytest.raises(ValueError, match="widths"):
+            layer(groups, widths=[4, 8, 16, 64])
+
+
+# --------------------------------------------------------------------------
+# NestedMLP (Eq. 6)
+# --------------------------------------------------------------------------
+class TestNestedMLP:
+    def make(self):
+        return built(layers.NestedMLP(D, MLP), (None, None, D), seed=2)
+
+    def params(self, layer):
+        w = {v.path.split("/", 1)[1]: to_numpy(v) for v in layer.weights}
+        return w["fc1/kernel"], w["fc1/bias"], w["fc2/kernel"], w["fc2/bias"]
+
+    @pytest.mark.parametrize("width", WIDTHS)
+    def test_matches_reference(self, width):
+        layer = self.make()
+        x = rand(2, 5, D)
+        expected = ref.mlp(x, width, *self.params(layer))
+        out = to_numpy(layer(x, width=width))
+        assert out.shape == (2, 5, D)
+        assert max_abs_diff(out, expected) <= ATOL
+        assert np.all(out[..., width:] == 0.0)
+        x2 = x.copy()
+        x2[..., width:] = 100.0
+        np.testing.assert_array_equal(to_numpy(layer(x2, width=width)), out)
+
+    def test_exact_gelu(self):
+        # tanh-approximate GELU differs from the erf form by up to ~1e-3 here.
+        layer = self.make()
+        x = 2.0 * rand(2, 5, D)
+        fc1k, fc1b, fc2k, fc2b = self.params(layer)
+        h = x.astype(np.float64) @ fc1k + fc1b
+        tanh_gelu = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+        approx = tanh_gelu @ fc2k + fc2b
+        exact = ref.mlp(x, D, fc1k, fc1b, fc2k, fc2b)
+        out = to_numpy(layer(x))
+        assert max_abs_diff(exact, approx) > 10 * ATOL  # the check below can tell them apart
+        assert max_abs_diff(out, exact) <= ATOL
+
+    def test_unpadded_output(self):
+        layer = self.make()
+        x = rand(2, 5, D)
+        out = to_numpy(layer(x, width=8, pad_output=False))
+        assert out.shape == (2, 5, 8)
+        np.testing.assert_allclose(out, to_numpy(layer(x, width=8))[..., :8], rtol=0, atol=ATOL)
+
+
+# --------------------------------------------------------------------------
+# MoNEBlock (Eq. 1 with pre-LayerNorm)
+# --------------------------------------------------------------------------
+class TestMoNEBlock:
+    def make(self, routed):
+        block = built(layers.MoNEBlock(D, HEADS, MLP, routed=routed), (None, None, D), seed=3)
+        return block
+
+    def test_dense_block_matches_reference(self):
+        block = self.make(routed=False)
+        assert block.alpha is None
+        x = rand(2, 7, D)
+        expected = ref.block(x, D, block_params(block))
+        assert max_abs_diff(to_numpy(block(x)), expected) <= ATOL
+
+    def test_routed_mixed_groups_with_gates_match_reference(self):
+        block = self.make(routed=True)
+        alpha = float(to_numpy(block.alpha))
+        assert 0.2 <= alpha <= 0.8  # randomize_weights set it; the gate term is active
+        groups, per_token = mixed_groups(seed=10)
+        gates = [np.random.default_rng(j).uniform(0, 1, (2, k)).astype("float32") for j, k in enumerate(SIZES)]
+        outs = block(groups, widths=WIDTHS, gates=gates)
+        got = np.concatenate([to_numpy(o) for o in outs], axis=1)
+        expected = ref.block(
+            np.concatenate(groups, axis=1), per_token, block_params(block),
+            gates=np.concatenate(gates, axis=1), alpha=alpha,
+        )
+        assert max_abs_diff(got, expected) <= ATOL
+        # Without the gate (alpha * r + 1 -> 1) the result differs: the gate is applied.
+        ungated = ref.block(np.concatenate(groups, axis=1), per_token, block_params(block))
+        assert max_abs_diff(expected, ungated) > 100 * ATOL
+
+    def test_none_gate_for_a_group(self):
+        block = self.make(routed=True)
+        alpha = float(to_numpy(block.alpha))
+        groups, per_token = mixed_groups(seed=20)
+        gates = [None, np.full((2, SIZES[1]), 0.5, "float32"), None, np.full((2, SIZES[3]), 0.25, "float32")]
+        got = np.concatenate([to_numpy(o) for o in block(groups, widths=WIDTHS, gates=gates)], axis=1)
+        # A None gate means factor 1, i.e. alpha * r + 1 = 1 -> r = 0 in the reference.
+        dense_gates = np.concatenate(
+            [np.zeros((2, k)) if g is None else g for g, k in zip(gates, SIZES)], axis=1
+        )
+        expected = ref.block(np.concatenate(groups, axis=1), per_token, block_params(block), gates=dense_gates, alpha=alpha)
+        assert max_abs_diff(got, expected) <= ATOL
+
+    def test_features_beyond_d_pass_through_unchanged(self):
+        # Both branch updates of a width-d token are zero-padded beyond d, so the
+        # block leaves features d: exactly as they were (x + 0 == x). (LayerNorm
+        # runs over all D features, so the *first* d outputs do depend on them.)
+        block = self.make(routed=True)
+        groups, _ = mixed_groups(seed=30)
+        outs = block(groups, widths=WIDTHS, gates=None)
+        for g, o, width in zip(groups, outs, WIDTHS):
+            np.testing.assert_array_equal(to_numpy(o)[..., width:], g[..., width:])
+
+    def test_gates_need_a_routed_block(self):
+        block = self.make(routed=False)
+        groups, _ = mixed_groups()
+        gates = [np.ones((2, k), "float32") for k in SIZES]
+        with pytest.raises(ValueError, match="routed"):
+            block(groups, widths=WIDTHS, gates=gates)
+
+    def test_alpha_starts_at_zero_and_is_constrained(self):
+        block = layers.MoNEBlock(D, HEADS, MLP, routed=True)
+        block.build((None, None, D))
+        assert float(to_numpy(block.alpha)) == 0.0
+        clip = block.alpha.constraint
+        assert isinstance(clip, layers.HalfOpenUnitInterval)
+        out = to_numpy(clip(keras.ops.convert_to_tensor(np.array([-1.0, 0.0, 0.5, 1.0, 3.0], "float32"))))
+        assert out[0] == 0.0 and out[1] == 0.0 and out[2] == 0.5
+        assert 0.999 < out[3] < 1.0 and 0.999 < out[4] < 1.0
+
+
+# --------------------------------------------------------------------------
+# PatchEmbedding, DropPath, routers
+# --------------------------------------------------------------------------
+class TestPatchEmbedding:
+    @pytest.mark.parametrize("use_class_token", [False, True])
+    def test_matches_reference(self, use_class_token):
+        layer = layers.PatchEmbedding(16, 4, D, num_channels=2, use_class_token=use_class_token)
+        layer.build((None, 16, 16, 2))
+        randomize_weights(layer, seed=4)
+        assert layer.num_tokens == 16 + int(use_class_token)
+        w = weights_of(layer)
+        x = rand(2, 16, 16, 2)
+        expected = ref.patch_embedding(
+            x, w["projection/kernel"], w["projection/bias"],
+            w.get("class_token") if use_class_token else None, w["position_embedding"], 4,
+        )
+        assert max_abs_diff(to_numpy(layer(x)), expected) <= ATOL
+
+    def test_errors_name_the_argument(self):
+        with pytest.raises(ValueError, match="`image_size`.*`patch_size`"):
+            layers.PatchEmbedding(30, 8, D)
+        layer = layers.PatchEmbedding(16, 4, D, num_channels=3)
+        layer.build((None, 16, 16, 3))
+        with pytest.raises(ValueError, match="num_channels"):
+            layer(rand(1, 16, 16, 1))
+        with pytest.raises(ValueError, match="image_size"):
+            layer(rand(1, 20, 20, 3))
+
+
+class TestDropPath:
+    def test_identity_at_inference_and_per_example_in_training(self):
+        layer = layers.DropPath(0.5, seed=3)
+        x = np.ones((64, 3, 4), "float32")
+        np.testing.assert_array_equal(to_numpy(layer(x)), x)
+        np.testing.assert_array_equal(to_numpy(layer(x, training=False)), x)
+        out = to_numpy(layer(x, training=True))
+        per_example = out.reshape(64, -1)
+        # each example is either dropped (0) or kept and scaled by 1 / (1 - rate)
+        assert np.all((per_example == 0.0).all(axis=1) | (per_example == 2.0).all(axis=1))
+        kept = (per_example == 2.0).all(axis=1).sum()
+        assert 10 < kept < 54  # Binomial(64, 0.5): outside this range has p < 1e-7
+
+    def test_bad_rate(self):
+        with pytest.raises(ValueError, match="rate"):
+            layers.DropPath(1.0)
+
+
+class TestRouters:
+    def test_router_is_softmax_of_dense(self):
+        router = layers.Router(4)
+        router.build((None, None, D))
+        randomize_weights(router, seed=5, scale=1.0)
+        w = weights_of(router)
+        x = rand(2, 6, D)
+        probs = to_numpy(router(x))
+        assert probs.dtype == np.float32
+        expected = ref.softmax(x.astype(np.float64) @ w["dense/kernel"] + w["dense/bias"])
+        assert max_abs_diff(probs, expected) <= 1e-6  # probabilities in [0, 1]
+
+    def test_router_float32_under_bfloat16(self):
+        router = layers.Router(4, dtype="bfloat16")
+        router.build((None, None, D))
+        probs = router(keras.ops.cast(rand(2, 6, D), "bfloat16"))
+        assert keras.backend.standardize_dtype(probs.dtype) == "float32"
+        np.testing.assert_allclose(to_numpy(probs).sum(-1), 1.0, atol=1e-6)
+
+    def test_random_router(self):
+        router = layers.RandomRouter(4, seed=1)
+        probs = to_numpy(router(rand(3, 5, D)))
+        assert probs.shape == (3, 5, 4) and probs.dtype == np.float32
+        assert probs.min() >= 0.0 and probs.max() < 1.0
+        assert len(np.unique(probs)) > 50  # not constant
+        assert router.weights == [] or all(not v.trainable for v in router.weights)
+
+
+# --------------------------------------------------------------------------
+# get_config round trip of every public layer
+# --------------------------------------------------------------------------
+PUBLIC_LAYERS = {
+    "NestedDense": lambda: layers.NestedDense(24, use_bias=False, bias_initializer="ones"),
+    "MoNEAttention": lambda: layers.MoNEAttention(D, HEADS, use_bias=False, dropout_rate=0.1),
+    "NestedMLP": lambda: layers.NestedMLP(D, MLP, dropout_rate=0.2),
+    "MoNEBlock": lambda: layers.MoNEBlock(D, HEADS, MLP, routed=True, drop_path_rate=0.1, layer_norm_epsilon=1e-5),
+    "PatchEmbedding": lambda: layers.PatchEmbedding((16, 24), 8, D, num_channels=1, use_class_token=True),
+    "DropPath": lambda: layers.DropPath(0.25, seed=7),
+    "Router": lambda: layers.Router(3),
+    "RandomRouter": lambda: layers.RandomRouter(5, seed=11),
+    "ExpertPreferredRouting": lambda: layers.ExpertPreferredRouting(
+        3, 0.4, capacity_method="greedy", beta=5.0, delta=3.0
+    ),
+}
+
+
+def test_every_public_layer_is_covered():
+    public = {name for name in layers.__all__ if isinstance(getattr(layers, name), type)
+              and issubclass(getattr(layers, name), keras.layers.Layer)}
+    assert public == set(PUBLIC_LAYERS)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_LAYERS))
+def test_get_config_round_trip(name):
+    layer = PUBLIC_LAYERS[name]()
+    clone = config_roundtrip(layer)
+    config = layer.get_config()
+    # the non-default constructor arguments survive
+    for key, value in config.items():
+        if key in ("name", "trainable", "dtype"):
+            continue
+        assert clone.get_config()[key] == value
+    # ...and are really used by the clone, not just echoed
+    for attr in ("units", "use_bias", "dropout_rate", "routed", "drop_path_rate", "layer_norm_epsilon",
+                 "use_class_token", "num_channels", "rate", "seed", "num_experts", "capacity_method",
+                 "effective_capacity", "beta", "delta", "capacities"):
+        if hasattr(layer, attr):
+            assert getattr(clone, attr) == getattr(layer, attr), attr
+
+
+def test_half_open_unit_interval_serialises():
+    constraint = layers.HalfOpenUnitInterval()
+    restored = keras.constraints.deserialize(keras.constraints.serialize(constraint))
+    assert isinstance(restored, layers.HalfOpenUnitInterval)
+
+
+def test_routed_block_round_trip_keeps_outputs():
+    block = layers.MoNEBlock(D, HEADS, MLP, routed=True)
+    block.build((None, None, D))
+    randomize_weights(block, seed=8)
+    clone = config_roundtrip(block)
+    clone.build((None, None, D))
+    clone.set_weights(block.get_weights())
+    groups, _ = mixed_groups()
+    gates = [np.full((2, k), 0.3, "float32") for k in SIZES]
+    for a, b in zip(block(groups, widths=WIDTHS, gates=gates), clone(groups, widths=WIDTHS, gates=gates)):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
