@@ -34,11 +34,13 @@ class QuickstartConfig:
     mlp_dim: int = 256
     train_capacity: float = 0.5
     eval_capacities: tuple = (0.2, 0.3, 0.5, 1.0)
+    digit_scale: int = 2
+    clutter: int = 2
     samples_per_digit: int = 4
     test_samples_per_digit: int = 2
-    epochs: int = 25
-    batch_size: int = 128
-    learning_rate: float = 2e-3
+    epochs: int = 12
+    batch_size: int = 64
+    learning_rate: float = 3e-3
     weight_decay: float = 0.05
     warmup_fraction: float = 0.1
     seed: int = 0
@@ -52,7 +54,10 @@ class QuickstartConfig:
 
 def load_data(config):
     """Train / test arrays with images scaled to ``[-1, 1]`` (as in AugReg)."""
-    common = dict(image_size=config.image_size, seed=config.seed)
+    common = dict(
+        image_size=config.image_size, digit_scale=config.digit_scale, clutter=config.clutter,
+        seed=config.seed,
+    )
     x_train, y_train = load_cluttered_digits(
         samples_per_digit=config.samples_per_digit, split="train", **common
     )
