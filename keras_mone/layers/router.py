@@ -97,6 +97,10 @@ class ExpertPreferredRouting(ConfigMixin, keras.layers.Layer):
         self.effective_capacity = None
         self.capacities = None
         self.set_capacity(effective_capacity)
+        # No weights: built from the start. Models call ``group`` rather than
+        # ``__call__``, and Keras' predict_on_batch re-runs an eager forward
+        # pass whenever any layer reports itself unbuilt.
+        self.built = True
 
     def set_capacity(self, effective_capacity):
         """Sets ``e_c`` (validated) and recomputes the expert capacities."""

@@ -20,14 +20,16 @@ class CapacityControlMixin:
         # A new compile() creates a new compile config: functions compiled for
         # the previous optimizer / loss must not come back from the cache.
         key = (self.routing_key(), id(getattr(self, "_compile_config", None)))
-        current = getattr(self, "_compiled_routing_key", None)
+        # Stored in __dict__ directly: Keras' attribute tracking would turn the
+        # tuples into lists, and the key would never compare equal again.
+        current = self.__dict__.get("_compiled_routing_key")
         if current == key:
             return
         cache = self.__dict__.setdefault("_compiled_by_routing_key", {})
         cache[current] = tuple(getattr(self, name, None) for name in _FUNCTIONS)
         for name, function in zip(_FUNCTIONS, cache.get(key, (None,) * len(_FUNCTIONS))):
             setattr(self, name, function)
-        self._compiled_routing_key = key
+        self.__dict__["_compiled_routing_key"] = key
 
     def make_train_function(self, force=False):
         self._refresh_compiled_functions()

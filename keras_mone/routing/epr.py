@@ -67,16 +67,22 @@ def route_tokens(router_probs, counts, num_dropped=0):
     empty = ops.cast(probs[:, :0, 0], "int32")
     taken = ops.zeros_like(probs[..., 0])
     groups = [empty] * num_experts
+    remaining = num_tokens
     for j in reversed(range(num_experts)):
         if counts[j] == 0:
             continue
-        scores = ops.where(taken > 0, _NULLED, probs[..., j])
-        groups[j] = _top_k_indices(scores, counts[j])
-        if j > 0 or num_dropped:
+        if counts[j] == remaining:
+            # This expert takes every unassigned token: no ranking needed.
+            groups[j] = _unassigned_indices(taken, counts[j])
+        else:
+            scores = ops.where(taken > 0, _NULLED, probs[..., j])
+            groups[j] = _top_k_indices(scores, counts[j])
+        remaining -= counts[j]
+        if remaining:
             taken = taken + ops.sum(ops.one_hot(groups[j], num_tokens, dtype="float32"), axis=1)
     dropped = empty
     if num_dropped:
-        dropped = _top_k_indices(-taken, num_dropped)
+        dropped = _unassigned_indices(taken, num_dropped)
     return groups, dropped
 
 
@@ -129,6 +135,20 @@ def _top_k_indices(scores, k):
     return ops.cast(indices, "int32")
 
 
+def _unassigned_indices(taken, count):
+    """Indices (ascending) of the ``count`` tokens with ``taken == 0``, per example.
+
+    Each free token's rank among the free tokens (a cumulative sum) places it;
+    no sort is needed, which keeps routing cheap on CPUs.
+    """
+    num_tokens = taken.shape[1]
+    free = 1.0 - taken
+    rank = ops.cast(ops.cumsum(free, axis=1) - 1.0, "int32")
+    slots = ops.one_hot(rank, count, dtype="float32") * ops.expand_dims(free, -1)
+    positions = ops.arange(num_tokens, dtype="float32")
+    return ops.cast(ops.einsum("bnk,n->bk", slots, positions), "int32")
+
+
 def gather_tokens(x, indices):
     """``x[b, indices[b, i]]`` for ``x`` of shape (batch, tokens, ...)."""
     expanded = ops.expand_dims(indices, -1) if len(x.shape) == 3 else indices
@@ -136,6 +156,9 @@ def gather_tokens(x, indices):
 
 
 def inverse_permutation(permutation):
-    """Per-example inverse of a (batch, tokens) permutation."""
-    return ops.cast(ops.argsort(permutation, axis=-1), "int32")
+    """Per-example inverse of a (batch, tokens) permutation (one-hot, no sort)."""
+    num_tokens = permutation.shape[1]
+    one_hot = ops.one_hot(permutation, num_tokens, dtype="float32")
+    positions = ops.arange(num_tokens, dtype="float32")
+    return ops.cast(ops.einsum("bpn,p->bn", one_hot, positions), "int32")
 
