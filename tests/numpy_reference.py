@@ -149,6 +149,8 @@ def block(x, widths, params, gates=None, alpha=0.0, epsilon=LAYER_NORM_EPSILON):
     p = params
     for b in range(x.shape[0]):
         active = widths[b] > 0
+        if not active.any():  # every token dropped: the block is skipped
+            continue
         xa = x[b : b + 1, active]
         wa = widths[b : b + 1, active]
         h = layer_norm(xa, p["norm1_gamma"], p["norm1_beta"], epsilon)

@@ -22,6 +22,37 @@ def _presets(args):
     return 0
 
 
+def _bench(args):
+    from keras_mone.analysis.benchmark import (
+        append_to_benchmarks,
+        format_markdown,
+        parse_model_override,
+        run_benchmark,
+    )
+
+    result = run_benchmark(
+        variant=args.variant,
+        capacities=tuple(float(c) for c in args.capacities.split(",") if c.strip()),
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        train_step=args.train_step,
+        memory=args.memory,
+        memory_calls=args.memory_calls,
+        peer=args.peer,
+        output_dir=args.output,
+        seed=args.seed,
+        model_overrides=dict(parse_model_override(o) for o in args.model_override),
+        verbose=not args.quiet,
+    )
+    print(format_markdown(result))
+    if args.append_benchmarks:
+        append_to_benchmarks(result, args.append_benchmarks)
+        print(f"appended to {args.append_benchmarks}")
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-mone", description="keras_mone command line")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -34,6 +65,32 @@ def build_parser():
     quickstart.set_defaults(run=_quickstart)
     presets = commands.add_parser("presets", help="list the model presets")
     presets.set_defaults(run=_presets)
+    bench = commands.add_parser(
+        "bench",
+        help="time dense ViT vs MoNE-ViT (forward, train step, routing share, memory) on this backend",
+    )
+    bench.add_argument("--variant", default="B/16", help="ViT size/patch, e.g. B/16 (default)")
+    bench.add_argument("--capacities", default="0.2,0.3,0.5,0.75,1.0", help="comma-separated MoNE e_c")
+    bench.add_argument("--batch-size", type=int, default=8)
+    bench.add_argument("--image-size", type=int, default=224)
+    bench.add_argument("--repeats", type=int, default=10, help="timed calls per model, interleaved")
+    bench.add_argument("--warmup", type=int, default=2, help="untimed calls per model first (>= 1)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--output", default=None, help="directory for benchmark.json/.md and the plot")
+    bench.add_argument("--no-train-step", dest="train_step", action="store_false", help="forward only")
+    bench.add_argument("--memory", action="store_true", help="peak RSS per model and mode (subprocesses)")
+    bench.add_argument("--memory-calls", type=int, default=3, help="calls per memory subprocess")
+    bench.add_argument("--no-peer", dest="peer", action="store_false", help="skip the keras_hub reference")
+    bench.add_argument(
+        "--model-override", action="append", default=[], metavar="KEY=VALUE",
+        help="extra from_preset argument for all models (repeatable), e.g. depth=2",
+    )
+    bench.add_argument(
+        "--append-benchmarks", default=None, metavar="BENCHMARKS.md",
+        help="append the markdown report (command, backend, date, versions, machine) to this file",
+    )
+    bench.add_argument("--quiet", action="store_true", help="no progress lines")
+    bench.set_defaults(run=_bench)
     return parser
 
 

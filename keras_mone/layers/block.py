@@ -10,12 +10,17 @@ from keras_mone.layers.nested_dense import pad_features
 from keras_mone.layers.regularization import DropPath
 
 
+# Largest value below 1 in each float type (1 - 1e-6 would round to 1 in 16 bits).
+_BELOW_ONE = {"float16": 1.0 - 2.0**-11, "bfloat16": 1.0 - 2.0**-8}
+
+
 @register
 class HalfOpenUnitInterval(keras.constraints.Constraint):
-    """Clips a weight into ``[0, 1)`` (MoNE's alpha, Sec. 4.1)."""
+    """Clips a weight into ``[0, 1)`` (MoNE's alpha, Sec. 4.1), in its own dtype."""
 
     def __call__(self, w):
-        return ops.clip(w, 0.0, 1.0 - 1e-6)
+        upper = _BELOW_ONE.get(keras.backend.standardize_dtype(w.dtype), 1.0 - 2.0**-24)
+        return ops.clip(w, 0.0, upper)
 
 
 @register
@@ -89,9 +94,12 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
 
     def call(self, inputs, widths=None, gates=None, training=None):
         groups, widths, single = as_groups(inputs, widths, self.hidden_dim)
+        if not groups:  # every token dropped (mod_greedy): the block is skipped
+            return []
         attended = self.attention([self.norm1(g) for g in groups], widths=widths, training=training)
-        mids = [g + self.drop_path(a, training=training) for g, a in zip(groups, attended)]
-        outputs = []
+        attended = self.drop_path(attended, training=training)
+        mids = [g + a for g, a in zip(groups, attended)]
+        updates = []
         for j, (z, width) in enumerate(zip(mids, widths)):
             update = self.mlp(self.norm2(z), width=width, pad_output=False, training=training)
             gate = None if gates is None else gates[j]
@@ -100,8 +108,9 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
                     raise ValueError(f"MoNEBlock '{self.name}' got `gates` but was built with routed=False.")
                 scale = ops.cast(self.alpha, gate.dtype) * gate + 1.0
                 update = update * ops.cast(ops.expand_dims(scale, -1), update.dtype)
-            update = pad_features(update, self.hidden_dim)
-            outputs.append(z + self.drop_path(update, training=training))
+            updates.append(pad_features(update, self.hidden_dim))
+        updates = self.drop_path(updates, training=training)
+        outputs = [z + u for z, u in zip(mids, updates)]
         return outputs[0] if single else outputs
 
     def compute_output_shape(self, input_shape, widths=None, gates=None):

@@ -10,7 +10,10 @@ from keras_mone.layers.config import ConfigMixin, register
 class DropPath(ConfigMixin, keras.layers.Layer):
     """Drops a residual branch per example with probability ``rate`` in training.
 
-    Kept examples are scaled by ``1 / (1 - rate)``; at inference it is the identity.
+    Kept examples are scaled by ``1 / (1 - rate)``; at inference it is the
+    identity. Given a list of token groups of the same examples (MoNE's
+    per-expert groups), one draw per example applies to every group, so an
+    example's branch is dropped for all of its tokens or for none.
     """
 
     def __init__(self, rate=0.0, seed=None, **kwargs):
@@ -24,10 +27,13 @@ class DropPath(ConfigMixin, keras.layers.Layer):
     def call(self, inputs, training=None):
         if not training or not self.rate:
             return inputs
-        batch = ops.shape(inputs)[0]
-        shape = (batch,) + (1,) * (len(inputs.shape) - 1)
+        groups = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        first = groups[0]
+        shape = (ops.shape(first)[0],) + (1,) * (len(first.shape) - 1)
         keep = keras.random.uniform(shape, seed=self.seed_generator) >= self.rate
-        return inputs * ops.cast(keep, inputs.dtype) / (1.0 - self.rate)
+        scale = ops.cast(keep, first.dtype) / (1.0 - self.rate)
+        dropped = [g * scale for g in groups]
+        return dropped if isinstance(inputs, (list, tuple)) else dropped[0]
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -45,7 +45,7 @@ def get_preset(name):
     return dict(presets[name])
 
 
-def from_preset(name, load_weights=True, **overrides):
+def from_preset(name, /, load_weights=True, **overrides):
     """Builds the ``ImageClassifier`` of preset ``name``.
 
     Args:

@@ -64,12 +64,10 @@ def _solve_eq3(e_c, num_experts, beta, delta):
     from scipy.optimize import minimize
 
     widths = expert_width_fractions(num_experts)
-    # Reward for using expert i (1-based, small to large): delta**-(E - i).
-    # Eq. 3 as printed divides by delta**(i - 1), which rewards the *smallest*
-    # expert most; Sec. 4.3 says "we incentivize the usage of larger models",
-    # so keras_mone follows the text: the full expert gets reward 1 and each
-    # halving of width divides the reward by delta.
-    reward = delta ** -np.arange(num_experts - 1, -1, -1, dtype=np.float64)
+    # Eq. 3 exactly as printed: reward c_i / delta**(i - 1), i = 1 the smallest
+    # expert. See ``capacity_distribution`` for why this, and not a reward
+    # that grows with expert size, is what serves the text's intent.
+    reward = delta ** -np.arange(num_experts, dtype=np.float64)
 
     def negative_objective(c):
         safe = np.clip(c, 1e-300, None)
@@ -109,12 +107,21 @@ def _solve_eq3(e_c, num_experts, beta, delta):
 def capacity_distribution(effective_capacity, num_experts=4, beta=10.0, delta=2.0):
     """Solves Eq. 3 of the MoNE paper for the per-expert capacities.
 
-    maximise   sum_i c_i / delta**(E - i)  -  beta * sum_i c_i log c_i
+    maximise   sum_i c_i / delta**(i - 1)  -  beta * sum_i c_i log c_i
     subject to sum_i c_i = 1,  sum_i c_i d_i / D = e_c,  0 <= c_i <= 1
 
-    with SLSQP, as in the paper (beta = 10, delta = 2). The linear term rewards
-    the larger experts, as the paper's text states; the formula as printed
-    (``c_i / delta**(i - 1)``) would reward the smaller ones instead.
+    with SLSQP, as in the paper (beta = 10, delta = 2); ``i = 1`` is the
+    smallest expert.
+
+    The printed linear term looks as if it rewarded the *smaller* experts,
+    while Sec. 4.3 says the larger ones are incentivised. keras_mone solves
+    Eq. 3 as printed, because on the feasible set only the part of the reward
+    orthogonal to ``1`` and ``d / D`` matters: the "literal text" reward
+    ``1 / delta**(E - i)`` equals ``d_i / D`` for delta = 2, is constant on the
+    feasible set and would leave the maximum-entropy solution unchanged,
+    whereas the printed reward moves capacity from the middle experts to the
+    full one (and the smallest), i.e. it does incentivise the full expert
+    relative to the entropy-only solution. Both facts are tested.
 
     Args:
         effective_capacity: ``e_c`` in ``[2**-(E-1), 1]``.

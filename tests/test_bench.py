@@ -1,0 +1,187 @@
+"""The benchmark harness (keras_mone.analysis.benchmark, `keras-mone bench`) end to end.
+
+A tiny configuration, 2 repeats: this checks the structure of the result, the
+files and the command line, never the timings (the machine is shared).
+"""
+
+import importlib.util
+import json
+import os
+import shlex
+
+import keras
+import pytest
+
+from conftest import BACKEND, TINY
+from keras_mone.analysis import benchmark
+from keras_mone.cli.main import build_parser, main
+
+# `variant` picks the presets; the overrides shrink them to the tiny test geometry.
+OVERRIDES = {k: v for k, v in TINY.items() if k != "image_size"} | {"num_classes": 10}
+TINY_RUN = dict(
+    variant="Ti/16",
+    capacities=(0.5,),
+    batch_size=2,
+    image_size=TINY["image_size"],
+    repeats=2,
+    warmup=1,
+    memory=False,
+    model_overrides=OVERRIDES,
+)
+HAS_KERAS_HUB = importlib.util.find_spec("keras_hub") is not None
+STAT_KEYS = {
+    "median_s", "min_s", "max_s", "q25_s", "q75_s", "iqr_s", "latency_ms", "images_per_s",
+    "times_s", "first_call_s", "speedup", "flop_ratio", "efficiency",
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("bench")
+    keras.utils.set_random_seed(0)
+    result = benchmark.run_benchmark(**TINY_RUN, train_step=True, peer=True, output_dir=str(output))
+    return result, output
+
+
+def test_result_structure(run):
+    result, _ = run
+    assert json.loads(json.dumps(result, allow_nan=False)) == result  # JSON-serialisable
+    assert result["environment"]["backend"] == BACKEND
+    assert result["environment"]["versions"]["keras"] == keras.__version__
+    settings = result["settings"]
+    assert settings["capacities"] == [0.5] and settings["repeats"] == 2 and settings["warmup"] == 1
+    config = result["model_config"]
+    assert config["hidden_dim"] == TINY["hidden_dim"] and config["depth"] == TINY["depth"]
+    assert config["image_size"] == [TINY["image_size"]] * 2 and config["num_classes"] == 10
+    assert config["presets"] == ["vit_ti16", "mone_vit_ti16"]
+
+    rows = {row["label"]: row for row in result["models"]}
+    assert list(rows) == ["dense", "mone e_c=0.5"]
+    dense, half = rows.values()
+    assert dense["flop_ratio"] == 1.0 and dense["forward"]["speedup"] == 1.0
+    assert half["flop_ratio"] > 1.0 and half["capacity"] == 0.5
+    assert sum(half["tokens_per_expert"]) + half["dropped_tokens"] == config["num_tokens"]
+    for row in rows.values():
+        assert row["parameters"] > 0 and row["gmacs"] > 0
+        for mode in ("forward", "train"):
+            stats = row[mode]
+            assert STAT_KEYS <= set(stats), mode
+            assert len(stats["times_s"]) == 2
+            assert stats["min_s"] <= stats["median_s"] <= stats["max_s"]
+            assert stats["efficiency"] == pytest.approx(stats["speedup"] / stats["flop_ratio"])
+            assert stats["images_per_s"] == pytest.approx(2 / stats["median_s"])
+        assert row["memory"] is None
+    assert dense["routing"] is None
+    routing = half["routing"]
+    assert routing["router_epr_s"] == pytest.approx(routing["routing_probe_s"] - routing["embedding_probe_s"])
+    assert routing["share_of_forward"] == pytest.approx(routing["router_epr_s"] / half["forward"]["median_s"])
+    assert routing["routers_in_model"] == 1
+    assert set(result["routing_probe"]) == {"embedding", "route 0.5", "route+restore 0.5"}
+    assert isinstance(result["warnings"], list)
+
+
+def test_peer_reference(run):
+    peer = run[0]["peer"]
+    if HAS_KERAS_HUB:
+        assert peer["available"] and peer["dense_over_peer_time"] > 0
+    else:
+        assert peer == {"available": False, "reason": peer["reason"]}
+        assert "keras_hub" in peer["reason"]
+    assert "Peer reference" in benchmark.format_markdown(run[0])
+
+
+def test_files_written(run):
+    result, output = run
+    files = result["files"]
+    assert set(files) == {"json", "markdown", "plot"}
+    assert {os.path.basename(p) for p in files.values()} == {
+        "benchmark.json", "benchmark.md", "speedup_vs_flops.png"
+    }
+    with open(os.path.join(output, "benchmark.json")) as f:
+        assert json.load(f) == result
+    with open(os.path.join(output, "benchmark.md")) as f:
+        markdown = f.read()
+    assert markdown == benchmark.format_markdown(result)
+    for heading in ("**Forward pass**", "**Training step**", "**Routing overhead**"):
+        assert heading in markdown
+    assert "| dense |" in markdown and "| mone e_c=0.5 |" in markdown
+    assert result["command"] in markdown
+    with open(os.path.join(output, "speedup_vs_flops.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_command_reproduces_the_settings(run):
+    result, output = run
+    words = shlex.split(result["command"])
+    assert words[0] == f"KERAS_BACKEND={BACKEND}" or f"KERAS_BACKEND={BACKEND}" in words
+    args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
+    settings = result["settings"]
+    assert args.command == "bench" and args.variant == settings["variant"]
+    assert [float(c) for c in args.capacities.split(",")] == settings["capacities"]
+    assert (args.batch_size, args.image_size, args.repeats, args.warmup, args.seed) == (
+        settings["batch_size"], settings["image_size"], settings["repeats"], settings["warmup"], settings["seed"]
+    )
+    assert (args.train_step, args.memory, args.peer) == (True, False, True)
+    assert dict(benchmark.parse_model_override(o) for o in args.model_override) == OVERRIDES
+    assert args.output == str(output)
+
+
+def test_cli_prints_and_appends(tmp_path, capsys):
+    benchmarks = tmp_path / "BENCHMARKS.md"
+    benchmarks.write_text("# Benchmarks\n")
+    output = tmp_path / "out"
+    argv = [
+        "bench", "--variant", "Ti/16", "--capacities", "1.0", "--batch-size", "2",
+        "--image-size", str(TINY["image_size"]), "--repeats", "2", "--warmup", "1",
+        "--no-train-step", "--no-peer", "--quiet", "--output", str(output),
+        "--append-benchmarks", str(benchmarks),
+    ]
+    argv += [arg for key, value in OVERRIDES.items() for arg in ("--model-override", f"{key}={value}")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "**Forward pass**" in printed and "**Training step**" not in printed
+    assert "| mone e_c=1 |" in printed
+    text = benchmarks.read_text()
+    assert text.startswith("# Benchmarks\n")
+    result = json.loads((output / "benchmark.json").read_text())
+    full = result["models"][1]
+    assert full["train"] is None and full["tokens_per_expert"][-1] == result["model_config"]["num_tokens"]
+    assert result["peer"]["available"] is False
+    for needle in (result["command"], f"backend {BACKEND}", f"keras {keras.__version__}", "CPU cores"):
+        assert needle in text
+    assert "--no-train-step" in result["command"] and "--no-peer" in result["command"]
+
+
+def test_memory_probe_reports_rss(capsys):
+    # The code a --memory subprocess runs, here in-process (a subprocess would
+    # re-import the backend; run_benchmark(memory=True) does that).
+    specs = benchmark._model_specs("Ti/16", (0.5,), TINY["image_size"], OVERRIDES)
+    _, preset, kwargs = specs[1]
+    spec = dict(preset=preset, kwargs=kwargs, mode="forward", batch_size=2, seed=0, calls=2)
+    benchmark._memory_child(json.loads(json.dumps(spec)))
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert data["baseline_bytes"] > 0 and data["peak_bytes"] > 0 and data["peak_before_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(capacities=()), "capacities"),
+        (dict(warmup=0), "warmup"),
+        (dict(repeats=0), "repeats"),
+        (dict(model_overrides={"capacity": 0.5}), "capacities"),
+        (dict(variant="X/16"), "variant"),
+    ],
+)
+def test_invalid_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        benchmark.run_benchmark(**{**TINY_RUN, **kwargs, "verbose": False})
+
+
+def test_parse_model_override():
+    assert benchmark.parse_model_override("depth=2") == ("depth", 2)
+    assert benchmark.parse_model_override("router_positions=[0,1]") == ("router_positions", [0, 1])
+    assert benchmark.parse_model_override("use_class_token=true") == ("use_class_token", True)
+    assert benchmark.parse_model_override("pooling=token") == ("pooling", "token")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        benchmark.parse_model_override("depth")
