@@ -8,7 +8,10 @@ a capacity seen before reuses its functions (adaptive-capacity training draws
 a capacity per step from a small set).
 """
 
+import functools
+
 _FUNCTIONS = ("train_function", "test_function", "predict_function")
+_STEPS = ("train_step", "test_step", "predict_step")
 
 
 class CapacityControlMixin:
@@ -29,6 +32,12 @@ class CapacityControlMixin:
         cache[current] = tuple(getattr(self, name, None) for name in _FUNCTIONS)
         for name, function in zip(_FUNCTIONS, cache.get(key, (None,) * len(_FUNCTIONS))):
             setattr(self, name, function)
+        # jax.jit caches traces by function, and bound methods of one object
+        # compare equal: a rebuilt `jit(self.test_step)` would silently reuse
+        # the trace of the previous capacity. A fresh partial per routing key
+        # gives each capacity its own trace.
+        for step in _STEPS:
+            self.__dict__[step] = functools.partial(getattr(type(self), step), self)
         self.__dict__["_compiled_routing_key"] = key
 
     def make_train_function(self, force=False):
