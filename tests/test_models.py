@@ -332,6 +332,33 @@ def test_compiled_predict_follows_set_capacity():
     assert loss_06 == pytest.approx(float(np.mean(pred_06.astype(np.float64) ** 2)), rel=1e-5)
     model.set_capacity(0.3)
     np.testing.assert_allclose(model.predict(x, verbose=0), pred_03, rtol=0, atol=1e-6)
+    # A second capacity change must rebuild evaluate too: on jax, jit caches
+    # traces of equal bound methods, which once kept the 0.6 trace here.
+    loss_03 = model.evaluate(x, y, verbose=0)
+    assert loss_03 == pytest.approx(float(np.mean(pred_03.astype(np.float64) ** 2)), rel=1e-5)
+
+
+def test_adaptive_capacity_draws_a_capacity_per_step():
+    from keras_mone.training import AdaptiveCapacity
+
+    model = tiny_classifier(capacity=0.5, alpha=0.4)
+    model.compile(optimizer="sgd", loss="mse")
+    x = images(batch=8, seed=3)
+    y = np.zeros((8, 3), "float32")
+    callback = AdaptiveCapacity(capacities=(0.25, 0.75), eval_capacity=0.5, seed=1)
+    model.fit(x, y, batch_size=2, epochs=2, verbose=0, callbacks=[callback])
+    assert len(callback.history) == 8 and set(callback.history) == {0.25, 0.75}
+    assert model.capacity == 0.5
+    # The compiled train step really runs at the drawn capacity: one step at
+    # each capacity from the same weights gives that capacity's loss.
+    for capacity in (0.25, 0.75):
+        model.set_capacity(capacity)
+        expected = float(np.mean(to_numpy(model(x[:2])).astype(np.float64) ** 2))
+        weights = [to_numpy(v) for v in model.trainable_variables]
+        loss = model.train_on_batch(x[:2], y[:2])
+        assert loss == pytest.approx(expected, rel=1e-4)
+        for v, w in zip(model.trainable_variables, weights):
+            v.assign(w)
 
 
 @pytest.mark.parametrize("policy", ["bfloat16", "mixed_bfloat16"])
