@@ -264,22 +264,29 @@ def _traced_block_macs(monkeypatch, model, batch=2):
     """
     from keras.src.backend import compute_output_spec
 
+    from keras_mone.layers import attention as attention_module
+
     measured = {"matmul": 0, "attention": 0}
-    matmul, attention = keras.ops.matmul, keras.ops.dot_product_attention
+    matmul = keras.ops.matmul
+    attention = attention_module.multi_head_attention
 
     def counting_matmul(x1, x2):
         a, b = tuple(x1.shape), tuple(x2.shape)
         measured["matmul"] += math.prod(a[:-1]) * a[-1] * b[-1]
         return matmul(x1, x2)
 
-    def counting_attention(query, key, value, *args, **kwargs):
-        _, q_len, heads, head_dim = query.shape
-        measured["attention"] += 2 * batch * q_len * key.shape[1] * heads * head_dim
-        return attention(query, key, value, *args, **kwargs)
+    def counting_attention(qkv):
+        # Counted here as a whole (QK^T and the weighted sum); the matmuls it
+        # runs inside must not count as projections.
+        _, tokens, _, heads, head_dim = qkv.shape
+        measured["attention"] += 2 * batch * tokens * tokens * heads * head_dim
+        with monkeypatch.context() as inner:
+            inner.setattr(keras.ops, "matmul", matmul)
+            return attention(qkv)
 
     with monkeypatch.context() as patch:
         patch.setattr(keras.ops, "matmul", counting_matmul)
-        patch.setattr(keras.ops, "dot_product_attention", counting_attention)
+        patch.setattr(attention_module, "multi_head_attention", counting_attention)
         images = keras.KerasTensor((batch, *model.input_shape_per_example))
         compute_output_spec(model.call, images)
     return {name: value // batch for name, value in measured.items()}
