@@ -139,10 +139,9 @@ class MoNEViTBackbone(ViTBackbone):
                     intermediates["expert_index"].append(
                         gather_tokens(state.labels(probs), restore)
                     )
-            if state.groups:  # empty when mod_greedy drops every token
-                state.groups = block(
-                    state.groups, widths=state.widths, gates=state.gates, training=training
-                )
+            state.groups = block(
+                state.groups, widths=state.widths, gates=state.gates, training=training
+            )
         tokens = self.norm(state.restored())
         return (tokens, intermediates) if return_intermediates else tokens
 
