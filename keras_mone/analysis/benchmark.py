@@ -47,10 +47,9 @@ import numpy as np
 
 from keras_mone.analysis.flops import flops
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.mone_vit_backbone import MoNEViTBackbone, _TokenGroups
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.routing.epr import gather_tokens, inverse_permutation
 from keras_mone.version import __version__ as KERAS_MONE_VERSION
 
 DEFAULT_CAPACITIES = (0.2, 0.3, 0.5, 0.75, 1.0)
@@ -170,11 +169,13 @@ class _RoutingProbe(keras.Model):
         backbone = self.source.value
         tokens = self.patch_embedding(images)
         probs = self.router(tokens)
-        groups, gates, order = _regroup(backbone, tokens, probs)
+        # Exactly the model's own routing step (EPR grouping, token and gate gathers).
+        state = backbone._regroup(_TokenGroups(tokens, backbone.hidden_dim), probs)
         if self.restore:
-            merged = ops_concat(groups)
-            return _checksum([gather_tokens(merged, inverse_permutation(order))])
-        return _checksum([*groups, *gates, keras.ops.cast(order, "float32")])
+            return _checksum([state.restored()])
+        dropped = [state.dropped] if state.dropped is not None else []
+        gates = list(state.gates or [])
+        return _checksum([*state.groups, *dropped, *gates, keras.ops.cast(state.order, "float32")])
 
 
 def _checksum(tensors):
@@ -195,39 +196,6 @@ class _Untracked:
 
     def __init__(self, value):
         self.value = value
-
-
-def ops_concat(parts):
-    return parts[0] if len(parts) == 1 else keras.ops.concatenate(parts, axis=1)
-
-
-def _regroup(backbone, tokens, probs):
-    """``(groups, gates, order)`` of the backbone's first routing of ``tokens``.
-
-    Uses ``MoNEViTBackbone._regroup`` (exactly the model's code path); falls
-    back to the same steps spelled out if that private API is not there.
-    """
-    try:
-        from keras_mone.models.mone_vit_backbone import _TokenGroups
-
-        state = backbone._regroup(_TokenGroups(tokens, backbone.hidden_dim), probs)
-        groups = list(state.groups) + ([state.dropped] if state.dropped is not None else [])
-        return groups, list(state.gates or []), state.order
-    except (ImportError, AttributeError):
-        index_groups, dropped = backbone.routing.group(probs)
-        groups, gates, positions = [], [], []
-        learned = getattr(backbone, "router_type", "learned") == "learned"
-        for expert, indices in enumerate(index_groups):
-            if indices.shape[1] == 0:
-                continue
-            groups.append(gather_tokens(tokens, indices))
-            if learned:
-                gates.append(gather_tokens(probs[..., expert], indices))
-            positions.append(indices)
-        if dropped.shape[1]:
-            groups.append(gather_tokens(tokens, dropped))
-            positions.append(dropped)
-        return groups, gates, ops_concat(positions)
 
 
 def _unbuilt_layers(model):
