@@ -124,8 +124,7 @@ class MoNEViTBackbone(ViTBackbone):
         return (self.capacity_method, self.routing.capacities)
 
     # -- forward ------------------------------------------------------------
-    def call(self, images, training=None, return_intermediates=False):
-        tokens = self.patch_embedding(images)
+    def encode(self, tokens, training=None, return_intermediates=False):
         state = _TokenGroups(tokens, self.hidden_dim)
         intermediates = {"router_probs": [], "expert_index": []}
         routers = dict(zip(self.router_positions, self.routers))
@@ -142,8 +141,7 @@ class MoNEViTBackbone(ViTBackbone):
             state.groups = block(
                 state.groups, widths=state.widths, gates=state.gates, training=training
             )
-        tokens = self.norm(state.restored())
-        return (tokens, intermediates) if return_intermediates else tokens
+        return self.norm(state.restored()), intermediates
 
     def _regroup(self, state, probs):
         """Assigns the current tokens to experts (EPR) and groups them."""

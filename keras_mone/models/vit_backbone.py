@@ -48,9 +48,8 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
     ):
         kwargs.setdefault("name", self.default_name)
         super().__init__(**kwargs)
-        self.patch_embedding = PatchEmbedding(
-            image_size, patch_size, hidden_dim, num_channels=num_channels,
-            use_class_token=use_class_token, dtype=self.dtype_policy, name="patch_embedding",
+        self.patch_embedding = self._make_embedding(
+            image_size, patch_size, hidden_dim, num_channels, use_class_token
         )
         self.image_size = list(self.patch_embedding.image_size)
         self.patch_size = patch_size
@@ -90,6 +89,13 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
     def input_shape_per_example(self):
         return (*self.image_size, self.num_channels)
 
+    def _make_embedding(self, image_size, patch_size, hidden_dim, num_channels, use_class_token):
+        """The input embedding (sub-classes for other inputs, e.g. video, override it)."""
+        return PatchEmbedding(
+            image_size, patch_size, hidden_dim, num_channels=num_channels,
+            use_class_token=use_class_token, dtype=self.dtype_policy, name="patch_embedding",
+        )
+
     def _is_routed_block(self, index):
         return False
 
@@ -107,10 +113,21 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
 
     def call(self, images, training=None, return_intermediates=False):
         tokens = self.patch_embedding(images)
+        tokens, intermediates = self.encode(
+            tokens, training=training, return_intermediates=return_intermediates
+        )
+        return (tokens, intermediates) if return_intermediates else tokens
+
+    def encode(self, tokens, training=None, return_intermediates=False):
+        """Runs the blocks and the final LayerNorm on embedded ``tokens``.
+
+        Returns ``(tokens, intermediates)``; sub-classes that route tokens
+        (MoNE) or change their width (MatViT) override this method only, so
+        every model built on the encoder (images, video frames) inherits it.
+        """
         for block in self.blocks:
             tokens = block(tokens, training=training)
-        tokens = self.norm(tokens)
-        return (tokens, {}) if return_intermediates else tokens
+        return self.norm(tokens), {}
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_tokens, self.hidden_dim)
