@@ -9,6 +9,7 @@ from keras_mone.analysis.flops import (
     register_flop_counter,
     vit_block_macs,
 )
+from keras_mone.analysis import matvit_flops  # noqa: F401  (registers the MatViT counter)
 from keras_mone.analysis.throughput import images_per_second
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""``keras-mone`` command line: quickstart, presets."""
+"""``keras-mone`` command line: quickstart, train, presets, bench."""
 
 import argparse
 import sys
@@ -11,6 +11,26 @@ def _quickstart(args):
     if args.epochs is not None:
         config.epochs = args.epochs
     run_quickstart(args.output, config)
+    return 0
+
+
+def _train(args):
+    from keras_mone.recipes import RecipeError, list_recipes, load, parse_overrides
+
+    if args.list or not args.recipe:
+        for name, description in list_recipes().items():
+            print(f"{name:<34} {description}")
+        return 0
+    try:
+        setup = load(args.recipe, resume=not args.restart, **parse_overrides(args.overrides))
+    except RecipeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if setup.initial_step:
+        print(f"Resuming {setup.name} at step {setup.initial_step} of {setup.total_steps}")
+    print(f"Training {setup.name}: {setup.epochs} epochs x {setup.steps_per_epoch} steps -> {setup.output_dir}")
+    results = setup.fit()
+    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
     return 0
 
 
@@ -63,6 +83,14 @@ def build_parser():
     quickstart.add_argument("--output", required=True, help="directory for results and plots")
     quickstart.add_argument("--epochs", type=int, default=None, help="override the epoch count")
     quickstart.set_defaults(run=_quickstart)
+    train = commands.add_parser(
+        "train", help="run a training recipe (recipes/*.toml) with key=value overrides; resumes"
+    )
+    train.add_argument("recipe", nargs="?", help="bundled recipe name or path to a .toml file")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. epochs=3 model_args.depth=2")
+    train.add_argument("--list", action="store_true", help="list the bundled recipes")
+    train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    train.set_defaults(run=_train)
     presets = commands.add_parser("presets", help="list the model presets")
     presets.set_defaults(run=_presets)
     bench = commands.add_parser(

@@ -2,21 +2,30 @@
 
 from keras_mone.layers.attention import MoNEAttention
 from keras_mone.layers.block import HalfOpenUnitInterval, MoNEBlock
+from keras_mone.layers.inception_crop import InceptionCrop
+from keras_mone.layers.mixup import RolledMixUp
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import NestedDense
 from keras_mone.layers.patch_embedding import PatchEmbedding
 from keras_mone.layers.regularization import DropPath
 from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
+from keras_mone.layers.sequence_encoder import SequenceEncoder
+from keras_mone.layers.tubelet_embedding import TubeletEmbedding, inflate_patch_kernel
 
 __all__ = [
     "DropPath",
     "ExpertPreferredRouting",
     "HalfOpenUnitInterval",
+    "InceptionCrop",
     "MoNEAttention",
     "MoNEBlock",
     "NestedDense",
     "NestedMLP",
     "PatchEmbedding",
     "RandomRouter",
+    "RolledMixUp",
     "Router",
+    "SequenceEncoder",
+    "TubeletEmbedding",
+    "inflate_patch_kernel",
 ]

@@ -1,13 +1,20 @@
-"""Training utilities: schedules, optimizers, adaptive capacity, the CPU quickstart."""
+"""Training utilities: schedules, optimizers, losses, modes, checkpoints, distribution, quickstart."""
 
 from keras_mone.training.adaptive_capacity import DEFAULT_CAPACITIES, AdaptiveCapacity
+from keras_mone.training.losses import FullWidthAccuracy, SigmoidCrossEntropy, SumOverWidths
+from keras_mone.training.modes import MODES, isoflops_epochs
 from keras_mone.training.optimizers import NO_DECAY_NAMES, adamw_kernels_only
 from keras_mone.training.schedules import WarmupCosineDecay
 
 __all__ = [
     "DEFAULT_CAPACITIES",
+    "MODES",
     "NO_DECAY_NAMES",
     "AdaptiveCapacity",
+    "FullWidthAccuracy",
+    "SigmoidCrossEntropy",
+    "SumOverWidths",
     "WarmupCosineDecay",
     "adamw_kernels_only",
+    "isoflops_epochs",
 ]

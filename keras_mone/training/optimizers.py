@@ -9,16 +9,17 @@ NO_DECAY_NAMES = ("bias", "gamma", "beta", "position_embedding", "class_token", 
 
 
 def adamw_kernels_only(
-    peak_learning_rate, total_steps, warmup_steps, weight_decay=0.1, clipnorm=1.0, beta_2=0.999
+    peak_learning_rate, total_steps, warmup_steps, weight_decay=0.1, clipnorm=1.0, beta_2=0.999,
+    end_learning_rate=0.0,
 ):
     """AdamW with decoupled weight decay on kernels only, warm-up + cosine, and
     global gradient-norm clipping (the AugReg recipe, Steiner et al. 2021).
 
     ``weight_decay`` is in AdamW units (multiplied by the learning rate):
-    AugReg's 1e-4 at lr 1e-3 is 0.1 here.
+    AugReg's 1e-4 at lr 1e-3 is 0.1 here. ``clipnorm=None`` disables clipping.
     """
     optimizer = keras.optimizers.AdamW(
-        learning_rate=WarmupCosineDecay(peak_learning_rate, total_steps, warmup_steps),
+        learning_rate=WarmupCosineDecay(peak_learning_rate, total_steps, warmup_steps, end_learning_rate),
         weight_decay=weight_decay,
         beta_2=beta_2,
         global_clipnorm=clipnorm,

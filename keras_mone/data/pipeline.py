@@ -1,0 +1,216 @@
+"""tf.data input pipelines of the training recipes (usable as input on every backend).
+
+Sources: TFDS (``imagenet2012``, ``imagenet21k``, ..., prepared by the user),
+an image folder (``root/<split>/<class>/*.png|jpg``) or the bundled cluttered
+digits. Pre-processing follows AugReg (Steiner et al. 2021): train = inception
+crop -> random flip -> RandAugment -> values in [-1, 1] -> batch -> MixUp;
+eval = resize the shorter side to ``image_size * 256 / 224`` -> centre crop.
+
+The train stream is ``shuffle(seed) -> repeat -> skip(start_step * batch)``
+over *undecoded* examples, so a resumed run continues the same example order
+from the step where it stopped, without decoding the skipped images.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+#: Augmentation levels of AugReg: name -> (mixup alpha, RandAugment layers, magnitude).
+AUGMENTATIONS = {
+    "none": (0.0, 0, 0),
+    "light1": (0.0, 2, 0),
+    "light2": (0.2, 2, 10),
+    "medium1": (0.2, 2, 15),
+    "medium2": (0.5, 2, 15),
+    "strong1": (0.5, 2, 20),
+    "strong2": (0.8, 2, 20),
+}
+#: big_vision's RandAugment magnitudes run to 30; Keras' ``factor`` to 1.
+RANDAUGMENT_MAX_MAGNITUDE = 30.0
+PREPROCESSINGS = ("inception", "plain")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def _tf():
+    try:
+        import tensorflow as tf
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "The training input pipeline uses tf.data: `pip install tensorflow-cpu` "
+            "(it serves as input on every Keras backend)."
+        ) from error
+    return tf
+
+
+@dataclasses.dataclass
+class Source:
+    """Undecoded examples of one split, and how to decode them."""
+
+    examples: object  # tf.data.Dataset of (raw image, int label)
+    num_examples: int
+    num_classes: int
+    decode: object  # raw image -> float32 (H, W, 3) in [0, 255]
+
+
+def image_folder_source(root, split, class_names=None):
+    """``root/split/<class>/*.png|jpg``; classes are the sorted folder names."""
+    tf = _tf()
+    folder = os.path.join(root, split)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"Image folder split {folder!r} does not exist.")
+    class_names = class_names or sorted(
+        d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))
+    )
+    paths, labels = [], []
+    for label, name in enumerate(class_names):
+        directory = os.path.join(folder, name)
+        if not os.path.isdir(directory):
+            continue
+        for file in sorted(os.listdir(directory)):
+            if file.lower().endswith(IMAGE_SUFFIXES):
+                paths.append(os.path.join(directory, file))
+                labels.append(label)
+    if not paths:
+        raise FileNotFoundError(f"No {IMAGE_SUFFIXES} images under {folder!r}.")
+    examples = tf.data.Dataset.from_tensor_slices((paths, np.asarray(labels, "int32")))
+    examples = examples.map(lambda path, label: (tf.io.read_file(path), label))
+    return Source(examples, len(paths), len(class_names), _decode_bytes)
+
+
+def tfds_source(name, split, data_dir=None, seed=0):
+    """A TFDS split (images left encoded until after shuffling and skipping)."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as error:
+        raise ImportError(
+            f"dataset='tfds' ({name!r}) needs tensorflow-datasets: "
+            "`pip install tensorflow-datasets` (or `pip install keras-mone[tfds]`), "
+            "and the dataset prepared under `data_dir` (see the TFDS docs for ImageNet)."
+        ) from error
+    builder = tfds.builder(name, data_dir=data_dir or None)
+    examples = builder.as_dataset(
+        split=split,
+        shuffle_files=True,
+        decoders={"image": tfds.decode.SkipDecoding()},
+        read_config=tfds.ReadConfig(shuffle_seed=seed),
+    )
+    examples = examples.map(lambda e: (e["image"], e["label"]))
+    info = builder.info
+    return Source(
+        examples, info.splits[split].num_examples, info.features["label"].num_classes, _decode_bytes
+    )
+
+
+def cluttered_digits_source(split, image_size, digit_scale, clutter, samples_per_digit, seed):
+    """The bundled cluttered digits (``keras_mone.data.load_cluttered_digits``)."""
+    tf = _tf()
+    from keras_mone.data.cluttered_digits import NUM_CLASSES, load_cluttered_digits
+
+    images, labels = load_cluttered_digits(
+        samples_per_digit=samples_per_digit, split=split, image_size=image_size,
+        digit_scale=digit_scale, clutter=clutter, seed=seed,
+    )
+    examples = tf.data.Dataset.from_tensor_slices(
+        (images.astype("float32") * 255.0, labels.astype("int32"))
+    )
+    return Source(examples, len(images), NUM_CLASSES, lambda image: image)
+
+
+def _decode_bytes(raw):
+    tf = _tf()
+    image = tf.io.decode_image(raw, channels=3, expand_animations=False)
+    return tf.cast(image, "float32")
+
+
+def train_dataset(
+    source, image_size, batch_size, num_classes, preprocessing="inception", augmentation="none",
+    shuffle_buffer=50_000, start_step=0, seed=0,
+):
+    """Endless, shuffled, augmented batches ``(images in [-1, 1], one-hot labels)``.
+
+    ``start_step`` skips that many batches of the stream (resuming a run).
+    """
+    tf = _tf()
+    import keras
+
+    from keras_mone.layers.inception_crop import InceptionCrop
+    from keras_mone.layers.mixup import RolledMixUp
+
+    mixup_alpha, num_ops, magnitude = AUGMENTATIONS[augmentation]
+    crop = InceptionCrop(image_size, image_size, seed=seed) if preprocessing == "inception" else None
+    flip = keras.layers.RandomFlip("horizontal", seed=seed + 1) if preprocessing == "inception" else None
+    randaugment = None
+    if num_ops:
+        randaugment = keras.layers.RandAugment(
+            value_range=(0, 255), num_ops=num_ops, factor=magnitude / RANDAUGMENT_MAX_MAGNITUDE,
+            seed=seed + 2,
+        )
+    mixup = RolledMixUp(mixup_alpha, seed=seed + 3) if mixup_alpha else None
+
+    def preprocess(raw, label):
+        image = source.decode(raw)
+        if crop is not None:
+            image = crop(image)
+        else:
+            image = _resize(image, image_size)
+        if flip is not None:
+            image = flip(image)
+        if randaugment is not None:
+            image = randaugment(image)
+        return _scale(tf.ensure_shape(image, (image_size, image_size, 3))), label
+
+    def finish(images, labels):
+        labels = tf.one_hot(labels, num_classes)
+        if mixup is not None:
+            mixed = mixup({"images": images, "labels": labels})
+            images, labels = mixed["images"], mixed["labels"]
+        return images, labels
+
+    buffer = max(1, min(shuffle_buffer, source.num_examples))
+    ds = source.examples.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    if start_step:
+        ds = ds.skip(int(start_step) * batch_size)
+    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True).map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def eval_dataset(source, image_size, batch_size, num_classes, preprocessing="inception", drop_remainder=False):
+    """Batches ``(images in [-1, 1], one-hot labels)`` of one pass over ``source``."""
+    tf = _tf()
+
+    def preprocess(raw, label):
+        image = source.decode(raw)
+        if preprocessing == "inception":
+            image = _resize_shorter_and_crop(image, image_size)
+        else:
+            image = _resize(image, image_size)
+        image = tf.ensure_shape(image, (image_size, image_size, 3))
+        return _scale(image), tf.one_hot(label, num_classes)
+
+    ds = source.examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+
+
+def _scale(image):
+    return image / 127.5 - 1.0
+
+
+def _resize(image, size):
+    tf = _tf()
+    if image.shape[0] == size and image.shape[1] == size:
+        return image
+    return tf.image.resize(image, (size, size))
+
+
+def _resize_shorter_and_crop(image, size):
+    """Shorter side to ``size * 256 / 224``, then the central ``size x size`` crop."""
+    tf = _tf()
+    shape = tf.cast(tf.shape(image)[:2], "float32")
+    scale = (size * 256.0 / 224.0) / tf.reduce_min(shape)
+    new = tf.cast(tf.round(shape * scale), "int32")
+    image = tf.image.resize(image, new)
+    top = (new[0] - size) // 2
+    left = (new[1] - size) // 2
+    return image[top : top + size, left : left + size]

@@ -1,0 +1,317 @@
+"""Recipes as data: ``load(name_or_path, **overrides)`` -> everything ``model.fit`` needs.
+
+Run directory (``output_dir``, default ``runs/<recipe>``)::
+
+    recipe.toml          the resolved recipe (every key, overrides applied)
+    checkpoint/          model + optimizer state, saved every checkpoint_steps
+                         and at epoch ends (resume: run the same command again)
+    history.csv          per-epoch metrics (appended across resumptions)
+    model.keras          the trained model (written when training finishes)
+    results.json         final evaluation metrics, MACs per image, steps
+"""
+
+import dataclasses
+import importlib.resources
+import json
+import os
+import tomllib
+
+import keras
+import numpy as np
+
+from keras_mone.data import pipeline
+from keras_mone.recipes import schema
+from keras_mone.recipes.model import build_classifier
+from keras_mone.training import checkpoint as checkpoint_lib
+from keras_mone.training.adaptive_capacity import AdaptiveCapacity
+from keras_mone.training.distribution import distribution_scope, num_replicas
+from keras_mone.training.losses import FullWidthAccuracy, SigmoidCrossEntropy, SumOverWidths
+from keras_mone.training.modes import isoflops_epochs
+from keras_mone.training.optimizers import adamw_kernels_only
+
+RECIPE_PACKAGE = "keras_mone.recipe_files"
+
+
+def list_recipes():
+    """``{name: description}`` of the bundled recipes (bases excluded), sorted."""
+    recipes = {}
+    for entry in importlib.resources.files(RECIPE_PACKAGE).iterdir():
+        if entry.name.endswith(".toml") and not entry.name.startswith("_"):
+            name = entry.name[: -len(".toml")]
+            recipes[name] = _read(name)[0].get("description", "")
+    return dict(sorted(recipes.items()))
+
+
+def _read(name_or_path, seen=()):
+    """Raw keys of a recipe (bases merged in) and its name."""
+    if name_or_path.endswith(".toml") or os.sep in name_or_path:
+        if not os.path.exists(name_or_path):
+            raise schema.RecipeError(f"Recipe file {name_or_path!r} does not exist.")
+        with open(name_or_path, "rb") as f:
+            raw = tomllib.load(f)
+        name, folder = os.path.basename(name_or_path)[: -len(".toml")], os.path.dirname(name_or_path)
+    else:
+        entry = importlib.resources.files(RECIPE_PACKAGE).joinpath(f"{name_or_path}.toml")
+        if not entry.is_file():
+            raise schema.RecipeError(
+                f"Unknown recipe {name_or_path!r}. Bundled recipes: {', '.join(list_recipes())}; "
+                "or pass the path of a .toml file."
+            )
+        raw, name, folder = tomllib.loads(entry.read_text()), name_or_path, None
+    base = raw.get("base")
+    if base:
+        if base in seen:
+            raise schema.RecipeError(f"Recipe {name!r}: circular `base` chain {seen + (base,)}.")
+        local = os.path.join(folder, f"{base}.toml") if folder else None
+        parent, _ = _read(local if local and os.path.exists(local) else base, seen + (name,))
+        raw = {**parent, **raw, "model_args": {**parent.get("model_args", {}), **raw.get("model_args", {})}}
+    return raw, name
+
+
+def parse_overrides(items):
+    """``["epochs=3", "model_args.depth=2", "dataset=image_folder"]`` -> dict.
+
+    Values are read as TOML (numbers, booleans, lists, quoted strings); anything
+    else is a string.
+    """
+    overrides = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise schema.RecipeError(f"Override {item!r} must look like key=value.")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        table, dot, sub = key.partition(".")
+        if dot:
+            overrides.setdefault(table, {})[sub] = value
+        else:
+            overrides[key] = value
+    return overrides
+
+
+def resolve(name_or_path, **overrides):
+    """The validated recipe (all keys) and its name; raises ``RecipeError``."""
+    raw, name = _read(name_or_path)
+    model_args = {**raw.get("model_args", {}), **overrides.pop("model_args", {})}
+    raw = {**raw, **overrides, "model_args": model_args}
+    raw.pop("base", None)
+    recipe = schema.validate(raw, recipe_name=f"recipe {name!r}")
+    if not recipe["output_dir"]:
+        recipe["output_dir"] = os.path.join("runs", name)
+    return recipe, name
+
+
+@dataclasses.dataclass
+class TrainingSetup:
+    """A recipe, built: pass the pieces to ``model.fit``, or call ``fit()``.
+
+    ``model`` is compiled (``optimizer``, ``loss``, ``metrics``) and restored
+    from ``output_dir/checkpoint`` if one exists (``initial_step`` > 0).
+    ``train_data`` starts at ``initial_step``; ``fit_kwargs()`` gives the rest
+    of the arguments of a plain ``model.fit(train_data, **fit_kwargs())``.
+    """
+
+    name: str
+    recipe: dict
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    loss: keras.losses.Loss
+    train_data: object
+    eval_data: object
+    callbacks: list
+    epochs: int
+    steps_per_epoch: int
+    initial_step: int
+    make_train_data: object  # start_step -> dataset
+
+    @property
+    def output_dir(self):
+        return self.recipe["output_dir"]
+
+    @property
+    def total_steps(self):
+        return self.epochs * self.steps_per_epoch
+
+    def fit_kwargs(self):
+        return dict(
+            epochs=self.epochs, steps_per_epoch=self.steps_per_epoch,
+            initial_epoch=self.initial_step // self.steps_per_epoch,
+            validation_data=self.eval_data, callbacks=self.callbacks,
+        )
+
+    def fit(self, extra_callbacks=(), verbose="auto", save=True):
+        """Trains to ``epochs``, resuming mid-epoch where a previous run stopped.
+
+        Returns the final evaluation results (also written to ``results.json``).
+        """
+        callbacks = list(self.callbacks) + list(extra_callbacks)
+        step, spe = self.initial_step, self.steps_per_epoch
+        data = self.train_data
+        if step % spe:  # finish the interrupted epoch first
+            self.model.fit(
+                data, initial_epoch=step // spe, epochs=step // spe + 1, steps_per_epoch=spe - step % spe,
+                validation_data=self.eval_data, callbacks=callbacks, verbose=verbose, shuffle=False,
+            )
+            step = (step // spe + 1) * spe
+            data = self.make_train_data(step)
+        if step < self.total_steps:
+            self.model.fit(
+                data, initial_epoch=step // spe, epochs=self.epochs, steps_per_epoch=spe,
+                validation_data=self.eval_data, callbacks=callbacks, verbose=verbose, shuffle=False,
+            )
+        results = self.evaluate()
+        if save:
+            self.model.save(os.path.join(self.output_dir, "model.keras"))
+            with open(os.path.join(self.output_dir, "results.json"), "w") as f:
+                json.dump(results, f, indent=2)
+        return results
+
+    def evaluate(self):
+        from keras_mone.analysis import flops
+
+        results = {
+            "recipe": self.name,
+            "backend": keras.backend.backend(),
+            "steps": int(keras.ops.convert_to_numpy(self.optimizer.iterations)),
+            "gmacs": flops(self.model).gmacs,
+        }
+        if self.eval_data is not None:
+            metrics = self.model.evaluate(self.eval_data, verbose=0, return_dict=True)
+            results.update({k: float(v) for k, v in metrics.items()})
+        return results
+
+
+def load(name_or_path, resume=True, **overrides):
+    """Builds recipe ``name_or_path`` (a bundled name or a .toml path).
+
+    Args:
+        resume: restore ``output_dir/checkpoint`` if present.
+        **overrides: recipe keys (``model_args`` as a dict), e.g.
+            ``load("augreg_vit_b16_i1k", epochs=1, batch_size=8)``.
+
+    Returns:
+        A ``TrainingSetup``.
+    """
+    recipe, name = resolve(name_or_path, **overrides)
+    keras.utils.set_random_seed(recipe["seed"])
+    train_source, eval_source = _sources(recipe)
+    num_classes = recipe["num_classes"] or train_source.num_classes
+    batch = recipe["batch_size"]
+    steps_per_epoch = recipe["steps_per_epoch"] or max(1, train_source.num_examples // batch)
+    directory = recipe["output_dir"]
+    os.makedirs(directory, exist_ok=True)
+
+    with distribution_scope(recipe["distribution"], recipe["model_parallel_size"]):
+        replicas = num_replicas(recipe["distribution"])
+        if batch % replicas:
+            raise schema.RecipeError(
+                f"recipe {name!r}: key 'batch_size' ({batch}) must be divisible by the {replicas} devices."
+            )
+        model = build_classifier(recipe, num_classes)
+        epochs = recipe["epochs"]
+        if recipe["mode"] == "isoflops":
+            epochs = isoflops_epochs(epochs, model.backbone)
+        total = epochs * steps_per_epoch
+        warmup = recipe["warmup_steps"] or int(recipe["warmup_fraction"] * total)
+        optimizer = adamw_kernels_only(
+            recipe["learning_rate"], total, min(warmup, total), weight_decay=recipe["weight_decay"],
+            clipnorm=recipe["grad_clip"] or None, beta_2=recipe["beta_2"],
+            end_learning_rate=recipe["end_learning_rate"],
+        )
+        loss = SigmoidCrossEntropy() if recipe["loss"] == "sigmoid" else keras.losses.CategoricalCrossentropy(from_logits=True)
+        if recipe["mode"] == "joint":
+            loss = SumOverWidths(loss)
+        model.compile(optimizer=optimizer, loss=loss, metrics=[FullWidthAccuracy()])
+        optimizer.build(model.trainable_variables)
+        initial_step = checkpoint_lib.restore(model, _checkpoint_dir(recipe)) if resume else 0
+
+    with open(os.path.join(directory, "recipe.toml"), "w") as f:
+        f.write(to_toml(recipe, name))
+
+    def make_train_data(start_step):
+        return pipeline.train_dataset(
+            train_source, recipe["image_size"], batch, num_classes,
+            preprocessing=recipe["preprocessing"], augmentation=recipe["augmentation"],
+            shuffle_buffer=recipe["shuffle_buffer"], start_step=start_step, seed=recipe["seed"],
+        )
+
+    eval_data = None
+    if eval_source is not None:
+        eval_data = pipeline.eval_dataset(
+            eval_source, recipe["image_size"], recipe["eval_batch_size"] or batch, num_classes,
+            preprocessing=recipe["preprocessing"], drop_remainder=recipe["distribution"] != "none",
+        )
+    return TrainingSetup(
+        name=name, recipe=recipe, model=model, optimizer=optimizer, loss=loss,
+        train_data=make_train_data(initial_step), eval_data=eval_data,
+        callbacks=_callbacks(recipe), epochs=epochs, steps_per_epoch=steps_per_epoch,
+        initial_step=initial_step, make_train_data=make_train_data,
+    )
+
+
+def _checkpoint_dir(recipe):
+    return os.path.join(recipe["output_dir"], "checkpoint")
+
+
+def _callbacks(recipe):
+    callbacks = [
+        checkpoint_lib.StepCheckpoint(_checkpoint_dir(recipe), recipe["checkpoint_steps"]),
+        keras.callbacks.CSVLogger(os.path.join(recipe["output_dir"], "history.csv"), append=True),
+        keras.callbacks.TerminateOnNaN(),
+    ]
+    if recipe["mode"] == "adaptive":
+        callbacks.append(
+            AdaptiveCapacity(recipe["adaptive_capacities"], eval_capacity=recipe["capacity"], seed=recipe["seed"])
+        )
+    return callbacks
+
+
+def _sources(recipe):
+    dataset = recipe["dataset"]
+    if dataset == "cluttered_digits":
+        common = dict(
+            image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
+            clutter=recipe["clutter"], seed=recipe["seed"],
+        )
+        train = pipeline.cluttered_digits_source("train", samples_per_digit=recipe["samples_per_digit"], **common)
+        test = None
+        if recipe["eval_split"]:
+            test = pipeline.cluttered_digits_source(
+                "test", samples_per_digit=recipe["test_samples_per_digit"], **common
+            )
+        return train, test
+    if dataset == "image_folder":
+        train = pipeline.image_folder_source(recipe["data_dir"], recipe["train_split"])
+        classes = sorted(os.listdir(os.path.join(recipe["data_dir"], recipe["train_split"])))
+        test = None
+        if recipe["eval_split"]:
+            test = pipeline.image_folder_source(recipe["data_dir"], recipe["eval_split"], classes)
+        return train, test
+    train = pipeline.tfds_source(recipe["tfds_name"], recipe["train_split"], recipe["data_dir"], recipe["seed"])
+    test = None
+    if recipe["eval_split"]:
+        test = pipeline.tfds_source(recipe["tfds_name"], recipe["eval_split"], recipe["data_dir"], recipe["seed"])
+    return train, test
+
+
+def to_toml(recipe, name):
+    """The resolved recipe as TOML text (what ``recipe.toml`` in the run directory holds)."""
+
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, (np.floating, float)):
+            return repr(float(v))
+        return str(v)
+
+    lines = [f"# Resolved recipe {name!r}"]
+    lines += [f"{k} = {value(v)}" for k, v in recipe.items() if k != "base"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,157 @@
+"""The keys of a training recipe: defaults, allowed values, checks.
+
+A recipe is one flat TOML table (``recipes/*.toml``); ``base = "_name"``
+inherits another file's keys. Every key is listed here once; unknown keys and
+bad values raise ``RecipeError`` naming the key and what it allows, before
+anything is built or trained.
+"""
+
+import dataclasses
+
+from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
+from keras_mone.training.distribution import DISTRIBUTIONS
+from keras_mone.training.modes import ARCHITECTURE_MODES, MODES
+
+ARCHITECTURES = tuple(ARCHITECTURE_MODES)
+DATASETS = ("tfds", "image_folder", "cluttered_digits")
+LOSSES = ("sigmoid", "softmax")
+
+
+class RecipeError(ValueError):
+    """A recipe key or value is not valid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    default: object
+    kind: type | tuple
+    doc: str
+    choices: tuple = ()
+    low: float | None = None  # inclusive bounds of numbers
+    high: float | None = None
+
+
+def _k(default, kind, doc, choices=(), low=None, high=None):
+    return Key(default, kind, doc, tuple(choices), low, high)
+
+
+KEYS = {
+    "description": _k("", str, "one line shown by `keras-mone train --list`"),
+    "base": _k("", str, "recipe whose keys this one inherits (files starting with _ are bases)"),
+    # model
+    "architecture": _k("vit", str, "backbone family", ARCHITECTURES),
+    "variant": _k("S/16", str, "size/patch from keras_mone.models.VIT_SIZES, e.g. B/16"),
+    "model_args": _k({}, dict, "other backbone / classifier arguments (e.g. hidden_dim, depth)"),
+    "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", low=0.0, high=1.0),
+    "router_type": _k("learned", str, "MoNE router", ("learned", "random")),
+    "width_fraction": _k(1.0, float, "MatViT width to evaluate at (1/8, 1/4, 1/2 or 1)", low=0.0, high=1.0),
+    "num_classes": _k(0, int, "head size; 0 = the dataset's class count", low=0),
+    "pooling": _k("gap", str, "pooling before the head", ("gap", "token")),
+    "head_bias_init": _k(0.0, float, "initial head bias (AugReg: -10 i21k, -6.9 i1k)"),
+    "dropout_rate": _k(0.0, float, "dropout in attention and MLP", low=0.0, high=0.99),
+    "drop_path_rate": _k(0.0, float, "stochastic depth at the last block", low=0.0, high=0.99),
+    # data
+    "dataset": _k("cluttered_digits", str, "data source", DATASETS),
+    "tfds_name": _k("", str, "TFDS dataset name (dataset='tfds'), e.g. imagenet2012"),
+    "data_dir": _k("", str, "TFDS data_dir, or the image folder root (dataset='image_folder')"),
+    "train_split": _k("train", str, "training split (TFDS split, or sub-folder)"),
+    "eval_split": _k("test", str, "evaluation split; '' = no evaluation"),
+    "image_size": _k(224, int, "training / evaluation image size", low=1),
+    "preprocessing": _k("inception", str, "inception crop + flip (train), resize-crop (eval); or plain resize", PREPROCESSINGS),
+    "augmentation": _k("none", str, "AugReg level: MixUp alpha and RandAugment", tuple(AUGMENTATIONS)),
+    "shuffle_buffer": _k(50_000, int, "examples in the shuffle buffer", low=1),
+    "digit_scale": _k(2, int, "cluttered digits: digit upscaling", low=1),
+    "clutter": _k(2, int, "cluttered digits: clutter fragments", low=0),
+    "samples_per_digit": _k(4, int, "cluttered digits: train images per source digit", low=1),
+    "test_samples_per_digit": _k(2, int, "cluttered digits: test images per source digit", low=1),
+    # optimisation
+    "epochs": _k(300, int, "training epochs (before isoFLOPs scaling)", low=1),
+    "batch_size": _k(4096, int, "global batch size", low=1),
+    "steps_per_epoch": _k(0, int, "0 = train examples // batch_size", low=0),
+    "learning_rate": _k(1e-3, float, "peak learning rate", low=0.0),
+    "end_learning_rate": _k(0.0, float, "learning rate at the end of the cosine", low=0.0),
+    "warmup_steps": _k(0, int, "linear warm-up steps (capped at the total)", low=0),
+    "warmup_fraction": _k(0.0, float, "warm-up as a fraction of all steps, if warmup_steps is 0", low=0.0, high=1.0),
+    "weight_decay": _k(0.1, float, "decoupled (AdamW) decay on kernels only", low=0.0),
+    "beta_2": _k(0.999, float, "Adam beta_2", low=0.0, high=1.0),
+    "grad_clip": _k(1.0, float, "global gradient-norm clip; 0 = none", low=0.0),
+    "loss": _k("sigmoid", str, "sigmoid (AugReg) or softmax cross-entropy", LOSSES),
+    # MoNE / MatViT training modes (MoNE Sec. 5)
+    "mode": _k("fixed", str, "training mode (vit: fixed; mone_vit: fixed/adaptive/isoflops; matvit: fixed/joint)", MODES),
+    "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive')"),
+    # infrastructure
+    "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
+    "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),
+    "seed": _k(0, int, "seed of initialisation, shuffling and augmentation"),
+    "output_dir": _k("", str, "run directory; '' = runs/<recipe name>"),
+    "checkpoint_steps": _k(1000, int, "steps between checkpoints (0 = epoch ends only)", low=0),
+    "eval_batch_size": _k(0, int, "0 = batch_size", low=0),
+}
+
+
+def _type_name(kind):
+    return kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+
+
+def check_value(name, value, recipe_name="recipe"):
+    """Coerces and checks one value; raises ``RecipeError``."""
+    if name not in KEYS:
+        raise RecipeError(
+            f"{recipe_name}: unknown key {name!r}. Allowed keys: {', '.join(sorted(KEYS))}."
+        )
+    key = KEYS[name]
+    if key.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, key.kind) or (isinstance(value, bool) and key.kind is not bool):
+        raise RecipeError(
+            f"{recipe_name}: key {name!r} must be a {_type_name(key.kind)} ({key.doc}), got {value!r}."
+        )
+    if key.choices and value not in key.choices:
+        raise RecipeError(
+            f"{recipe_name}: key {name!r} must be one of {list(key.choices)}, got {value!r}."
+        )
+    if (key.low is not None and value < key.low) or (key.high is not None and value > key.high):
+        raise RecipeError(
+            f"{recipe_name}: key {name!r} must lie in [{key.low}, {key.high}] ({key.doc}), got {value!r}."
+        )
+    return value
+
+
+def validate(raw, recipe_name="recipe"):
+    """All keys with defaults filled in, each checked, plus the cross-key rules."""
+    recipe = {name: check_value(name, value, recipe_name) for name, value in raw.items()}
+    for name, key in KEYS.items():
+        recipe.setdefault(name, key.default)
+    _check_cross_keys(recipe, recipe_name)
+    return recipe
+
+
+def _check_cross_keys(recipe, recipe_name):
+    from keras_mone.models.variants import decode_variant
+
+    def fail(message):
+        raise RecipeError(f"{recipe_name}: {message}")
+
+    try:
+        decode_variant(recipe["variant"])
+    except ValueError as error:
+        fail(f"key 'variant': {error}")
+    allowed = ARCHITECTURE_MODES[recipe["architecture"]]
+    if recipe["mode"] not in allowed:
+        fail(
+            f"key 'mode' must be one of {list(allowed)} for architecture "
+            f"{recipe['architecture']!r}, got {recipe['mode']!r}."
+        )
+    if recipe["dataset"] == "tfds" and not recipe["tfds_name"]:
+        fail("dataset='tfds' needs key 'tfds_name' (e.g. 'imagenet2012').")
+    if recipe["dataset"] == "image_folder" and not recipe["data_dir"]:
+        fail("dataset='image_folder' needs key 'data_dir' (the folder holding <split>/<class>/ images).")
+    for value in recipe["adaptive_capacities"]:
+        if not isinstance(value, (int, float)) or not 0 < value <= 1:
+            fail(f"key 'adaptive_capacities' must hold numbers in (0, 1], got {recipe['adaptive_capacities']!r}.")
+    from keras_mone.recipes.model import check_model_args
+
+    try:
+        check_model_args(recipe["architecture"], recipe["model_args"])
+    except ValueError as error:
+        fail(f"key 'model_args': {error}")

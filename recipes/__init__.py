@@ -1,0 +1,1 @@
+"""Training recipes (TOML), installed as the package ``keras_mone.recipe_files``."""
