@@ -309,8 +309,6 @@ def vit_forward(
     Returns:
         ``(tokens after the final LayerNorm, [router probabilities per router])``.
     """
-    hidden_dim = weights["norm/gamma"].shape[0]
-    expert_widths = [hidden_dim // 2 ** (num_experts - 1 - j) for j in range(num_experts)]
     x = patch_embedding(
         images,
         weights["patch_embedding/projection/kernel"],
@@ -319,6 +317,28 @@ def vit_forward(
         weights["patch_embedding/position_embedding"],
         patch_size,
     )
+    return encoder_forward(
+        weights, x, depth=depth, num_heads=num_heads, num_experts=num_experts,
+        router_positions=router_positions, expert_index=expert_index,
+        learned_router=learned_router, epsilon=epsilon,
+    )
+
+
+def encoder_forward(
+    weights,
+    x,
+    *,
+    depth,
+    num_heads,
+    num_experts=4,
+    router_positions=(),
+    expert_index=(),
+    learned_router=True,
+    epsilon=LAYER_NORM_EPSILON,
+):
+    """The blocks and final LayerNorm of ``vit_forward`` on embedded tokens ``x``."""
+    hidden_dim = weights["norm/gamma"].shape[0]
+    expert_widths = [hidden_dim // 2 ** (num_experts - 1 - j) for j in range(num_experts)]
     batch, tokens, _ = x.shape
     widths = np.full((batch, tokens), hidden_dim)
     gates = None
@@ -339,6 +359,48 @@ def vit_forward(
             alpha = float(weights[f"block_{index}/alpha"])
         x = block(x, widths, block_params(weights, index, num_heads), gates=gates, alpha=alpha, epsilon=epsilon)
     return layer_norm(x, weights["norm/gamma"], weights["norm/beta"], epsilon), all_probs
+
+
+# --------------------------------------------------------------------------
+# ViViT factorised encoder (Arnab et al. 2021, Model 3)
+# --------------------------------------------------------------------------
+def tubelet_embedding(videos, kernel, bias, class_token, position_embedding):
+    """Non-overlapping ``t x p x p`` tubelets (time-major, then row-major), linear
+    projection; one sequence per frame index, rows ``b * T/t + f``."""
+    videos = np.asarray(videos, np.float64)
+    batch, frames, height, width, channels = videos.shape
+    t, p = kernel.shape[0], kernel.shape[1]
+    tubes = videos.reshape(batch, frames // t, t, height // p, p, width // p, p, channels)
+    tubes = tubes.transpose(0, 1, 3, 5, 2, 4, 6, 7)  # (b, f, gh, gw, t, p, p, c)
+    tubes = tubes.reshape(batch * (frames // t), (height // p) * (width // p), t * p * p * channels)
+    tokens = tubes @ np.asarray(kernel, np.float64).reshape(t * p * p * channels, -1) + bias
+    if class_token is not None:
+        cls = np.broadcast_to(np.asarray(class_token, np.float64).reshape(1, 1, -1), (tokens.shape[0], 1, tokens.shape[-1]))
+        tokens = np.concatenate([cls, tokens], axis=1)
+    return tokens + np.asarray(position_embedding, np.float64)
+
+
+def vivit_forward(weights, videos, *, depth, temporal_depth, num_heads, use_class_token=True, **routing):
+    """Dense ViViT-FE or MoNE-ViViT-FE forward pass (``routing`` as in ``encoder_forward``,
+    with ``expert_index`` per frame index: (batch * T/t, N))."""
+    batch = np.shape(videos)[0]
+    x = tubelet_embedding(
+        videos,
+        weights["tubelet_embedding/projection/kernel"],
+        weights["tubelet_embedding/projection/bias"],
+        weights.get("tubelet_embedding/class_token") if use_class_token else None,
+        weights["tubelet_embedding/position_embedding"],
+    )
+    spatial, _ = encoder_forward(weights, x, depth=depth, num_heads=num_heads, **routing)
+    frames = spatial[:, 0] if use_class_token else spatial.mean(axis=1)
+    frames = frames.reshape(batch, -1, frames.shape[-1])
+    temporal = {k[len("temporal_encoder/"):]: v for k, v in weights.items() if k.startswith("temporal_encoder/")}
+    if use_class_token:
+        cls = np.broadcast_to(temporal["class_token"].reshape(1, 1, -1), (batch, 1, frames.shape[-1]))
+        frames = np.concatenate([cls, frames], axis=1)
+    frames = frames + temporal["position_embedding"]
+    out, _ = encoder_forward(temporal, frames, depth=temporal_depth, num_heads=num_heads)
+    return out
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,12 @@ LayerNorm, softmax, GELU, biases, residuals, pooling and position embeddings
 are not counted. ViT-B/16 at 224x224 with a class token and 1000 classes is
 17.58 GMACs, as published.
 
+ViViT-FE (Model 3): the tubelet convolution costs ``T/t * G * t*P*P*C * D``;
+the spatial blocks run on each of the ``T/t`` frame indices (``N`` tokens
+each); the temporal transformer's blocks run on ``T/t [+1]`` tokens and are
+reported as one ``temporal`` component. ViViT-FE-B/16 on 32x224x224 clips is
+about 283 GMACs, on 32x256x256 about 374.
+
 MoNE (paper Sec. 3.1, 4.3, App. A.1): a token routed to the nested expert of
 width ``d`` pays ``d * 3D`` in the QKV projection, ``D * d`` in the output
 projection and ``d * M + M * d`` in the MLP; attention itself runs over all
@@ -45,6 +51,7 @@ import types
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.models.vivit_backbone import ViViTBackbone
 
 COMPONENTS = (
     "patch_embedding",
@@ -53,6 +60,7 @@ COMPONENTS = (
     "attention_output",
     "mlp",
     "router",
+    "temporal",
     "head",
 )
 """Canonical component names, in display order (counters may add others)."""
@@ -228,22 +236,63 @@ def _vit_backbone_flops(backbone):
     return FlopCount(counts, label=label)
 
 
-@register_flop_counter(MoNEViTBackbone)
-def _mone_vit_backbone_flops(backbone):
-    num_tokens, hidden_dim = backbone.num_tokens, backbone.hidden_dim
-    expert_counts, dropped = backbone.expert_token_counts()
+def _block_groups(backbone):
+    """``(tokens, width)`` groups of every block, per sequence (image or frame index)."""
+    full = [(backbone.num_tokens, backbone.hidden_dim)]
+    if not isinstance(backbone, MoNEViTBackbone):
+        return [full] * backbone.depth
+    expert_counts, _ = backbone.expert_token_counts()
     routed = [(k, w) for k, w in zip(expert_counts, backbone.expert_widths) if k]
     first = backbone.router_positions[0]
-    block_groups = [[(num_tokens, hidden_dim)]] * first + [routed] * (backbone.depth - first)
-    counts = _transformer_macs(backbone, block_groups)
-    per_router = num_tokens * hidden_dim * backbone.num_experts
-    learned = backbone.router_type == "learned"
-    counts["router"] = per_router * len(backbone.router_positions) if learned else 0
-    label = (
-        f"{type(backbone).__name__}({_size(backbone)}, e_c={backbone.capacity:g}, "
-        f"tokens per expert {tuple(expert_counts)}"
+    return [full] * first + [routed] * (backbone.depth - first)
+
+
+def _router_macs(backbone):
+    """MACs of the learned routers per sequence (random routers cost nothing)."""
+    if not isinstance(backbone, MoNEViTBackbone) or backbone.router_type != "learned":
+        return {}
+    per_router = backbone.num_tokens * backbone.hidden_dim * backbone.num_experts
+    return {"router": per_router * len(backbone.router_positions)}
+
+
+def _routing_label(backbone):
+    expert_counts, dropped = backbone.expert_token_counts()
+    return (
+        f"e_c={backbone.capacity:g}, tokens per expert {tuple(expert_counts)}"
         + (f", {dropped} dropped" if dropped else "")
-        + f", routers at {list(backbone.router_positions)})"
+        + f", routers at {list(backbone.router_positions)}"
+    )
+
+
+@register_flop_counter(MoNEViTBackbone)
+def _mone_vit_backbone_flops(backbone):
+    counts = _transformer_macs(backbone, _block_groups(backbone))
+    counts["router"] = 0
+    counts.update(_router_macs(backbone))
+    label = f"{type(backbone).__name__}({_size(backbone)}, {_routing_label(backbone)})"
+    return FlopCount(counts, label=label)
+
+
+@register_flop_counter(ViViTBackbone)
+def _vivit_backbone_flops(backbone):
+    frames = backbone.num_frame_indices
+    embedding = backbone.patch_embedding
+    per_tubelet = backbone.tubelet_size * backbone.patch_size**2 * backbone.num_channels
+    grid = embedding.grid_size[0] * embedding.grid_size[1]
+    per_frame = {}
+    for groups in _block_groups(backbone):
+        _accumulate(per_frame, vit_block_macs(groups, backbone.hidden_dim, backbone.mlp_dim))
+    _accumulate(per_frame, _router_macs(backbone))
+    counts = {"patch_embedding": frames * grid * per_tubelet * backbone.hidden_dim}
+    counts.update({name: frames * value for name, value in per_frame.items()})
+    temporal = backbone.temporal_encoder
+    block = vit_block_macs([(temporal.num_tokens, temporal.hidden_dim)], temporal.hidden_dim, temporal.mlp_dim)
+    counts["temporal"] = temporal.depth * sum(block.values())
+    routing = f", {_routing_label(backbone)}" if isinstance(backbone, MoNEViTBackbone) else ""
+    label = (
+        f"{type(backbone).__name__}({backbone.num_frames}x{_size(backbone)}, tubelet "
+        f"{backbone.tubelet_size}, {frames} frame indices x {backbone.num_tokens} tokens, "
+        f"temporal depth {temporal.depth}{routing})"
     )
     return FlopCount(counts, label=label)
 

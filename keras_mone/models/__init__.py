@@ -1,16 +1,24 @@
-"""Models of keras_mone: backbones (dense and MoNE ViT) and tasks."""
+"""Models of keras_mone: backbones (dense and MoNE ViT and ViViT) and tasks."""
 
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import VIT_SIZES, decode_variant
+from keras_mone.models.video_classifier import VideoClassifier
+from keras_mone.models.video_init import load_image_weights, vivit_from_image_backbone
 from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
 from keras_mone.models.weight_transfer import transfer_weights
 
 __all__ = [
     "VIT_SIZES",
     "ImageClassifier",
     "MoNEViTBackbone",
+    "MoNEViViTBackbone",
+    "VideoClassifier",
     "ViTBackbone",
+    "ViViTBackbone",
     "decode_variant",
+    "load_image_weights",
     "transfer_weights",
+    "vivit_from_image_backbone",
 ]

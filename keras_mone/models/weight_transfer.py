@@ -1,7 +1,8 @@
 """Copying weights between models that share a layout (dense ViT -> MoNE-ViT)."""
 
 
-def _relative_paths(model):
+def relative_weight_paths(model):
+    """``{path without the model's name: variable}`` of a built model."""
     prefix = model.name + "/"
     return {
         (v.path[len(prefix):] if v.path.startswith(prefix) else v.path): v for v in model.weights
@@ -24,7 +25,7 @@ def transfer_weights(source, target):
         ValueError: a ``source`` weight has no place in ``target`` or a shape
             differs; nothing is copied in that case.
     """
-    source_weights, target_weights = _relative_paths(source), _relative_paths(target)
+    source_weights, target_weights = relative_weight_paths(source), relative_weight_paths(target)
     missing = sorted(set(source_weights) - set(target_weights))
     mismatched = [
         f"{path}: {tuple(v.shape)} vs {tuple(target_weights[path].shape)}"

@@ -11,10 +11,20 @@ from keras_mone.layers.config import config_argument_names
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import decode_variant
+from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
 
-ARCHITECTURES = {"vit": ViTBackbone, "mone_vit": MoNEViTBackbone}
+ARCHITECTURES = {
+    "vit": ViTBackbone,
+    "mone_vit": MoNEViTBackbone,
+    "vivit": ViViTBackbone,
+    "mone_vivit": MoNEViViTBackbone,
+}
 """Backbone class of each ``architecture`` name used in the zoo files."""
+
+TASKS = {"vivit": VideoClassifier, "mone_vivit": VideoClassifier}
+"""Task class of an architecture when it is not ``ImageClassifier``."""
 
 _META_KEYS = ("description", "architecture", "variant", "weights")
 
@@ -46,7 +56,7 @@ def get_preset(name):
 
 
 def from_preset(name, /, load_weights=True, **overrides):
-    """Builds the ``ImageClassifier`` of preset ``name``.
+    """Builds the classifier of preset ``name`` (``ImageClassifier`` or ``VideoClassifier``).
 
     Args:
         name: a name from ``list_presets()``.
@@ -64,10 +74,11 @@ def from_preset(name, /, load_weights=True, **overrides):
             "the architecture with random initialisation."
         )
     backbone_cls = ARCHITECTURES[spec["architecture"]]
+    task_cls = TASKS.get(spec["architecture"], ImageClassifier)
     config = {**decode_variant(spec["variant"])}
     config.update({k: v for k, v in spec.items() if k not in _META_KEYS})
     config.update(overrides)
-    task_keys = set(config_argument_names(ImageClassifier)) - {"backbone"}
+    task_keys = set(config_argument_names(task_cls)) - {"backbone"}
     backbone_keys = set(config_argument_names(backbone_cls)) | {"dtype", "name"}
     unknown = sorted(set(config) - task_keys - backbone_keys)
     if unknown:
@@ -81,6 +92,6 @@ def from_preset(name, /, load_weights=True, **overrides):
     task_config = {k: v for k, v in config.items() if k in task_keys}
     if "dtype" in config:
         task_config["dtype"] = config["dtype"]
-    model = ImageClassifier(backbone, name=config.get("name", name), **task_config)
+    model = task_cls(backbone, name=config.get("name", name), **task_config)
     model.build()
     return model

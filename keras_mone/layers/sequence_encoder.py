@@ -1,0 +1,105 @@
+"""A plain transformer over a short token sequence: ViViT's temporal encoder."""
+
+import keras
+from keras import ops
+
+from keras_mone.layers.block import MoNEBlock
+from keras_mone.layers.config import ConfigMixin, register
+
+
+@register
+class SequenceEncoder(ConfigMixin, keras.layers.Layer):
+    """``(batch, sequence_length, D)`` to ``(batch, sequence_length [+1], D)``.
+
+    Prepends a learned class token (``use_class_token``), adds learned
+    position embeddings, then runs ``depth`` dense pre-LN blocks and a final
+    LayerNorm. In the ViViT factorised encoder (Model 3) this is the temporal
+    transformer over the per-frame-index outputs of the spatial transformer;
+    it always runs at full width (MoNE paper, Sec. 4.4).
+
+    Args:
+        sequence_length: tokens per input sequence (without the class token).
+        hidden_dim, depth, num_heads, mlp_dim: transformer size.
+        use_class_token: prepend a class token (its output is the first token).
+        dropout_rate, drop_path_rate, layer_norm_epsilon: as in ``MoNEBlock``;
+            the drop-path rate rises linearly to ``drop_path_rate``.
+    """
+
+    def __init__(
+        self,
+        sequence_length,
+        hidden_dim,
+        depth,
+        num_heads,
+        mlp_dim,
+        use_class_token=True,
+        dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"`depth` must be a positive int, got {depth!r}.")
+        self.sequence_length = sequence_length
+        self.hidden_dim = hidden_dim
+        self.depth = depth
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.use_class_token = use_class_token
+        self.dropout_rate = dropout_rate
+        self.drop_path_rate = drop_path_rate
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.blocks = [
+            MoNEBlock(
+                hidden_dim, num_heads, mlp_dim,
+                dropout_rate=dropout_rate,
+                drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
+                layer_norm_epsilon=layer_norm_epsilon,
+                dtype=self.dtype_policy,
+                name=f"block_{index}",
+            )
+            for index in range(depth)
+        ]
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="norm"
+        )
+
+    @property
+    def num_tokens(self):
+        return self.sequence_length + int(self.use_class_token)
+
+    def build(self, input_shape):
+        self.class_token = None
+        if self.use_class_token:
+            self.class_token = self.add_weight(
+                name="class_token", shape=(1, 1, self.hidden_dim), initializer="zeros"
+            )
+        self.position_embedding = self.add_weight(
+            name="position_embedding",
+            shape=(1, self.num_tokens, self.hidden_dim),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+        token_shape = (None, self.num_tokens, self.hidden_dim)
+        for block in self.blocks:
+            block.build(token_shape)
+        self.norm.build(token_shape)
+
+    def call(self, tokens, training=None):
+        if tokens.shape[1] is not None and tokens.shape[1] != self.sequence_length:
+            raise ValueError(
+                f"{self.name} expects sequences of `sequence_length`={self.sequence_length} "
+                f"tokens, got shape {tuple(tokens.shape)}."
+            )
+        if self.class_token is not None:
+            cls = ops.broadcast_to(
+                ops.cast(self.class_token, tokens.dtype), (ops.shape(tokens)[0], 1, self.hidden_dim)
+            )
+            tokens = ops.concatenate([cls, tokens], axis=1)
+        tokens = tokens + ops.cast(self.position_embedding, tokens.dtype)
+        for block in self.blocks:
+            tokens = block(tokens, training=training)
+        return self.norm(tokens)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_tokens, self.hidden_dim)

@@ -1,0 +1,138 @@
+"""ViViT factorised encoder (Arnab et al. 2021, Model 3), dense and MoNE."""
+
+from keras import ops
+
+from keras_mone.layers.config import register
+from keras_mone.layers.sequence_encoder import SequenceEncoder
+from keras_mone.layers.tubelet_embedding import TubeletEmbedding, validate_frame_geometry
+from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.vit_backbone import ViTBackbone
+
+
+@register
+class ViViTBackbone(ViTBackbone):
+    """ViViT-FE: a spatial ViT per frame index, then a temporal transformer.
+
+    ``backbone(videos)`` maps ``(batch, T, H, W, C)`` clips to
+    ``(batch, T/t [+1], hidden_dim)`` temporal tokens (the temporal class
+    token first when ``use_class_token``):
+
+    1. tubelet embedding (``TubeletEmbedding``, ``t x p x p`` 3D conv) gives
+       ``T/t`` frame indices of ``N`` tokens;
+    2. the spatial transformer (this class's ViT blocks and norm, shared by
+       all frame indices) encodes each frame index independently with its own
+       class token; a frame index's output is its class token (or the mean of
+       its tokens when ``use_class_token=False``);
+    3. the temporal transformer (``SequenceEncoder``) runs over the ``T/t``
+       frame outputs with its own class token.
+
+    The spatial part has exactly the layout of ``ViTBackbone`` (block and
+    norm weights at the same paths), so image weights load into it
+    (``keras_mone.models.vivit_from_image_backbone``).
+
+    Args (beyond ``ViTBackbone``'s; ``image_size`` is the frame size):
+        num_frames: ``T``, frames per clip, a multiple of ``tubelet_size``.
+        tubelet_size: ``t``, frames per tubelet.
+        temporal_depth: blocks of the temporal transformer (4 for FE-B).
+        temporal_num_heads, temporal_mlp_dim: its heads and MLP width
+            (default: those of the spatial transformer).
+        use_class_token: spatial and temporal class tokens (ViViT's default);
+            ``False`` averages tokens instead (GAP).
+    """
+
+    default_name = "vivit_backbone"
+
+    def __init__(
+        self,
+        num_frames=32,
+        tubelet_size=2,
+        temporal_depth=4,
+        temporal_num_heads=None,
+        temporal_mlp_dim=None,
+        use_class_token=True,
+        **kwargs,
+    ):
+        validate_frame_geometry(num_frames, tubelet_size)
+        # Read by _make_embedding, which ViTBackbone.__init__ calls.
+        self._clip_geometry = (num_frames, tubelet_size)
+        super().__init__(use_class_token=use_class_token, **kwargs)
+        self.num_frames = num_frames
+        self.tubelet_size = tubelet_size
+        self.temporal_depth = temporal_depth
+        self.temporal_num_heads = temporal_num_heads
+        self.temporal_mlp_dim = temporal_mlp_dim
+        self.temporal_encoder = SequenceEncoder(
+            self.patch_embedding.num_frame_indices,
+            self.hidden_dim,
+            temporal_depth,
+            temporal_num_heads or self.num_heads,
+            temporal_mlp_dim or self.mlp_dim,
+            use_class_token=use_class_token,
+            dropout_rate=self.dropout_rate,
+            drop_path_rate=self.drop_path_rate,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            dtype=self.dtype_policy,
+            name="temporal_encoder",
+        )
+
+    def _make_embedding(self, image_size, patch_size, hidden_dim, num_channels, use_class_token):
+        num_frames, tubelet_size = self._clip_geometry
+        return TubeletEmbedding(
+            num_frames, image_size, patch_size, hidden_dim, tubelet_size=tubelet_size,
+            num_channels=num_channels, use_class_token=use_class_token,
+            dtype=self.dtype_policy, name="tubelet_embedding",
+        )
+
+    @property
+    def input_shape_per_example(self):
+        return (self.num_frames, *self.image_size, self.num_channels)
+
+    @property
+    def num_frame_indices(self):
+        """``T / t``: frame indices per clip, each encoded by the spatial transformer."""
+        return self.patch_embedding.num_frame_indices
+
+    @property
+    def num_output_tokens(self):
+        """Temporal tokens per clip, class token included."""
+        return self.temporal_encoder.num_tokens
+
+    def _build_extra(self, token_shape):
+        super()._build_extra(token_shape)
+        self.temporal_encoder.build((None, self.num_frame_indices, self.hidden_dim))
+
+    def call(self, videos, training=None, return_intermediates=False):
+        """Temporal tokens of ``videos``; intermediates are per frame index.
+
+        With ``return_intermediates=True`` also returns the spatial encoder's
+        intermediates (for MoNE: router probabilities and expert indices of
+        shape ``(batch * T/t, N [+1], ...)``, row ``b * T/t + f`` = frame
+        index ``f`` of clip ``b``).
+        """
+        tokens = self.patch_embedding(videos)
+        tokens, intermediates = self.encode(
+            tokens, training=training, return_intermediates=return_intermediates
+        )
+        frames = tokens[:, 0] if self.use_class_token else ops.mean(tokens, axis=1)
+        frames = ops.reshape(frames, (-1, self.num_frame_indices, self.hidden_dim))
+        tokens = self.temporal_encoder(frames, training=training)
+        return (tokens, intermediates) if return_intermediates else tokens
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_output_tokens, self.hidden_dim)
+
+
+@register
+class MoNEViViTBackbone(ViViTBackbone, MoNEViTBackbone):
+    """MoNE-ViViT-FE (MoNE paper, Sec. 4.4): nested experts in the spatial transformer.
+
+    The spatial transformer is a ``MoNEViTBackbone`` encoder: since frame
+    indices are sequences of their own, the router scores every frame
+    independently and Expert Preferred Routing assigns tokens *per frame*, so
+    every frame meets the capacity distribution exactly
+    (``expert_token_counts()`` are per frame index). The temporal transformer
+    runs at full capacity. ``set_capacity`` and everything else work as for
+    images; arguments are those of ``ViViTBackbone`` and ``MoNEViTBackbone``.
+    """
+
+    default_name = "mone_vivit_backbone"
