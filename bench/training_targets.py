@@ -1,0 +1,121 @@
+"""Issue-5 training targets on cluttered digits with the CPU recipes; appends to BENCHMARKS.md.
+
+1. MoNE trained at e_c 0.5 vs the dense ViT: test accuracy and GMACs.
+2. Learned vs random router, both trained and evaluated at e_c 0.2 (MoNE Fig. 7c).
+3. One adaptive-capacity model (MoNE Sec. 5) vs models trained at a fixed
+   e_c, evaluated at e_c 0.2, 0.3, 0.5 and 0.75.
+
+    KERAS_BACKEND=jax nice -n 10 python bench/training_targets.py [--epochs N] [--output runs/training_targets]
+
+Every model uses the recipes cluttered_digits_{vit,mone,mone_adaptive}
+(the quickstart's sizes and schedule). Writes results.json to --output and the
+section "Training targets (issue 5)" to BENCHMARKS.md (replacing an old one).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import keras
+
+from keras_mone import recipes
+from keras_mone.analysis import flops
+
+CAPACITIES = (0.2, 0.3, 0.5, 0.75)
+SECTION = "## Training targets (issue 5)"
+
+
+def train(name, output, epochs, **overrides):
+    setup = recipes.load(name, resume=False, epochs=epochs, output_dir=output, **overrides)
+    started = time.time()
+    setup.fit(verbose=0)
+    print(f"  {name} {overrides}: {time.time() - started:.0f} s", flush=True)
+    return setup
+
+
+def accuracy_at(setup, capacity=None):
+    model = setup.model
+    if capacity is not None:
+        model.set_capacity(capacity)
+    metrics = model.evaluate(setup.eval_data, verbose=0, return_dict=True)
+    return dict(capacity=capacity or 1.0, accuracy=float(metrics["accuracy"]), gmacs=flops(model).gmacs)
+
+
+def run(epochs, output):
+    results = {"backend": keras.backend.backend(), "epochs": epochs}
+    dense = train("cluttered_digits_vit", os.path.join(output, "dense"), epochs)
+    results["dense"] = accuracy_at(dense)
+    mone = train("cluttered_digits_mone", os.path.join(output, "mone_0.5"), epochs, capacity=0.5)
+    results["mone_0.5"] = accuracy_at(mone, 0.5)
+    routers = {}
+    for router in ("learned", "random"):
+        setup = train("cluttered_digits_mone", os.path.join(output, f"{router}_0.2"), epochs, capacity=0.2, router_type=router)
+        routers[router] = accuracy_at(setup, 0.2)
+    results["router_at_0.2"] = routers
+    adaptive = train("cluttered_digits_mone_adaptive", os.path.join(output, "adaptive"), epochs)
+    fixed = {0.5: mone}
+    for capacity in CAPACITIES:
+        if capacity not in fixed:
+            fixed[capacity] = train("cluttered_digits_mone", os.path.join(output, f"mone_{capacity}"), epochs, capacity=capacity)
+    results["adaptive_vs_fixed"] = [
+        dict(capacity=c, adaptive=accuracy_at(adaptive, c)["accuracy"], fixed=accuracy_at(fixed[c], c)["accuracy"],
+             gmacs=accuracy_at(fixed[c], c)["gmacs"])
+        for c in CAPACITIES
+    ]
+    return results
+
+
+def markdown(results, command):
+    d, m = results["dense"], results["mone_0.5"]
+    lines = [
+        SECTION, "",
+        f"Command: `{command}` (backend {results['backend']}, {results['epochs']} epochs per model, "
+        "recipes `cluttered_digits_*`).", "",
+        "| model | e_c | test accuracy | GMACs | vs dense |", "| --- | --- | --- | --- | --- |",
+        f"| dense ViT | 1.0 | {100 * d['accuracy']:.1f}% | {d['gmacs']:.5f} | 1.00x |",
+        f"| MoNE-ViT | 0.5 | {100 * m['accuracy']:.1f}% | {m['gmacs']:.5f} | {m['gmacs'] / d['gmacs']:.2f}x |",
+        "", "Learned vs random router, trained and evaluated at e_c 0.2:", "",
+        "| router | test accuracy | GMACs |", "| --- | --- | --- |",
+    ]
+    for router, r in results["router_at_0.2"].items():
+        lines.append(f"| {router} | {100 * r['accuracy']:.1f}% | {r['gmacs']:.5f} |")
+    lines += [
+        "", "One adaptive-capacity model (e_c drawn per step from 0.15..0.95) vs a model trained at each e_c:", "",
+        "| e_c | adaptive | fixed | GMACs |", "| --- | --- | --- | --- |",
+    ]
+    for r in results["adaptive_vs_fixed"]:
+        lines.append(f"| {r['capacity']} | {100 * r['adaptive']:.1f}% | {100 * r['fixed']:.1f}% | {r['gmacs']:.5f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text, path="BENCHMARKS.md"):
+    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    start = old.find(SECTION)
+    if start >= 0:
+        end = old.find("\n## ", start + len(SECTION))
+        old = old[:start].rstrip("\n") + ("\n\n" + old[end + 1:] if end >= 0 else "\n")
+    with open(path, "w") as f:
+        f.write(old.rstrip("\n") + "\n\n" + text)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=12, help="epochs per model (recipe: 12)")
+    parser.add_argument("--output", default="runs/training_targets")
+    parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    results = run(args.epochs, args.output)
+    os.makedirs(args.output, exist_ok=True)
+    with open(os.path.join(args.output, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    command = f"KERAS_BACKEND={keras.backend.backend()} python bench/training_targets.py --epochs {args.epochs}"
+    text = markdown(results, command)
+    write_section(text, args.benchmarks)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
