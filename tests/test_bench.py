@@ -152,6 +152,29 @@ def test_cli_prints_and_appends(tmp_path, capsys):
     assert "--no-train-step" in result["command"] and "--no-peer" in result["command"]
 
 
+def test_video_family_end_to_end(capsys, tmp_path):
+    # ViViT-FE presets shrunk to 4 frames of the tiny geometry, through the command line.
+    video = {"num_frames": 4, "temporal_depth": 1}
+    argv = [
+        "bench", "--family", "vivit", "--variant", "Ti/16", "--capacities", "0.5", "--batch-size", "1",
+        "--image-size", str(TINY["image_size"]), "--repeats", "1", "--warmup", "1", "--no-train-step",
+        "--no-peer", "--quiet", "--output", str(tmp_path),
+        *[f"--model-override={k}={v}" for k, v in {**OVERRIDES, **video}.items()],
+    ]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "Dense ViViT-FE vs MoNE-ViViT-FE" in text and "at 4x32x32" in text and "--family vivit" in text
+    with open(tmp_path / "benchmark.json") as f:
+        result = json.load(f)
+    config = result["model_config"]
+    assert config["presets"] == ["vivit_fe_b16", "mone_vivit_fe_b16"] and config["num_frames"] == 4
+    mone = result["models"][1]
+    assert sum(mone["tokens_per_expert"]) + mone["dropped_tokens"] == config["num_tokens"]  # per frame
+    assert mone["flop_ratio"] > 1.0
+    with pytest.raises(ValueError, match="family"):
+        benchmark.run_benchmark(**TINY_RUN, family="audio", verbose=False)
+
+
 def test_memory_probe_reports_rss(capsys):
     # The code a --memory subprocess runs, here in-process (a subprocess would
     # re-import the backend; run_benchmark(memory=True) does that).

@@ -74,29 +74,36 @@ def mone_label(capacity):
 # ---------------------------------------------------------------------------
 # models
 # ---------------------------------------------------------------------------
-def _preset_names(variant):
-    """Dense and MoNE preset names of ``variant``, plus size overrides.
+FAMILIES = {"vit": "vit_{}", "vivit": "vivit_fe_{}"}
+"""Model families the bench times: dense preset name pattern (MoNE: ``mone_`` + it)."""
 
-    A variant without presets (e.g. "H/14") builds from the B/16 presets with
-    the variant's size table entry as overrides.
+
+def _preset_names(variant, family="vit"):
+    """Dense and MoNE preset names of ``variant`` in ``family``, plus size overrides.
+
+    A variant without presets (e.g. "H/14") builds from the family's B/16
+    presets with the variant's size table entry as overrides.
     """
     from keras_mone.presets import list_presets
 
+    if family not in FAMILIES:
+        raise ValueError(f"`family` must be one of {sorted(FAMILIES)}, got {family!r}.")
     size = decode_variant(variant)  # validates the variant
     key = str(variant).replace("/", "").lower()
-    dense, mone = f"vit_{key}", f"mone_vit_{key}"
+    dense = FAMILIES[family].format(key)
     available = set(list_presets())
-    if dense in available and mone in available:
-        return dense, mone, {}
-    return "vit_b16", "mone_vit_b16", size
+    if dense in available and "mone_" + dense in available:
+        return dense, "mone_" + dense, {}
+    dense = FAMILIES[family].format("b16")
+    return dense, "mone_" + dense, size
 
 
-def _model_specs(variant, capacities, image_size, model_overrides):
+def _model_specs(variant, capacities, image_size, model_overrides, family="vit"):
     """``[(label, preset, kwargs)]``: the dense model, then one MoNE model per capacity."""
     overrides = dict(model_overrides or {})
     if "capacity" in overrides:
         raise ValueError("Pass MoNE capacities with `capacities`, not in `model_overrides`.")
-    dense_preset, mone_preset, size = _preset_names(variant)
+    dense_preset, mone_preset, size = _preset_names(variant, family)
     common = {**size, "image_size": image_size}
     common.update({k: v for k, v in overrides.items() if k not in _MONE_ONLY})
     mone_only = {k: v for k, v in overrides.items() if k in _MONE_ONLY}
@@ -126,7 +133,7 @@ def _compile(model, train):
 
 def _batch(backbone, num_classes, batch_size, seed):
     rng = np.random.default_rng(seed)
-    shape = (batch_size, *backbone.image_size, backbone.num_channels)
+    shape = (batch_size, *backbone.input_shape_per_example)
     images = rng.uniform(-1.0, 1.0, shape).astype("float32")
     labels = rng.integers(0, num_classes, (batch_size,)).astype("int32")
     return images, labels
@@ -457,6 +464,7 @@ def reproduce_command(settings, backend=None):
     parts = [
         "keras-mone", "bench",
         "--variant", settings["variant"],
+        *(["--family", settings["family"]] if settings.get("family", "vit") != "vit" else []),
         "--capacities", ",".join(f"{c:g}" for c in settings["capacities"]),
         "--batch-size", str(settings["batch_size"]),
         "--image-size", str(settings["image_size"]),
@@ -481,6 +489,7 @@ def reproduce_command(settings, backend=None):
 
 def run_benchmark(
     variant="B/16",
+    family="vit",
     capacities=DEFAULT_CAPACITIES,
     batch_size=8,
     image_size=224,
@@ -501,9 +510,12 @@ def run_benchmark(
         variant: ViT size and patch, e.g. "B/16" (presets ``vit_b16`` and
             ``mone_vit_b16``); a variant without presets uses the B/16
             presets with its size.
+        family: "vit" (images) or "vivit" (ViViT-FE on clips: presets
+            ``vivit_fe_b16`` / ``mone_vivit_fe_b16``, 32 frames; change the
+            clip length with ``model_overrides={"num_frames": 8}``).
         capacities: MoNE effective capacities ``e_c``, one model each.
         batch_size: images per batch.
-        image_size: input side (the presets' other settings are kept).
+        image_size: image (or frame) side (the presets' other settings are kept).
         repeats: timed calls per model, interleaved round-robin.
         warmup: untimed calls per model before timing (>= 1; the first compiles).
         train_step: also time ``train_on_batch`` (AdamW 1e-4, sparse
@@ -540,6 +552,7 @@ def run_benchmark(
     model_overrides = dict(model_overrides or {})
     settings = dict(
         variant=str(variant),
+        family=family,
         capacities=list(capacities),
         batch_size=batch_size,
         image_size=image_size,
@@ -559,7 +572,7 @@ def run_benchmark(
     log(f"backend {environment['backend']}, keras {keras.__version__}; {command}")
 
     # -- models ---------------------------------------------------------------
-    specs = _model_specs(variant, capacities, image_size, model_overrides)
+    specs = _model_specs(variant, capacities, image_size, model_overrides, family)
     keras.utils.set_random_seed(seed)
     models = {}
     for label, preset, kwargs in specs:
@@ -588,6 +601,8 @@ def run_benchmark(
         router_positions=list(first_mone.router_positions),
         router_type=first_mone.router_type,
         presets=[specs[0][1], specs[1][1]],
+        num_frames=getattr(backbone, "num_frames", None),
+        tubelet_size=getattr(backbone, "tubelet_size", None),
     )
 
     # -- forward: models, routing probes and the peer, all interleaved ----------
@@ -602,7 +617,9 @@ def run_benchmark(
     for name, probe in probes.items():
         forward[f"probe {name}"] = lambda p=probe: [p.predict_on_batch(images) for _ in range(PROBE_CALLS)]
     peer_model, peer_info = (None, {"available": False, "reason": "not requested (peer=False)"})
-    if peer:
+    if peer and family != "vit":
+        peer_info = {"available": False, "reason": f"no keras_hub peer for family {family!r}"}
+    elif peer:
         peer_model, peer_info = _build_peer(backbone)
         if peer_model is not None:
             peer_model.compile(jit_compile="auto")
@@ -705,7 +722,7 @@ def run_benchmark(
 
     result = {
         "schema": SCHEMA_VERSION,
-        "title": "dense ViT vs MoNE-ViT speed",
+        "title": f"dense vs MoNE speed ({family})",
         "command": command,
         "settings": settings,
         "environment": environment,
@@ -852,8 +869,12 @@ def format_markdown(result):
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
     env_vars = ", ".join(f"{k}={v}" for k, v in env.get("environment_variables", {}).items())
     jit = sorted({str(r["jit_compile"]) for r in result["models"]})
+    names = "ViViT-FE" if s.get("family") == "vivit" else "ViT"
+    clip = f"{cfg['num_frames']}x" if cfg.get("num_frames") else ""
+    per_frame = f" per frame index (tubelet {cfg['tubelet_size']})" if cfg.get("num_frames") else ""
     lines = [
-        f"### Dense ViT vs MoNE-ViT, {size} at {height}x{width}, batch {s['batch_size']}, backend {env['backend']}",
+        f"### Dense {names} vs MoNE-{names}, {size} at {clip}{height}x{width}, batch {s['batch_size']}, "
+        f"backend {env['backend']}",
         "",
         f"`{result['command']}`",
         "",
@@ -861,7 +882,7 @@ def format_markdown(result):
         f"{machine['cpu_count']} CPU cores, python {machine['python']})"
         + (f"; {env_vars}" if env_vars else "")
         + ".",
-        f"{cfg['num_tokens']} tokens, D={cfg['hidden_dim']}, depth {cfg['depth']}, "
+        f"{cfg['num_tokens']} tokens{per_frame}, D={cfg['hidden_dim']}, depth {cfg['depth']}, "
         f"{cfg['num_experts']} experts of widths {cfg['expert_widths']}, routers at {cfg['router_positions']}; "
         f"jit_compile resolved to {'/'.join(jit)}. {s['repeats']} interleaved round-robin repeats after "
         f"{s['warmup']} warm-up call(s) per model; speedup = dense median / model median, "

@@ -52,6 +52,7 @@ def _bench(args):
 
     result = run_benchmark(
         variant=args.variant,
+        family=args.family,
         capacities=tuple(float(c) for c in args.capacities.split(",") if c.strip()),
         batch_size=args.batch_size,
         image_size=args.image_size,
@@ -98,6 +99,10 @@ def build_parser():
         help="time dense ViT vs MoNE-ViT (forward, train step, routing share, memory) on this backend",
     )
     bench.add_argument("--variant", default="B/16", help="ViT size/patch, e.g. B/16 (default)")
+    bench.add_argument(
+        "--family", default="vit", choices=("vit", "vivit"),
+        help="vit (images, default) or vivit (ViViT-FE on 32-frame clips)",
+    )
     bench.add_argument("--capacities", default="0.2,0.3,0.5,0.75,1.0", help="comma-separated MoNE e_c")
     bench.add_argument("--batch-size", type=int, default=8)
     bench.add_argument("--image-size", type=int, default=224)
