@@ -86,7 +86,9 @@ def run(args):
     rows.append(evaluate(scratch, test, "MoNE-ViViT-FE (scratch)"))
 
     tuned = presets.from_preset("mone_vivit_fe_digits", load_weights=False, capacity=args.capacity)
-    transfer_weights(dense, tuned)
+    transfer_weights(dense.backbone, tuned.backbone)  # routers and alphas keep their init
+    for source, target in zip(dense.head.weights, tuned.head.weights):
+        target.assign(source)
     seconds["mone_finetune"] = fit(tuned, train, args, args.finetune_epochs, args.learning_rate / 2)
     for capacity in [float(c) for c in args.eval_capacities.split(",")]:
         tuned.set_capacity(capacity)

@@ -83,10 +83,13 @@ def test_full_capacity_equals_dense(use_class_token, router_positions):
     # The dense ViT itself matches the numpy reference.
     expected, _ = reference_forward(dense, x)
     assert_f32_close(want, expected)
-    # Every token went to the full expert.
+    # Every token went to the full expert; the tokens were left in place (one group
+    # holds them all), so the router probabilities are those of the embedded tokens.
     _, inter = mone(x, return_intermediates=True)
     for index in inter["expert_index"]:
         np.testing.assert_array_equal(to_numpy(index), np.full(index.shape, 3))
+    first_probs = to_numpy(mone.routers[0](mone.patch_embedding(x)))
+    np.testing.assert_array_equal(to_numpy(inter["router_probs"][0]), first_probs)
 
 
 def test_transfer_weights_rejects_mismatched_models():

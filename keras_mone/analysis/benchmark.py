@@ -182,7 +182,8 @@ class _RoutingProbe(keras.Model):
             return _checksum([state.restored()])
         dropped = [state.dropped] if state.dropped is not None else []
         gates = list(state.gates or [])
-        return _checksum([*state.groups, *dropped, *gates, keras.ops.cast(state.order, "float32")])
+        order = [] if state.order is None else [keras.ops.cast(state.order, "float32")]
+        return _checksum([*state.groups, *dropped, *gates, *order])
 
 
 def _checksum(tensors):

@@ -1,6 +1,8 @@
-"""Models of keras_mone: backbones (dense and MoNE ViT and ViViT) and tasks."""
+"""Models of keras_mone: backbones (dense, MoNE and MatViT ViTs; dense and MoNE ViViT) and tasks."""
 
 from keras_mone.models.image_classifier import ImageClassifier
+from keras_mone.models.matvit_backbone import MatViTBackbone
+from keras_mone.models.matvit_classifier import MatViTClassifier
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import VIT_SIZES, decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
@@ -12,6 +14,8 @@ from keras_mone.models.weight_transfer import transfer_weights
 __all__ = [
     "VIT_SIZES",
     "ImageClassifier",
+    "MatViTBackbone",
+    "MatViTClassifier",
     "MoNEViTBackbone",
     "MoNEViViTBackbone",
     "VideoClassifier",

@@ -132,20 +132,32 @@ class MoNEViTBackbone(ViTBackbone):
             if index in routers:
                 probs = routers[index](state.merged())
                 state = self._regroup(state, probs)
-                if return_intermediates:
-                    restore = state.restore_indices()
-                    intermediates["router_probs"].append(gather_tokens(probs, _undo(state, probs)))
-                    intermediates["expert_index"].append(
-                        gather_tokens(state.labels(probs), restore)
-                    )
+                if return_intermediates:  # probs are laid out in the previous order
+                    intermediates["router_probs"].append(_to_original(probs, state.previous_order))
+                    intermediates["expert_index"].append(_to_original(state.labels(probs), state.order))
             state.groups = block(
                 state.groups, widths=state.widths, gates=state.gates, training=training
             )
         return self.norm(state.restored()), intermediates
 
     def _regroup(self, state, probs):
-        """Assigns the current tokens to experts (EPR) and groups them."""
+        """Assigns the current tokens to experts (EPR) and groups them.
+
+        When one expert takes every token (e.g. ``capacity=1.0``), EPR's
+        assignment is the same for any order of the tokens, and a block is
+        equivariant to token order (positions are already embedded), so the
+        tokens stay where they are: no gather now, no restoring permutation
+        at the end.
+        """
         current = state.merged()
+        counts, dropped_count = self.routing.token_counts(probs.shape[1])
+        if dropped_count == 0 and max(counts) == probs.shape[1]:
+            expert = counts.index(probs.shape[1])
+            new = _TokenGroups(current, self.hidden_dim)
+            new.widths, new.experts = [self.expert_widths[expert]], [expert]
+            new.gates = [probs[..., expert]] if self.router_type == "learned" else None
+            new.order = new.previous_order = state.order
+            return new
         index_groups, dropped = self.routing.group(probs)
         new = _TokenGroups(None, self.hidden_dim)
         positions = []
@@ -189,12 +201,8 @@ class _TokenGroups:
         parts = self.groups + ([self.dropped] if self.dropped is not None else [])
         return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
 
-    def restore_indices(self):
-        return inverse_permutation(self.order)
-
     def restored(self):
-        merged = self.merged()
-        return merged if self.order is None else gather_tokens(merged, self.restore_indices())
+        return _to_original(self.merged(), self.order)
 
     def labels(self, probs):
         """Expert index of each position of ``merged()`` (``DROPPED`` = -1)."""
@@ -207,10 +215,7 @@ class _TokenGroups:
         return ops.broadcast_to(labels, ops.shape(probs)[:2])
 
 
-def _undo(state, probs):
-    """Indices that put router probabilities (computed in the previous order) in original order."""
-    if state.previous_order is None:
-        return ops.cast(ops.broadcast_to(ops.arange(probs.shape[1]), ops.shape(probs)[:2]), "int32")
-    return inverse_permutation(state.previous_order)
-
-
+def _to_original(x, order):
+    """``x`` (batch, tokens, ...) laid out in ``order`` (``order[b, p]`` = original index of
+    position ``p``; ``None`` = original order already), back in the original order."""
+    return x if order is None else gather_tokens(x, inverse_permutation(order))

@@ -9,6 +9,7 @@ import tomllib
 
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.image_classifier import ImageClassifier
+from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
@@ -18,6 +19,7 @@ from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
 ARCHITECTURES = {
     "vit": ViTBackbone,
     "mone_vit": MoNEViTBackbone,
+    "matvit": MatViTBackbone,
     "vivit": ViViTBackbone,
     "mone_vivit": MoNEViViTBackbone,
 }
