@@ -428,6 +428,14 @@ PUBLIC_LAYERS = {
     "ExpertPreferredRouting": lambda: layers.ExpertPreferredRouting(
         3, 0.4, capacity_method="greedy", beta=5.0, delta=3.0
     ),
+    "TubeletEmbedding": lambda: layers.TubeletEmbedding(
+        6, (16, 24), 8, D, tubelet_size=3, num_channels=1, use_class_token=False
+    ),
+    "SequenceEncoder": lambda: layers.SequenceEncoder(
+        5, D, 2, HEADS, MLP, use_class_token=False, drop_path_rate=0.1, layer_norm_epsilon=1e-5
+    ),
+    "InceptionCrop": lambda: layers.InceptionCrop(12, 10, area_range=(0.2, 0.9), seed=3),
+    "RolledMixUp": lambda: layers.RolledMixUp(alpha=0.5, seed=4),
 }
 
 
@@ -450,7 +458,8 @@ def test_get_config_round_trip(name):
     # ...and are really used by the clone, not just echoed
     for attr in ("units", "use_bias", "dropout_rate", "routed", "drop_path_rate", "layer_norm_epsilon",
                  "use_class_token", "num_channels", "rate", "seed", "num_experts", "capacity_method",
-                 "effective_capacity", "beta", "delta", "capacities"):
+                 "effective_capacity", "beta", "delta", "capacities", "num_frames", "tubelet_size",
+                 "image_size", "sequence_length", "depth", "area_range", "alpha"):
         if hasattr(layer, attr):
             assert getattr(clone, attr) == getattr(layer, attr), attr
 

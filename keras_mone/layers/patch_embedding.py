@@ -4,6 +4,10 @@ import keras
 from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.token_sequence import (
+    add_sequence_weights,
+    prepend_class_token_and_add_positions,
+)
 
 
 @register
@@ -41,27 +45,13 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
 
     def build(self, input_shape):
         self.projection.build((None, *self.image_size, self.num_channels))
-        self.class_token = None
-        if self.use_class_token:
-            self.class_token = self.add_weight(
-                name="class_token", shape=(1, 1, self.hidden_dim), initializer="zeros"
-            )
-        self.position_embedding = self.add_weight(
-            name="position_embedding",
-            shape=(1, self.num_tokens, self.hidden_dim),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-        )
+        add_sequence_weights(self, self.num_tokens, self.hidden_dim, self.use_class_token)
 
     def call(self, images):
         check_images(images, self.image_size, self.num_channels)
         tokens = self.projection(images)
         tokens = ops.reshape(tokens, (-1, tokens.shape[1] * tokens.shape[2], self.hidden_dim))
-        if self.class_token is not None:
-            cls = ops.broadcast_to(
-                ops.cast(self.class_token, tokens.dtype), (ops.shape(tokens)[0], 1, self.hidden_dim)
-            )
-            tokens = ops.concatenate([cls, tokens], axis=1)
-        return tokens + ops.cast(self.position_embedding, tokens.dtype)
+        return prepend_class_token_and_add_positions(tokens, self.class_token, self.position_embedding)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_tokens, self.hidden_dim)

@@ -1,10 +1,13 @@
 """A plain transformer over a short token sequence: ViViT's temporal encoder."""
 
 import keras
-from keras import ops
 
 from keras_mone.layers.block import MoNEBlock
 from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.token_sequence import (
+    add_sequence_weights,
+    prepend_class_token_and_add_positions,
+)
 
 
 @register
@@ -70,16 +73,7 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
         return self.sequence_length + int(self.use_class_token)
 
     def build(self, input_shape):
-        self.class_token = None
-        if self.use_class_token:
-            self.class_token = self.add_weight(
-                name="class_token", shape=(1, 1, self.hidden_dim), initializer="zeros"
-            )
-        self.position_embedding = self.add_weight(
-            name="position_embedding",
-            shape=(1, self.num_tokens, self.hidden_dim),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-        )
+        add_sequence_weights(self, self.num_tokens, self.hidden_dim, self.use_class_token)
         token_shape = (None, self.num_tokens, self.hidden_dim)
         for block in self.blocks:
             block.build(token_shape)
@@ -91,12 +85,7 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
                 f"{self.name} expects sequences of `sequence_length`={self.sequence_length} "
                 f"tokens, got shape {tuple(tokens.shape)}."
             )
-        if self.class_token is not None:
-            cls = ops.broadcast_to(
-                ops.cast(self.class_token, tokens.dtype), (ops.shape(tokens)[0], 1, self.hidden_dim)
-            )
-            tokens = ops.concatenate([cls, tokens], axis=1)
-        tokens = tokens + ops.cast(self.position_embedding, tokens.dtype)
+        tokens = prepend_class_token_and_add_positions(tokens, self.class_token, self.position_embedding)
         for block in self.blocks:
             tokens = block(tokens, training=training)
         return self.norm(tokens)

@@ -6,6 +6,10 @@ from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.patch_embedding import validate_image_geometry
+from keras_mone.layers.token_sequence import (
+    add_sequence_weights,
+    prepend_class_token_and_add_positions,
+)
 
 INFLATION_METHODS = ("central_frame", "average")
 
@@ -72,28 +76,14 @@ class TubeletEmbedding(ConfigMixin, keras.layers.Layer):
 
     def build(self, input_shape):
         self.projection.build((None, self.num_frames, *self.image_size, self.num_channels))
-        self.class_token = None
-        if self.use_class_token:
-            self.class_token = self.add_weight(
-                name="class_token", shape=(1, 1, self.hidden_dim), initializer="zeros"
-            )
-        self.position_embedding = self.add_weight(
-            name="position_embedding",
-            shape=(1, self.num_tokens, self.hidden_dim),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-        )
+        add_sequence_weights(self, self.num_tokens, self.hidden_dim, self.use_class_token)
 
     def call(self, videos):
         check_videos(videos, self.num_frames, self.image_size, self.num_channels)
         tokens = self.projection(videos)  # (batch, T/t, H/p, W/p, D)
         patches = self.grid_size[0] * self.grid_size[1]
         tokens = ops.reshape(tokens, (-1, patches, self.hidden_dim))
-        if self.class_token is not None:
-            cls = ops.broadcast_to(
-                ops.cast(self.class_token, tokens.dtype), (ops.shape(tokens)[0], 1, self.hidden_dim)
-            )
-            tokens = ops.concatenate([cls, tokens], axis=1)
-        return tokens + ops.cast(self.position_embedding, tokens.dtype)
+        return prepend_class_token_and_add_positions(tokens, self.class_token, self.position_embedding)
 
     def compute_output_shape(self, input_shape):
         batch = None if input_shape[0] is None else input_shape[0] * self.num_frame_indices

@@ -1,0 +1,38 @@
+"""The learned class token and position embeddings shared by every token sequence.
+
+``PatchEmbedding`` (images), ``TubeletEmbedding`` (video frames) and
+``SequenceEncoder`` (ViViT's temporal transformer) all put an optional learned
+class token in front of their tokens and add learned position embeddings;
+this module is the one place that does it.
+"""
+
+import keras
+from keras import ops
+
+
+def add_sequence_weights(layer, num_tokens, hidden_dim, use_class_token):
+    """Creates ``layer.class_token`` (``(1, 1, D)``, zeros, or ``None``) and
+    ``layer.position_embedding`` (``(1, num_tokens, D)``, N(0, 0.02)); call from ``build``.
+
+    ``num_tokens`` counts the class token when there is one.
+    """
+    layer.class_token = None
+    if use_class_token:
+        layer.class_token = layer.add_weight(
+            name="class_token", shape=(1, 1, hidden_dim), initializer="zeros"
+        )
+    layer.position_embedding = layer.add_weight(
+        name="position_embedding",
+        shape=(1, num_tokens, hidden_dim),
+        initializer=keras.initializers.RandomNormal(stddev=0.02),
+    )
+
+
+def prepend_class_token_and_add_positions(tokens, class_token, position_embedding):
+    """``concat([class_token], tokens) + position_embedding`` for ``(batch, N, D)`` tokens."""
+    if class_token is not None:
+        cls = ops.broadcast_to(
+            ops.cast(class_token, tokens.dtype), (ops.shape(tokens)[0], 1, tokens.shape[-1])
+        )
+        tokens = ops.concatenate([cls, tokens], axis=1)
+    return tokens + ops.cast(position_embedding, tokens.dtype)
