@@ -1,5 +1,6 @@
 """Model analysis tools: analytic FLOP (multiply-accumulate) counts, throughput."""
 
+from keras_mone.analysis import matvit_flops  # noqa: F401  (registers the MatViT counter)
 from keras_mone.analysis.flops import (
     COMPONENTS,
     FlopCount,
@@ -9,7 +10,6 @@ from keras_mone.analysis.flops import (
     register_flop_counter,
     vit_block_macs,
 )
-from keras_mone.analysis import matvit_flops  # noqa: F401  (registers the MatViT counter)
 from keras_mone.analysis.throughput import images_per_second
 
 __all__ = [

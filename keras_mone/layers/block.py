@@ -9,7 +9,6 @@ from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
 from keras_mone.layers.regularization import DropPath
 
-
 # Largest value below 1 in each float type (1 - 1e-6 would round to 1 in 16 bits).
 _BELOW_ONE = {"float16": 1.0 - 2.0**-11, "bfloat16": 1.0 - 2.0**-8}
 
@@ -115,3 +114,24 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
 
     def compute_output_shape(self, input_shape, widths=None, gates=None):
         return input_shape
+
+
+def block_stack(
+    depth, hidden_dim, num_heads, mlp_dim, routed=(), dropout_rate=0.0, drop_path_rate=0.0,
+    layer_norm_epsilon=1e-6, dtype=None,
+):
+    """``depth`` blocks named ``block_{i}``, stochastic depth rising linearly from 0
+    at the first block to ``drop_path_rate`` at the last (ViT / DeiT schedule);
+    blocks whose index is in ``routed`` get MoNE's ``alpha``."""
+    return [
+        MoNEBlock(
+            hidden_dim, num_heads, mlp_dim,
+            routed=index in routed,
+            dropout_rate=dropout_rate,
+            drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
+            layer_norm_epsilon=layer_norm_epsilon,
+            dtype=dtype,
+            name=f"block_{index}",
+        )
+        for index in range(depth)
+    ]

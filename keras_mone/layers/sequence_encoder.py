@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_mone.layers.block import MoNEBlock
+from keras_mone.layers.block import block_stack
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.token_sequence import (
     add_sequence_weights,
@@ -53,17 +53,11 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.blocks = [
-            MoNEBlock(
-                hidden_dim, num_heads, mlp_dim,
-                dropout_rate=dropout_rate,
-                drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
-                layer_norm_epsilon=layer_norm_epsilon,
-                dtype=self.dtype_policy,
-                name=f"block_{index}",
-            )
-            for index in range(depth)
-        ]
+        self.blocks = block_stack(
+            depth, hidden_dim, num_heads, mlp_dim, dropout_rate=dropout_rate,
+            drop_path_rate=drop_path_rate, layer_norm_epsilon=layer_norm_epsilon,
+            dtype=self.dtype_policy,
+        )
         self.norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="norm"
         )

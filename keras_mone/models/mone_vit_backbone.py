@@ -4,9 +4,9 @@ from keras import ops
 
 from keras_mone.layers.config import register
 from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
+from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.routing import capacity as capacity_lib
 from keras_mone.routing.epr import DROPPED, gather_tokens, inverse_permutation
-from keras_mone.models.vit_backbone import ViTBackbone
 
 ROUTER_TYPES = ("learned", "random")
 

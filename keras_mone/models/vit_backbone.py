@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_mone.layers.block import MoNEBlock
+from keras_mone.layers.block import block_stack
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.patch_embedding import PatchEmbedding
 from keras_mone.models.capacity_control import CapacityControlMixin
@@ -62,18 +62,12 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.blocks = [
-            MoNEBlock(
-                hidden_dim, num_heads, mlp_dim,
-                routed=self._is_routed_block(index),
-                dropout_rate=dropout_rate,
-                drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
-                layer_norm_epsilon=layer_norm_epsilon,
-                dtype=self.dtype_policy,
-                name=f"block_{index}",
-            )
-            for index in range(depth)
-        ]
+        self.blocks = block_stack(
+            depth, hidden_dim, num_heads, mlp_dim,
+            routed=[i for i in range(depth) if self._is_routed_block(i)],
+            dropout_rate=dropout_rate, drop_path_rate=drop_path_rate,
+            layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
+        )
         self.norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="norm"
         )

@@ -4,7 +4,10 @@ from keras import ops
 
 from keras_mone.layers.config import register
 from keras_mone.layers.sequence_encoder import SequenceEncoder
-from keras_mone.layers.tubelet_embedding import TubeletEmbedding, validate_frame_geometry
+from keras_mone.layers.tubelet_embedding import (
+    TubeletEmbedding,
+    validate_frame_geometry,
+)
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
 
