@@ -49,13 +49,14 @@ def run(epochs, output):
     results["dense"] = accuracy_at(dense)
     mone = train("cluttered_digits_mone", os.path.join(output, "mone_0.5"), epochs, capacity=0.5)
     results["mone_0.5"] = accuracy_at(mone, 0.5)
-    routers = {}
+    routers, fixed = {}, {0.5: mone}
     for router in ("learned", "random"):
         setup = train("cluttered_digits_mone", os.path.join(output, f"{router}_0.2"), epochs, capacity=0.2, router_type=router)
         routers[router] = accuracy_at(setup, 0.2)
+        if router == "learned":
+            fixed[0.2] = setup  # also the fixed-capacity model at 0.2
     results["router_at_0.2"] = routers
     adaptive = train("cluttered_digits_mone_adaptive", os.path.join(output, "adaptive"), epochs)
-    fixed = {0.5: mone}
     for capacity in CAPACITIES:
         if capacity not in fixed:
             fixed[capacity] = train("cluttered_digits_mone", os.path.join(output, f"mone_{capacity}"), epochs, capacity=capacity)
