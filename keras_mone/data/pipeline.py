@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-#: Augmentation levels of AugReg: name -> (mixup alpha, RandAugment layers, magnitude).
+#: Augmentation levels of AugReg (+ ViViT SSv2): name -> (mixup alpha, RandAugment layers, magnitude).
 AUGMENTATIONS = {
     "none": (0.0, 0, 0),
     "light1": (0.0, 2, 0),
@@ -25,6 +25,8 @@ AUGMENTATIONS = {
     "medium2": (0.5, 2, 15),
     "strong1": (0.5, 2, 20),
     "strong2": (0.8, 2, 20),
+    # Not an AugReg level: ViViT's SSv2 recipe (MixUp 0.3, RandAugment(2, 20)).
+    "vivit_ssv2": (0.3, 2, 20),
 }
 #: big_vision's RandAugment magnitudes run to 30; Keras' ``factor`` to 1.
 RANDAUGMENT_MAX_MAGNITUDE = 30.0

@@ -19,15 +19,15 @@ import tomllib
 import keras
 import numpy as np
 
-from keras_mone.data import pipeline
+from keras_mone.data import pipeline, video_pipeline
 from keras_mone.recipes import schema
-from keras_mone.recipes.model import build_classifier
+from keras_mone.recipes.model import build_classifier, init_from_image_model
 from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.adaptive_capacity import AdaptiveCapacity
 from keras_mone.training.distribution import distribution_scope, num_replicas
 from keras_mone.training.losses import FullWidthAccuracy, SigmoidCrossEntropy, SumOverWidths
 from keras_mone.training.modes import isoflops_epochs
-from keras_mone.training.optimizers import adamw_kernels_only
+from keras_mone.training.optimizers import adamw_kernels_only, sgd_kernels_only
 
 RECIPE_PACKAGE = "keras_mone.recipe_files"
 
@@ -210,17 +210,23 @@ def load(name_or_path, resume=True, **overrides):
                 f"recipe {name!r}: key 'batch_size' ({batch}) must be divisible by the {replicas} devices."
             )
         model = build_classifier(recipe, num_classes)
+        if recipe["init_from"]:
+            try:
+                init_from_image_model(model, os.path.expanduser(recipe["init_from"]))
+            except ValueError as error:
+                raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
         epochs = recipe["epochs"]
         if recipe["mode"] == "isoflops":
             epochs = isoflops_epochs(epochs, model.backbone)
         total = epochs * steps_per_epoch
-        warmup = recipe["warmup_steps"] or int(recipe["warmup_fraction"] * total)
-        optimizer = adamw_kernels_only(
-            recipe["learning_rate"], total, min(warmup, total), weight_decay=recipe["weight_decay"],
-            clipnorm=recipe["grad_clip"] or None, beta_2=recipe["beta_2"],
-            end_learning_rate=recipe["end_learning_rate"],
+        warmup = (
+            recipe["warmup_steps"] or round(recipe["warmup_epochs"] * steps_per_epoch)
+            or int(recipe["warmup_fraction"] * total)
         )
-        loss = SigmoidCrossEntropy() if recipe["loss"] == "sigmoid" else keras.losses.CategoricalCrossentropy(from_logits=True)
+        optimizer = _optimizer(recipe, total, min(warmup, total))
+        loss = SigmoidCrossEntropy() if recipe["loss"] == "sigmoid" else keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=recipe["label_smoothing"]
+        )
         if recipe["mode"] == "joint":
             loss = SumOverWidths(loss)
         model.compile(optimizer=optimizer, loss=loss, metrics=[FullWidthAccuracy()])
@@ -230,7 +236,17 @@ def load(name_or_path, resume=True, **overrides):
     with open(os.path.join(directory, "recipe.toml"), "w") as f:
         f.write(to_toml(recipe, name))
 
+    video = recipe["dataset"] in schema.VIDEO_DATASETS
+
     def make_train_data(start_step):
+        if video:
+            return video_pipeline.train_dataset(
+                train_source, recipe["num_frames"], recipe["image_size"], batch, num_classes,
+                frame_stride=recipe["frame_stride"], preprocessing=recipe["preprocessing"],
+                scale_jitter=tuple(recipe["scale_jitter"]), flip=recipe["flip"],
+                augmentation=recipe["augmentation"], shuffle_buffer=recipe["shuffle_buffer"],
+                start_step=start_step, seed=recipe["seed"],
+            )
         return pipeline.train_dataset(
             train_source, recipe["image_size"], batch, num_classes,
             preprocessing=recipe["preprocessing"], augmentation=recipe["augmentation"],
@@ -238,7 +254,13 @@ def load(name_or_path, resume=True, **overrides):
         )
 
     eval_data = None
-    if eval_source is not None:
+    if eval_source is not None and video:
+        eval_data = video_pipeline.eval_dataset(
+            eval_source, recipe["num_frames"], recipe["image_size"], recipe["eval_batch_size"] or batch,
+            num_classes, frame_stride=recipe["frame_stride"], preprocessing=recipe["preprocessing"],
+            drop_remainder=recipe["distribution"] != "none",
+        )
+    elif eval_source is not None:
         eval_data = pipeline.eval_dataset(
             eval_source, recipe["image_size"], recipe["eval_batch_size"] or batch, num_classes,
             preprocessing=recipe["preprocessing"], drop_remainder=recipe["distribution"] != "none",
@@ -249,6 +271,16 @@ def load(name_or_path, resume=True, **overrides):
         callbacks=_callbacks(recipe), epochs=epochs, steps_per_epoch=steps_per_epoch,
         initial_step=initial_step, make_train_data=make_train_data,
     )
+
+
+def _optimizer(recipe, total, warmup):
+    common = dict(
+        weight_decay=recipe["weight_decay"], clipnorm=recipe["grad_clip"] or None,
+        end_learning_rate=recipe["end_learning_rate"],
+    )
+    if recipe["optimizer"] == "sgd":
+        return sgd_kernels_only(recipe["learning_rate"], total, warmup, momentum=recipe["momentum"], **common)
+    return adamw_kernels_only(recipe["learning_rate"], total, warmup, beta_2=recipe["beta_2"], **common)
 
 
 def _checkpoint_dir(recipe):
@@ -268,8 +300,31 @@ def _callbacks(recipe):
     return callbacks
 
 
+def _video_sources(recipe):
+    splits = [recipe["train_split"]] + ([recipe["eval_split"]] if recipe["eval_split"] else [])
+    if recipe["dataset"] == "video_folder":
+        root = recipe["data_dir"]
+        train = video_pipeline.video_folder_source(root, splits[0])
+        classes = sorted(d for d in os.listdir(os.path.join(root, splits[0])) if os.path.isdir(os.path.join(root, splits[0], d)))
+        test = video_pipeline.video_folder_source(root, splits[1], classes) if len(splits) > 1 else None
+        return train, test
+    # Moving digits: clips just long enough for num_frames frames frame_stride apart.
+    common = dict(
+        num_frames=(recipe["num_frames"] - 1) * recipe["frame_stride"] + 1, image_size=recipe["image_size"],
+        digit_scale=recipe["digit_scale"], clutter=recipe["clutter"], target=recipe["digits_target"],
+        seed=recipe["seed"],
+    )
+    train = video_pipeline.moving_digits_source("train", samples_per_digit=recipe["samples_per_digit"], **common)
+    test = None
+    if recipe["eval_split"]:
+        test = video_pipeline.moving_digits_source("test", samples_per_digit=recipe["test_samples_per_digit"], **common)
+    return train, test
+
+
 def _sources(recipe):
     dataset = recipe["dataset"]
+    if dataset in schema.VIDEO_DATASETS:
+        return _video_sources(recipe)
     if dataset == "cluttered_digits":
         common = dict(
             image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],

@@ -1,15 +1,31 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
+import os
+
+import keras
+
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.matvit_classifier import MatViTClassifier
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import decode_variant
+from keras_mone.models.video_classifier import VideoClassifier
+from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
 
-BACKBONES = {"vit": ViTBackbone, "mone_vit": MoNEViTBackbone, "matvit": MatViTBackbone}
-TASKS = {"vit": ImageClassifier, "mone_vit": ImageClassifier, "matvit": MatViTClassifier}
+BACKBONES = {
+    "vit": ViTBackbone, "mone_vit": MoNEViTBackbone, "matvit": MatViTBackbone,
+    "vivit": ViViTBackbone, "mone_vivit": MoNEViViTBackbone,
+}
+TASKS = {
+    "vit": ImageClassifier, "mone_vit": ImageClassifier, "matvit": MatViTClassifier,
+    "vivit": VideoClassifier, "mone_vivit": VideoClassifier,
+}
+VIDEO_ARCHITECTURES = ("vivit", "mone_vivit")
+#: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
+VIDEO_KEYS = ("num_frames", "tubelet_size")
 
 
 def _allowed_args(architecture):
@@ -22,6 +38,9 @@ def check_model_args(architecture, model_args):
     """Raises ``ValueError`` if a ``model_args`` key is no constructor argument."""
     backbone, task = _allowed_args(architecture)
     unknown = sorted(set(model_args) - backbone - task)
+    clashes = sorted(set(model_args) & set(VIDEO_KEYS))
+    if clashes:
+        raise ValueError(f"set {clashes} as top-level recipe key(s), not in model_args.")
     if unknown:
         raise ValueError(
             f"unknown argument(s) {unknown} for architecture {architecture!r}. "
@@ -41,7 +60,9 @@ def build_classifier(recipe, num_classes):
         "pooling": recipe["pooling"],
         "head_bias_init": recipe["head_bias_init"],
     }
-    if architecture == "mone_vit":
+    if architecture in VIDEO_ARCHITECTURES:
+        config.update(num_frames=recipe["num_frames"], tubelet_size=recipe["tubelet_size"])
+    if architecture in ("mone_vit", "mone_vivit"):
         config.update(
             capacity=recipe["capacity"], router_type=recipe["router_type"], router_seed=recipe["seed"]
         )
@@ -52,6 +73,29 @@ def build_classifier(recipe, num_classes):
         config.setdefault("use_class_token", True)
     backbone_keys, task_keys = _allowed_args(architecture)
     backbone = BACKBONES[architecture](**{k: v for k, v in config.items() if k in backbone_keys})
+    if architecture in VIDEO_ARCHITECTURES:
+        # Built on its own so its weight paths are relative to the backbone, as
+        # ``load_image_weights`` (init_from) matches them.
+        backbone.build((None, *backbone.input_shape_per_example))
     model = TASKS[architecture](backbone, **{k: v for k, v in config.items() if k in task_keys})
     model.build()
     return model
+
+
+def init_from_image_model(model, path):
+    """Loads the image model saved at ``path`` (``.keras``: an ``ImageClassifier``
+    or a ViT / MoNE-ViT backbone) into the spatial part of ``model``'s video
+    backbone (``load_image_weights``). Raises ``ValueError`` if the file is
+    missing or does not fit; returns the paths left at their initialisation."""
+    if not os.path.isfile(path):
+        raise ValueError(f"image model file {path!r} does not exist.")
+    try:
+        image = keras.saving.load_model(path, compile=False)
+    except Exception as error:  # any unreadable / foreign file
+        raise ValueError(f"cannot read image model {path!r}: {error}") from error
+    backbone = getattr(image, "backbone", image)
+    if not isinstance(backbone, ViTBackbone) or isinstance(backbone, ViViTBackbone):
+        raise ValueError(
+            f"{path!r} holds a {type(backbone).__name__}; a ViT or MoNE-ViT image model is needed."
+        )
+    return load_image_weights(model.backbone, backbone)

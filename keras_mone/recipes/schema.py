@@ -7,14 +7,21 @@ anything is built or trained.
 """
 
 import dataclasses
+import os
 
+from keras_mone.data.cluttered_digits import MOVING_TARGETS
 from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
+from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
 from keras_mone.training.distribution import DISTRIBUTIONS
 from keras_mone.training.modes import ARCHITECTURE_MODES, MODES
 
 ARCHITECTURES = tuple(ARCHITECTURE_MODES)
-DATASETS = ("tfds", "image_folder", "cluttered_digits")
+VIDEO_ARCHITECTURES = ("vivit", "mone_vivit")
+IMAGE_DATASETS = ("tfds", "image_folder", "cluttered_digits")
+VIDEO_DATASETS = ("video_folder", "moving_digits")
+DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
 LOSSES = ("sigmoid", "softmax")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 class RecipeError(ValueError):
@@ -50,6 +57,13 @@ KEYS = {
     "head_bias_init": _k(0.0, float, "initial head bias (AugReg: -10 i21k, -6.9 i1k)"),
     "dropout_rate": _k(0.0, float, "dropout in attention and MLP", low=0.0, high=0.99),
     "drop_path_rate": _k(0.0, float, "stochastic depth at the last block", low=0.0, high=0.99),
+    "init_from": _k("", str, "video: a saved image model (.keras, ViT / MoNE-ViT) loaded into the spatial transformer; '' = none"),
+    # video (architecture vivit / mone_vivit)
+    "num_frames": _k(32, int, "video: frames per clip, fed to the model and sampled by the pipeline", low=1),
+    "tubelet_size": _k(2, int, "video: frames per tubelet; must divide num_frames", low=1),
+    "frame_stride": _k(1, int, "video: sample every frame_stride-th frame of a clip", low=1),
+    "scale_jitter": _k([0.9, 1.33], list, "video, preprocessing='scale_jitter': range of the factor on the shorter side before the random crop"),
+    "flip": _k(True, bool, "video: random horizontal flip of training clips (false for SSv2)"),
     # data
     "dataset": _k("cluttered_digits", str, "data source", DATASETS),
     "tfds_name": _k("", str, "TFDS dataset name (dataset='tfds'), e.g. imagenet2012"),
@@ -57,13 +71,14 @@ KEYS = {
     "train_split": _k("train", str, "training split (TFDS split, or sub-folder)"),
     "eval_split": _k("test", str, "evaluation split; '' = no evaluation"),
     "image_size": _k(224, int, "training / evaluation image size", low=1),
-    "preprocessing": _k("inception", str, "inception crop + flip (train), resize-crop (eval); or plain resize", PREPROCESSINGS),
+    "preprocessing": _k("inception", str, "images: inception crop + flip (train), resize-crop (eval); video: scale_jitter random crop (train), resize-crop (eval); or plain resize", PREPROCESSINGS + VIDEO_PREPROCESSINGS[:1]),
     "augmentation": _k("none", str, "AugReg level: MixUp alpha and RandAugment", tuple(AUGMENTATIONS)),
     "shuffle_buffer": _k(50_000, int, "examples in the shuffle buffer", low=1),
     "digit_scale": _k(2, int, "cluttered digits: digit upscaling", low=1),
     "clutter": _k(2, int, "cluttered digits: clutter fragments", low=0),
     "samples_per_digit": _k(4, int, "cluttered digits: train images per source digit", low=1),
     "test_samples_per_digit": _k(2, int, "cluttered digits: test images per source digit", low=1),
+    "digits_target": _k("digit_direction", str, "moving digits: label space", tuple(MOVING_TARGETS)),
     # optimisation
     "epochs": _k(300, int, "training epochs (before isoFLOPs scaling)", low=1),
     "batch_size": _k(4096, int, "global batch size", low=1),
@@ -71,13 +86,17 @@ KEYS = {
     "learning_rate": _k(1e-3, float, "peak learning rate", low=0.0),
     "end_learning_rate": _k(0.0, float, "learning rate at the end of the cosine", low=0.0),
     "warmup_steps": _k(0, int, "linear warm-up steps (capped at the total)", low=0),
-    "warmup_fraction": _k(0.0, float, "warm-up as a fraction of all steps, if warmup_steps is 0", low=0.0, high=1.0),
-    "weight_decay": _k(0.1, float, "decoupled (AdamW) decay on kernels only", low=0.0),
+    "warmup_epochs": _k(0.0, float, "linear warm-up in epochs, if warmup_steps is 0 (ViViT: 2.5)", low=0.0),
+    "warmup_fraction": _k(0.0, float, "warm-up as a fraction of all steps, if warmup_steps and warmup_epochs are 0", low=0.0, high=1.0),
+    "optimizer": _k("adamw", str, "adamw (AugReg) or sgd with momentum (ViViT)", OPTIMIZERS),
+    "momentum": _k(0.9, float, "SGD momentum (optimizer='sgd')", low=0.0, high=0.999),
+    "weight_decay": _k(0.1, float, "decoupled decay (times the learning rate) on kernels only, AdamW and SGD", low=0.0),
     "beta_2": _k(0.999, float, "Adam beta_2", low=0.0, high=1.0),
     "grad_clip": _k(1.0, float, "global gradient-norm clip; 0 = none", low=0.0),
     "loss": _k("sigmoid", str, "sigmoid (AugReg) or softmax cross-entropy", LOSSES),
+    "label_smoothing": _k(0.0, float, "label smoothing of the softmax loss", low=0.0, high=0.99),
     # MoNE / MatViT training modes (MoNE Sec. 5)
-    "mode": _k("fixed", str, "training mode (vit: fixed; mone_vit: fixed/adaptive/isoflops; matvit: fixed/joint)", MODES),
+    "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops; matvit: fixed/joint)", MODES),
     "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive')"),
     # infrastructure
     "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
@@ -146,6 +165,9 @@ def _check_cross_keys(recipe, recipe_name):
         fail("dataset='tfds' needs key 'tfds_name' (e.g. 'imagenet2012').")
     if recipe["dataset"] == "image_folder" and not recipe["data_dir"]:
         fail("dataset='image_folder' needs key 'data_dir' (the folder holding <split>/<class>/ images).")
+    if recipe["label_smoothing"] and recipe["loss"] != "softmax":
+        fail("key 'label_smoothing' needs loss='softmax'.")
+    _check_video_keys(recipe, fail)
     for value in recipe["adaptive_capacities"]:
         if not isinstance(value, (int, float)) or not 0 < value <= 1:
             fail(f"key 'adaptive_capacities' must hold numbers in (0, 1], got {recipe['adaptive_capacities']!r}.")
@@ -155,3 +177,34 @@ def _check_cross_keys(recipe, recipe_name):
         check_model_args(recipe["architecture"], recipe["model_args"])
     except ValueError as error:
         fail(f"key 'model_args': {error}")
+
+
+def _check_video_keys(recipe, fail):
+    """Video architectures take video datasets and a frame count the tubelet divides."""
+    video = recipe["architecture"] in VIDEO_ARCHITECTURES
+    if video != (recipe["dataset"] in VIDEO_DATASETS):
+        wanted = VIDEO_DATASETS if video else IMAGE_DATASETS
+        fail(
+            f"key 'dataset' must be one of {list(wanted)} for architecture "
+            f"{recipe['architecture']!r}, got {recipe['dataset']!r}."
+        )
+    if not video:
+        if recipe["init_from"]:
+            fail(f"key 'init_from' initialises video architectures {list(VIDEO_ARCHITECTURES)} only.")
+        if recipe["preprocessing"] not in PREPROCESSINGS:
+            fail(f"key 'preprocessing' must be one of {list(PREPROCESSINGS)} for images, got {recipe['preprocessing']!r}.")
+        return
+    if recipe["num_frames"] % recipe["tubelet_size"]:
+        fail(
+            f"key 'num_frames' ({recipe['num_frames']}) must be a multiple of key "
+            f"'tubelet_size' ({recipe['tubelet_size']})."
+        )
+    if recipe["preprocessing"] not in VIDEO_PREPROCESSINGS:
+        fail(f"key 'preprocessing' must be one of {list(VIDEO_PREPROCESSINGS)} for video, got {recipe['preprocessing']!r}.")
+    jitter = recipe["scale_jitter"]
+    if len(jitter) != 2 or not all(isinstance(v, (int, float)) for v in jitter) or not 0 < jitter[0] <= jitter[1]:
+        fail(f"key 'scale_jitter' must be [low, high] with 0 < low <= high, got {jitter!r}.")
+    if recipe["dataset"] == "video_folder" and not recipe["data_dir"]:
+        fail("dataset='video_folder' needs key 'data_dir' (the folder holding <split>/<class>/<clip>/ frames).")
+    if recipe["init_from"] and not os.path.isfile(os.path.expanduser(recipe["init_from"])):
+        fail(f"key 'init_from': image model file {recipe['init_from']!r} does not exist.")

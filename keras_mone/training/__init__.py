@@ -3,7 +3,7 @@
 from keras_mone.training.adaptive_capacity import DEFAULT_CAPACITIES, AdaptiveCapacity
 from keras_mone.training.losses import FullWidthAccuracy, SigmoidCrossEntropy, SumOverWidths
 from keras_mone.training.modes import MODES, isoflops_epochs
-from keras_mone.training.optimizers import NO_DECAY_NAMES, adamw_kernels_only
+from keras_mone.training.optimizers import NO_DECAY_NAMES, adamw_kernels_only, sgd_kernels_only
 from keras_mone.training.schedules import WarmupCosineDecay
 
 __all__ = [
@@ -16,5 +16,6 @@ __all__ = [
     "SumOverWidths",
     "WarmupCosineDecay",
     "adamw_kernels_only",
+    "sgd_kernels_only",
     "isoflops_epochs",
 ]

@@ -11,20 +11,24 @@
 from keras_mone.analysis import flop_ratio
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.models.vivit_backbone import ViViTBackbone
 
 MODES = ("fixed", "adaptive", "isoflops", "joint")
 ARCHITECTURE_MODES = {
     "vit": ("fixed",),
     "mone_vit": ("fixed", "adaptive", "isoflops"),
     "matvit": ("fixed", "joint"),
+    "vivit": ("fixed",),
+    "mone_vivit": ("fixed", "adaptive", "isoflops"),
 }
 """Modes each backbone architecture supports ("fixed" for MatViT trains one width)."""
 
 
 def dense_counterpart(backbone):
-    """The (unbuilt) dense ``ViTBackbone`` of ``backbone``'s size."""
+    """The (unbuilt) dense ``ViTBackbone`` (``ViViTBackbone`` for video) of ``backbone``'s size."""
+    dense = ViViTBackbone if isinstance(backbone, ViViTBackbone) else ViTBackbone
     config = backbone.get_config()
-    return ViTBackbone(**{k: config[k] for k in config_argument_names(ViTBackbone) if k in config})
+    return dense(**{k: config[k] for k in config_argument_names(dense) if k in config})
 
 
 def isoflops_epochs(epochs, backbone):

@@ -1,4 +1,4 @@
-"""Optimizers of the ViT recipes."""
+"""Optimizers of the ViT and ViViT recipes."""
 
 import keras
 
@@ -25,4 +25,25 @@ def adamw_kernels_only(
         global_clipnorm=clipnorm,
     )
     optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
+    return optimizer
+
+
+def sgd_kernels_only(
+    peak_learning_rate, total_steps, warmup_steps, momentum=0.9, weight_decay=0.0, clipnorm=1.0,
+    end_learning_rate=0.0,
+):
+    """SGD with momentum, warm-up + cosine and global gradient-norm clipping
+    (the ViViT Kinetics / SSv2 recipes, Arnab et al. 2021).
+
+    ``weight_decay`` is decoupled (times the learning rate) and kernels only,
+    as in ``adamw_kernels_only``; ``clipnorm=None`` disables clipping.
+    """
+    optimizer = keras.optimizers.SGD(
+        learning_rate=WarmupCosineDecay(peak_learning_rate, total_steps, warmup_steps, end_learning_rate),
+        momentum=momentum,
+        weight_decay=weight_decay or None,
+        global_clipnorm=clipnorm,
+    )
+    if weight_decay:
+        optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
     return optimizer
