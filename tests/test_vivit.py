@@ -259,3 +259,22 @@ def test_small_video_presets_build_and_run():
     assert to_numpy(model(clip)).shape == (1, 40)
     dense = presets.from_preset("vivit_fe_digits", load_weights=False)
     assert keras_mone.flops(dense).total > keras_mone.flops(model).total
+
+
+def test_transfer_between_backbones_built_inside_classifiers():
+    # A backbone built by its classifier has weight paths under the classifier's
+    # name; transfer_weights and load_image_weights see paths relative to the backbone.
+    dense = VideoClassifier(ViViTBackbone(**VIDEO), num_classes=3, name="dense_clips")
+    mone = VideoClassifier(MoNEViViTBackbone(**VIDEO, capacity=1.0), num_classes=3, name="mone_clips")
+    dense.build()
+    mone.build()
+    assert dense.backbone.weights[0].path.startswith("dense_clips/")
+    randomize_weights(dense, seed=16)
+    assert transfer_weights(dense.backbone, mone.backbone)[0] == "block_0/alpha"
+    x = videos(seed=17)
+    assert max_abs_diff(to_numpy(mone.backbone(x)), to_numpy(dense.backbone(x))) <= 1e-5
+    from keras_mone.models import ImageClassifier
+
+    image = ImageClassifier(ViTBackbone(**SPATIAL), num_classes=3, name="frames")
+    image.build()
+    load_image_weights(dense.backbone, image.backbone)

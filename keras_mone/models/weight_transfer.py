@@ -2,11 +2,19 @@
 
 
 def relative_weight_paths(model):
-    """``{path without the model's name: variable}`` of a built model."""
-    prefix = model.name + "/"
-    return {
-        (v.path[len(prefix):] if v.path.startswith(prefix) else v.path): v for v in model.weights
-    }
+    """``{path below the model: variable}`` of a built model.
+
+    Paths are relative to ``model`` wherever it was built: a backbone built
+    inside a classifier has paths ``classifier/backbone/block_0/...``, and
+    both that and a stand-alone backbone give ``block_0/...``.
+    """
+    paths = {}
+    for variable in model.weights:
+        parts = variable.path.split("/")
+        if model.name in parts[:-1]:
+            parts = parts[parts.index(model.name) + 1:]
+        paths["/".join(parts)] = variable
+    return paths
 
 
 def transfer_weights(source, target):
