@@ -14,6 +14,7 @@ from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
+from keras_mone.recipes.schema import VIDEO_ARCHITECTURES
 
 BACKBONES = {
     "vit": ViTBackbone, "mone_vit": MoNEViTBackbone, "matvit": MatViTBackbone,
@@ -23,7 +24,6 @@ TASKS = {
     "vit": ImageClassifier, "mone_vit": ImageClassifier, "matvit": MatViTClassifier,
     "vivit": VideoClassifier, "mone_vivit": VideoClassifier,
 }
-VIDEO_ARCHITECTURES = ("vivit", "mone_vivit")
 #: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
 VIDEO_KEYS = ("num_frames", "tubelet_size")
 
@@ -73,10 +73,6 @@ def build_classifier(recipe, num_classes):
         config.setdefault("use_class_token", True)
     backbone_keys, task_keys = _allowed_args(architecture)
     backbone = BACKBONES[architecture](**{k: v for k, v in config.items() if k in backbone_keys})
-    if architecture in VIDEO_ARCHITECTURES:
-        # Built on its own so its weight paths are relative to the backbone, as
-        # ``load_image_weights`` (init_from) matches them.
-        backbone.build((None, *backbone.input_shape_per_example))
     model = TASKS[architecture](backbone, **{k: v for k, v in config.items() if k in task_keys})
     model.build()
     return model

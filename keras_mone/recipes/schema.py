@@ -130,9 +130,13 @@ def check_value(name, value, recipe_name="recipe"):
             f"{recipe_name}: key {name!r} must be one of {list(key.choices)}, got {value!r}."
         )
     if (key.low is not None and value < key.low) or (key.high is not None and value > key.high):
-        raise RecipeError(
-            f"{recipe_name}: key {name!r} must lie in [{key.low}, {key.high}] ({key.doc}), got {value!r}."
-        )
+        if key.high is None:
+            bounds = f"be >= {key.low}"
+        elif key.low is None:
+            bounds = f"be <= {key.high}"
+        else:
+            bounds = f"lie in [{key.low}, {key.high}]"
+        raise RecipeError(f"{recipe_name}: key {name!r} must {bounds} ({key.doc}), got {value!r}.")
     return value
 
 
