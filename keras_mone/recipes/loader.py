@@ -139,6 +139,7 @@ class TrainingSetup:
             epochs=self.epochs, steps_per_epoch=self.steps_per_epoch,
             initial_epoch=self.initial_step // self.steps_per_epoch,
             validation_data=self.eval_data, callbacks=self.callbacks,
+            shuffle=False,  # the tf.data pipeline shuffles (and knows its position)
         )
 
     def fit(self, extra_callbacks=(), verbose="auto", save=True):
