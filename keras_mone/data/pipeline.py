@@ -162,20 +162,9 @@ def train_dataset(
             image = randaugment(image)
         return _scale(tf.ensure_shape(image, (image_size, image_size, 3))), label
 
-    def finish(images, labels):
-        labels = tf.one_hot(labels, num_classes)
-        if mixup is not None:
-            mixed = mixup({"images": images, "labels": labels})
-            images, labels = mixed["images"], mixed["labels"]
-        return images, labels
-
-    buffer = max(1, min(shuffle_buffer, source.num_examples))
-    ds = source.examples.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    if start_step:
-        ds = ds.skip(int(start_step) * batch_size)
-    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=True).map(finish, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return training_stream(
+        source, preprocess, batch_size, num_classes, mixup, shuffle_buffer, seed, start_step
+    )
 
 
 def eval_dataset(source, image_size, batch_size, num_classes, preprocessing="inception", drop_remainder=False):
@@ -216,3 +205,24 @@ def _resize_shorter_and_crop(image, size):
     top = (new[0] - size) // 2
     left = (new[1] - size) // 2
     return image[top : top + size, left : left + size]
+
+
+def training_stream(source, preprocess, batch_size, num_classes, mixup, shuffle_buffer, seed, start_step):
+    """Shuffled, repeated, preprocessed batches of one-hot labelled examples, MixUp applied
+    per batch; the first ``start_step`` batches are skipped before decoding (resume)."""
+    tf = _tf()
+
+    def finish(inputs, labels):
+        labels = tf.one_hot(labels, num_classes)
+        if mixup is not None:
+            mixed = mixup({"images": inputs, "labels": labels})
+            inputs, labels = mixed["images"], mixed["labels"]
+        return inputs, labels
+
+    buffer = max(1, min(shuffle_buffer, source.num_examples))
+    ds = source.examples.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    if start_step:
+        ds = ds.skip(int(start_step) * batch_size)
+    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True).map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)

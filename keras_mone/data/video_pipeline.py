@@ -25,7 +25,14 @@ import os
 
 import numpy as np
 
-from keras_mone.data.pipeline import AUGMENTATIONS, IMAGE_SUFFIXES, RANDAUGMENT_MAX_MAGNITUDE, _scale, _tf
+from keras_mone.data.pipeline import (
+    AUGMENTATIONS,
+    IMAGE_SUFFIXES,
+    RANDAUGMENT_MAX_MAGNITUDE,
+    _scale,
+    _tf,
+    training_stream,
+)
 
 VIDEO_PREPROCESSINGS = ("scale_jitter", "plain")
 #: Shorter side before cropping, relative to the crop (256 for a 224 crop).
@@ -182,20 +189,9 @@ def train_dataset(
         frames = tf.ensure_shape(frames, (num_frames, image_size, image_size, 3))
         return _scale(frames), label
 
-    def finish(clips, labels):
-        labels = tf.one_hot(labels, num_classes)
-        if mixup is not None:
-            mixed = mixup({"images": clips, "labels": labels})
-            clips, labels = mixed["images"], mixed["labels"]
-        return clips, labels
-
-    buffer = max(1, min(shuffle_buffer, source.num_examples))
-    ds = source.examples.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    if start_step:
-        ds = ds.skip(int(start_step) * batch_size)
-    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=True).map(finish, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return training_stream(
+        source, preprocess, batch_size, num_classes, mixup, shuffle_buffer, seed, start_step
+    )
 
 
 def eval_dataset(
