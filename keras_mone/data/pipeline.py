@@ -58,17 +58,9 @@ class Source:
 def image_folder_source(root, split, class_names=None):
     """``root/split/<class>/*.png|jpg``; classes are the sorted folder names."""
     tf = _tf()
-    folder = os.path.join(root, split)
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"Image folder split {folder!r} does not exist.")
-    class_names = class_names or sorted(
-        d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))
-    )
+    folder, class_names, class_dirs = class_folders(root, split, class_names, "Image")
     paths, labels = [], []
-    for label, name in enumerate(class_names):
-        directory = os.path.join(folder, name)
-        if not os.path.isdir(directory):
-            continue
+    for label, directory in class_dirs:
         for file in sorted(os.listdir(directory)):
             if file.lower().endswith(IMAGE_SUFFIXES):
                 paths.append(os.path.join(directory, file))
@@ -78,6 +70,27 @@ def image_folder_source(root, split, class_names=None):
     examples = tf.data.Dataset.from_tensor_slices((paths, np.asarray(labels, "int32")))
     examples = examples.map(lambda path, label: (tf.io.read_file(path), label))
     return Source(examples, len(paths), len(class_names), _decode_bytes)
+
+
+def class_folders(root, split, class_names, kind):
+    """``(split folder, class names, [(label, class folder)])`` of ``root/split/<class>/``.
+
+    Class names default to the sorted sub-folder names; listed classes without
+    a folder are skipped (their label is kept). ``kind`` names the folder in the
+    error raised when the split is missing.
+    """
+    folder = os.path.join(root, split)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{kind} folder split {folder!r} does not exist.")
+    class_names = class_names or sorted(
+        d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))
+    )
+    class_dirs = [
+        (label, os.path.join(folder, name))
+        for label, name in enumerate(class_names)
+        if os.path.isdir(os.path.join(folder, name))
+    ]
+    return folder, class_names, class_dirs
 
 
 def tfds_source(name, split, data_dir=None, seed=0):

@@ -31,6 +31,7 @@ from keras_mone.data.pipeline import (
     RANDAUGMENT_MAX_MAGNITUDE,
     _scale,
     _tf,
+    class_folders,
     training_stream,
 )
 
@@ -62,17 +63,9 @@ def video_folder_source(root, split, class_names=None):
     extracted Kinetics / SSv2 frames, e.g. ``000001.jpg``).
     """
     tf = _tf()
-    folder = os.path.join(root, split)
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"Video folder split {folder!r} does not exist.")
-    class_names = class_names or sorted(
-        d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))
-    )
+    folder, class_names, class_dirs = class_folders(root, split, class_names, "Video")
     clips, labels = [], []
-    for label, name in enumerate(class_names):
-        class_dir = os.path.join(folder, name)
-        if not os.path.isdir(class_dir):
-            continue
+    for label, class_dir in class_dirs:
         for clip in sorted(os.listdir(class_dir)):
             clip_dir = os.path.join(class_dir, clip)
             if not os.path.isdir(clip_dir):
