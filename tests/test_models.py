@@ -92,6 +92,17 @@ def test_full_capacity_equals_dense(use_class_token, router_positions):
     np.testing.assert_array_equal(to_numpy(inter["router_probs"][0]), first_probs)
 
 
+def test_transfer_weights_between_classifiers_includes_the_head():
+    dense = ImageClassifier(ViTBackbone(**TINY), num_classes=5)
+    mone = ImageClassifier(MoNEViTBackbone(**TINY, capacity=1.0), num_classes=5)
+    x = images(seed=4)
+    dense(x), mone(x)
+    randomize_weights(dense, seed=8)
+    extras = transfer_weights(dense, mone)
+    assert extras and all("router" in p or "alpha" in p for p in extras)
+    assert max_abs_diff(to_numpy(dense(x)), to_numpy(mone(x))) <= 1e-5
+
+
 def test_transfer_weights_rejects_mismatched_models():
     dense = ViTBackbone(**dict(TINY, mlp_dim=32))
     dense.build()
@@ -161,6 +172,31 @@ def test_routed_forward_matches_reference(case):
         model, x, [np.full_like(e, 3) for e in expert_index], learned_router=learned
     )
     assert max_abs_diff(full, expected) > 1e-2
+
+
+@pytest.mark.parametrize("capacity, router_positions", [(0.3, (0,)), (0.5, (1, 2))])
+def test_class_token_to_full_expert(capacity, router_positions):
+    # The class token goes to the largest expert with capacity, at every router
+    # (also after the tokens were regrouped by an earlier one); the other
+    # tokens follow Algorithm 1 as usual, and the forward pass is still Eq. 8.
+    config = dict(TINY, use_class_token=True, depth=3)
+    model = MoNEViTBackbone(
+        **config, capacity=capacity, router_positions=router_positions, class_token_to_full_expert=True
+    )
+    model.build()
+    randomize_weights(model, seed=5)
+    x = images(seed=1)
+    out, inter = model(x, return_intermediates=True)
+    counts, _ = model.expert_token_counts()
+    largest = max(j for j, count in enumerate(counts) if count)
+    for probs, experts in zip(inter["router_probs"], inter["expert_index"]):
+        probs, experts = to_numpy(probs), to_numpy(experts)
+        np.testing.assert_array_equal(experts[:, 0], np.full(BATCH, largest))
+        lifted = probs.copy()
+        lifted[:, 0] += 2.0
+        np.testing.assert_array_equal(experts, ref.expert_preferred_routing(lifted, model.expert_capacities))
+    expected, _ = reference_forward(model, x, [to_numpy(e) for e in inter["expert_index"]])
+    assert_f32_close(to_numpy(out), expected)
 
 
 def test_mod_greedy_with_every_token_dropped():

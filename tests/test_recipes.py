@@ -140,3 +140,9 @@ def test_matvit_and_isoflops_recipes_build(tmp_path):
     assert np.isfinite(joint.fit(verbose=0, save=False)["loss"])
     iso = recipes.load("cluttered_digits_mone", **tiny_overrides(tmp_path / "b", mode="isoflops", capacity=0.25, epochs=4))
     assert iso.epochs > 4
+    adaptive = recipes.load(
+        "cluttered_digits_mone_adaptive",
+        **tiny_overrides(tmp_path / "c", mode="adaptive_isoflops", adaptive_capacities=[0.25, 0.75], epochs=4),
+    )
+    assert 4 < adaptive.epochs < iso.epochs  # the mean cost of 0.25 and 0.75 lies between
+    assert any(type(c).__name__ == "AdaptiveCapacity" for c in adaptive.callbacks)

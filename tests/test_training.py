@@ -105,3 +105,8 @@ def test_isoflops_epochs_follow_the_flop_ratio():
     assert ratio > 1.2
     assert isoflops_epochs(10, mone) == round(10 * ratio)
     assert isoflops_epochs(10, MoNEViTBackbone(capacity=1.0, **TINY)) == 10
+    # adaptive: the mean MoNE cost over the drawn capacities; capacity restored
+    low, high = flops(mone).total, flops(MoNEViTBackbone(capacity=0.75, **TINY)).total
+    dense = flops(ViTBackbone(**TINY)).total
+    assert isoflops_epochs(10, mone, [0.25, 0.75]) == round(10 * dense / ((low + high) / 2))
+    assert mone.capacity == 0.25

@@ -42,6 +42,13 @@ class MoNEViTBackbone(ViTBackbone):
             "random" (Sec. 6 / Fig. 7c: random assignment, same capacities,
             no gate).
         router_seed: seed of the random router.
+        class_token_to_full_expert: route the class token (when
+            ``use_class_token``) to the largest expert that has capacity,
+            whatever the router says, so the token that the head (or, in
+            ViViT, the temporal transformer) reads is never squeezed into a
+            small expert. The token still counts against that expert's
+            capacity and is still gated by its router probability. Off by
+            default: the paper routes every token alike.
     """
 
     default_name = "mone_vit_backbone"
@@ -54,6 +61,7 @@ class MoNEViTBackbone(ViTBackbone):
         router_positions=(0,),
         router_type="learned",
         router_seed=None,
+        class_token_to_full_expert=False,
         **kwargs,
     ):
         depth = kwargs.get("depth", 12)
@@ -77,6 +85,7 @@ class MoNEViTBackbone(ViTBackbone):
         self.router_positions = positions
         self.router_type = router_type
         self.router_seed = router_seed
+        self.class_token_to_full_expert = class_token_to_full_expert
         self.expert_widths = [hidden_dim // 2 ** (num_experts - 1 - j) for j in range(num_experts)]
         self.routing = ExpertPreferredRouting(
             num_experts, 1.0, capacity_method=capacity_method, name="routing"
@@ -158,7 +167,7 @@ class MoNEViTBackbone(ViTBackbone):
             new.gates = [probs[..., expert]] if self.router_type == "learned" else None
             new.order = new.previous_order = state.order
             return new
-        index_groups, dropped = self.routing.group(probs)
+        index_groups, dropped = self.routing.group(self._routing_scores(probs, state.order))
         new = _TokenGroups(None, self.hidden_dim)
         positions = []
         for expert, indices in enumerate(index_groups):
@@ -179,6 +188,20 @@ class MoNEViTBackbone(ViTBackbone):
         new.previous_order = state.order
         new.order = order if state.order is None else ops.take_along_axis(state.order, order, axis=1)
         return new
+
+    def _routing_scores(self, probs, order):
+        """Router probabilities, with the class token lifted above every other
+        token for every expert when ``class_token_to_full_expert`` is set; EPR
+        serves the largest expert first, so that expert takes it."""
+        if not (self.class_token_to_full_expert and self.use_class_token):
+            return probs
+        num_tokens = probs.shape[1]
+        if order is None:
+            is_class = ops.arange(num_tokens) == 0
+            is_class = ops.broadcast_to(is_class, ops.shape(probs)[:2])
+        else:
+            is_class = order == 0
+        return probs + 2.0 * ops.expand_dims(ops.cast(is_class, probs.dtype), -1)
 
 
 class _TokenGroups:

@@ -6,13 +6,18 @@ def relative_weight_paths(model):
 
     Paths are relative to ``model`` wherever it was built: a backbone built
     inside a classifier has paths ``classifier/backbone/block_0/...``, and
-    both that and a stand-alone backbone give ``block_0/...``.
+    both that and a stand-alone backbone give ``block_0/...``. In a
+    classifier, the backbone's own name becomes ``backbone``, so a dense
+    classifier's weights find their place in a MoNE classifier's.
     """
+    backbone = getattr(model, "backbone", None)
     paths = {}
     for variable in model.weights:
         parts = variable.path.split("/")
         if model.name in parts[:-1]:
             parts = parts[parts.index(model.name) + 1:]
+        if backbone is not None and len(parts) > 1 and parts[0] == backbone.name:
+            parts[0] = "backbone"
         paths["/".join(parts)] = variable
     return paths
 
@@ -20,7 +25,8 @@ def relative_weight_paths(model):
 def transfer_weights(source, target):
     """Copies every weight of ``source`` into the weight of ``target`` at the same path.
 
-    Both models must be built. Typical use: initialise a ``MoNEViTBackbone``
+    Both models must be built; they are backbones or classifiers (head
+    included) of the same size. Typical use: initialise a ``MoNEViTBackbone``
     from a trained ``ViTBackbone``; the routers and the per-block ``alpha``
     are the only MoNE weights without a dense counterpart and keep their
     initial values (with ``alpha = 0`` the MoNE model at capacity 1.0 then

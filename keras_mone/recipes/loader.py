@@ -26,7 +26,7 @@ from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.adaptive_capacity import AdaptiveCapacity
 from keras_mone.training.distribution import distribution_scope, num_replicas
 from keras_mone.training.losses import FullWidthAccuracy, SigmoidCrossEntropy, SumOverWidths
-from keras_mone.training.modes import isoflops_epochs
+from keras_mone.training.modes import ADAPTIVE_MODES, ISOFLOPS_MODES, isoflops_epochs
 from keras_mone.training.optimizers import adamw_kernels_only, sgd_kernels_only
 
 RECIPE_PACKAGE = "keras_mone.recipe_files"
@@ -217,8 +217,9 @@ def load(name_or_path, resume=True, **overrides):
             except ValueError as error:
                 raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
         epochs = recipe["epochs"]
-        if recipe["mode"] == "isoflops":
-            epochs = isoflops_epochs(epochs, model.backbone)
+        if recipe["mode"] in ISOFLOPS_MODES:
+            adaptive = recipe["adaptive_capacities"] if recipe["mode"] in ADAPTIVE_MODES else None
+            epochs = isoflops_epochs(epochs, model.backbone, adaptive)
         total = epochs * steps_per_epoch
         warmup = (
             recipe["warmup_steps"] or round(recipe["warmup_epochs"] * steps_per_epoch)
@@ -294,7 +295,7 @@ def _callbacks(recipe):
         keras.callbacks.CSVLogger(os.path.join(recipe["output_dir"], "history.csv"), append=True),
         keras.callbacks.TerminateOnNaN(),
     ]
-    if recipe["mode"] == "adaptive":
+    if recipe["mode"] in ADAPTIVE_MODES:
         callbacks.append(
             AdaptiveCapacity(recipe["adaptive_capacities"], eval_capacity=recipe["capacity"], seed=recipe["seed"])
         )

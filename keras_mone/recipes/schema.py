@@ -96,8 +96,8 @@ KEYS = {
     "loss": _k("sigmoid", str, "sigmoid (AugReg) or softmax cross-entropy", LOSSES),
     "label_smoothing": _k(0.0, float, "label smoothing of the softmax loss", low=0.0, high=0.99),
     # MoNE / MatViT training modes (MoNE Sec. 5)
-    "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops; matvit: fixed/joint)", MODES),
-    "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive')"),
+    "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops/adaptive_isoflops; matvit: fixed/joint)", MODES),
+    "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive' or 'adaptive_isoflops')"),
     # infrastructure
     "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
     "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),

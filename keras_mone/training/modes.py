@@ -4,22 +4,28 @@
 - adaptive: e_c drawn per step from {0.15, ..., 0.95} (``AdaptiveCapacity``).
 - isoflops: a MoNE model trained at e_c gets ``dense MACs / MoNE MACs`` times
   the dense model's epochs, i.e. the same training compute.
+- adaptive_isoflops: adaptive, with the epochs scaled so that the expected
+  training MACs (the mean over the drawn capacities) equal the dense model's;
+  Sec. 5 notes that the paper's adaptively trained model has the training
+  FLOPs of the baseline.
 - joint (MatViT baseline): the losses of the nested widths D/8 .. D are summed
   every step (``MatViTClassifier`` + ``SumOverWidths``).
 """
 
-from keras_mone.analysis import flop_ratio
+from keras_mone.analysis import flops
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 
-MODES = ("fixed", "adaptive", "isoflops", "joint")
+MODES = ("fixed", "adaptive", "isoflops", "adaptive_isoflops", "joint")
+ADAPTIVE_MODES = ("adaptive", "adaptive_isoflops")
+ISOFLOPS_MODES = ("isoflops", "adaptive_isoflops")
 ARCHITECTURE_MODES = {
     "vit": ("fixed",),
-    "mone_vit": ("fixed", "adaptive", "isoflops"),
+    "mone_vit": ("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
     "matvit": ("fixed", "joint"),
     "vivit": ("fixed",),
-    "mone_vivit": ("fixed", "adaptive", "isoflops"),
+    "mone_vivit": ("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
 }
 """Modes each backbone architecture supports ("fixed" for MatViT trains one width)."""
 
@@ -31,7 +37,23 @@ def dense_counterpart(backbone):
     return dense(**{k: config[k] for k in config_argument_names(dense) if k in config})
 
 
-def isoflops_epochs(epochs, backbone):
-    """Epochs giving ``backbone`` (at its capacity) the training MACs of a dense
-    model trained ``epochs`` epochs: ``round(epochs * dense / MoNE MACs)``."""
-    return max(1, round(epochs * flop_ratio(dense_counterpart(backbone), backbone)))
+def isoflops_epochs(epochs, backbone, capacities=None):
+    """Epochs giving ``backbone`` the training MACs of a dense model trained
+    ``epochs`` epochs: ``round(epochs * dense / MoNE MACs)``.
+
+    MoNE MACs are those at the backbone's capacity, or, with ``capacities``
+    (adaptive training draws one per step, uniformly), their mean over
+    ``capacities``; the backbone's capacity is left as it was.
+    """
+    dense = flops(dense_counterpart(backbone)).total
+    if capacities is None:
+        return max(1, round(epochs * dense / flops(backbone).total))
+    current = backbone.capacity
+    try:
+        per_step = []
+        for capacity in capacities:
+            backbone.set_capacity(capacity)
+            per_step.append(flops(backbone).total)
+    finally:
+        backbone.set_capacity(current)
+    return max(1, round(epochs * dense * len(per_step) / sum(per_step)))

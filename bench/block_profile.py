@@ -1,0 +1,163 @@
+"""Where one transformer block's time goes: dense ViT vs MoNE at a capacity (jax).
+
+Times each part of one ViT-B/16 block (batch 8, 197 tokens) under ``jax.jit``,
+for the dense block and for a MoNE block whose tokens are already grouped by
+expert at ``--capacity`` (Eq. 3 distribution, Algorithm 1 counts):
+
+* ``layer_norms``: LN1 + LN2 at full width D over every token;
+* ``qkv``, ``attention_out``, ``fc1``, ``fc2``: the projections, one nested
+  matmul per expert group (the only parts whose MACs shrink with e_c);
+* ``attention_core``: ``softmax(q k^T) v`` over every token at full width;
+* ``gelu``: the exact GELU over the full 4D hidden width of every token;
+* ``block``: the whole ``MoNEBlock`` call, for comparison with the sum.
+
+Each part reports milliseconds (median of ``--repeats``), its MACs and its
+achieved GMAC/s; the last column is its share of the MoNE block. The parts
+whose time does not shrink with e_c (LayerNorm, attention core, GELU) are what
+keeps the measured speed-up below the FLOP ratio.
+
+    KERAS_BACKEND=jax python bench/block_profile.py [--capacity 0.3] [--write]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import keras
+
+from keras_mone.layers.attention import multi_head_attention
+from keras_mone.layers.block import MoNEBlock
+from keras_mone.routing import capacity_distribution, expert_token_counts
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "BENCHMARKS.md")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--capacity", type=float, default=0.3)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=197)
+    parser.add_argument("--hidden-dim", type=int, default=768)
+    parser.add_argument("--num-heads", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--write", action="store_true", help="append the report to BENCHMARKS.md")
+    return parser.parse_args(argv)
+
+
+def timed(block, fn, inputs, repeats):
+    """Median milliseconds of ``jax.jit(fn)(*inputs)``; the block's weights are
+    arguments of the compiled function (as in a Keras model), not constants."""
+    import jax
+
+    variables = block.weights
+
+    def stateless(values, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return fn(*args)
+
+    compiled = jax.jit(stateless)
+    values = [v.value for v in variables]
+    jax.block_until_ready(compiled(values, *inputs))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(values, *inputs))
+        samples.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(samples)
+
+
+def block_parts(block, groups, widths, gates, seed=0):
+    """``name -> (function, its inputs, MACs)`` for one block on ``groups``."""
+    attention, mlp, hidden = block.attention, block.mlp, block.hidden_dim
+    batch, tokens = groups[0].shape[0], sum(g.shape[1] for g in groups)
+    rng = keras.random.SeedGenerator(seed)
+    qkv_full = keras.random.normal((batch, tokens, 3, block.num_heads, hidden // block.num_heads), seed=rng)
+    hidden_groups = [keras.random.normal(g.shape[:2] + (block.mlp_dim,), seed=rng) for g in groups]
+
+    def per_group(macs_per_token):
+        return batch * sum(g.shape[1] * macs_per_token(w) for g, w in zip(groups, widths))
+
+    return {
+        "layer_norms": (lambda *gs: [block.norm2(block.norm1(g)) for g in gs], groups, 0),
+        "qkv": (
+            lambda *gs: [attention.qkv(g, in_width=w) for g, w in zip(gs, widths)],
+            groups, per_group(lambda w: w * 3 * hidden),
+        ),
+        "attention_core": (multi_head_attention, [qkv_full], 2 * batch * tokens * tokens * hidden),
+        "attention_out": (
+            lambda *gs: [attention.out(g, out_width=w) for g, w in zip(gs, widths)],
+            groups, per_group(lambda w: hidden * w),
+        ),
+        "fc1": (
+            lambda *gs: [mlp.fc1(g, in_width=w) for g, w in zip(gs, widths)],
+            groups, per_group(lambda w: w * block.mlp_dim),
+        ),
+        "gelu": (lambda *hs: [keras.ops.gelu(h, approximate=False) for h in hs], hidden_groups, 0),
+        "fc2": (
+            lambda *hs: [mlp.fc2(h, out_width=w) for h, w in zip(hs, widths)],
+            hidden_groups, per_group(lambda w: block.mlp_dim * w),
+        ),
+        "block": (lambda gs, gt: block(gs, widths=widths, gates=gt), [groups, gates], None),
+    }
+
+
+def profile(args):
+    hidden, tokens = args.hidden_dim, args.tokens
+    block = MoNEBlock(hidden, args.num_heads, 4 * hidden, routed=True)
+    block.build((None, None, hidden))
+    num_experts = 4
+    widths_all = [hidden // 2 ** (num_experts - 1 - j) for j in range(num_experts)]
+    counts, _ = expert_token_counts(capacity_distribution(args.capacity, num_experts), tokens)
+    layouts = {
+        "dense": ([tokens], [hidden]),
+        f"MoNE e_c {args.capacity:g}": (
+            [c for c in counts if c], [w for c, w in zip(counts, widths_all) if c]
+        ),
+    }
+    rows = {}
+    for name, (sizes, widths) in layouts.items():
+        rng = keras.random.SeedGenerator(0)
+        groups = [keras.random.normal((args.batch_size, k, hidden), seed=rng) for k in sizes]
+        gates = [keras.ops.full((args.batch_size, k), 0.5) for k in sizes]
+        for part, (fn, inputs, macs) in block_parts(block, groups, widths, gates).items():
+            rows.setdefault(part, {})[name] = (timed(block, fn, inputs, args.repeats), macs)
+        print(f"{name}: tokens per expert {sizes} at widths {widths}")
+    return rows, list(layouts)
+
+
+def markdown(rows, names, args):
+    dense, mone = names
+    mone_block = rows["block"][mone][0]
+    lines = [
+        f"One ViT-B/16 block, batch {args.batch_size}, {args.tokens} tokens, backend "
+        f"{keras.backend.backend()} (jit); median of {args.repeats}. Command: "
+        f"`KERAS_BACKEND=jax python bench/block_profile.py --capacity {args.capacity:g}`",
+        "",
+        f"| part | dense ms | {mone} ms | dense / MoNE time | dense / MoNE MACs | MoNE GMAC/s | share of MoNE block |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for part, values in rows.items():
+        (d_ms, d_macs), (m_ms, m_macs) = values[dense], values[mone]
+        mac_ratio = f"{d_macs / m_macs:.2f}x" if m_macs else "-"
+        rate = f"{m_macs / m_ms / 1e6:.0f}" if m_macs else "-"
+        share = "100%" if part == "block" else f"{100 * m_ms / mone_block:.0f}%"
+        lines.append(f"| {part} | {d_ms:.2f} | {m_ms:.2f} | {d_ms / m_ms:.2f}x | {mac_ratio} | {rate} | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if keras.backend.backend() != "jax":
+        raise SystemExit("bench/block_profile.py times jax.jit functions: run it with KERAS_BACKEND=jax.")
+    rows, names = profile(args)
+    report = markdown(rows, names, args)
+    print(report)
+    if args.write:
+        with open(BENCHMARKS, "a") as handle:
+            handle.write("\n### Block profile (issue 3)\n\n" + report)
+
+
+if __name__ == "__main__":
+    main()
