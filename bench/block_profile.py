@@ -59,13 +59,16 @@ def timed(block, fn, inputs, repeats):
 
     compiled = jax.jit(stateless)
     values = [v.value for v in variables]
+    compiled = compiled.lower(values, *inputs).compile()
     jax.block_until_ready(compiled(values, *inputs))
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(compiled(values, *inputs))
         samples.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(samples)
+    memory = compiled.memory_analysis()
+    temp = None if memory is None else memory.temp_size_in_bytes / 2**20
+    return 1e3 * statistics.median(samples), temp
 
 
 def block_parts(block, groups, widths, gates, seed=0):
@@ -99,6 +102,16 @@ def block_parts(block, groups, widths, gates, seed=0):
             lambda *hs: [mlp.fc2(h, out_width=w) for h, w in zip(hs, widths)],
             hidden_groups, per_group(lambda w: block.mlp_dim * w),
         ),
+        # The nested slices of the four kernels (W[:d] of qkv and fc1, W[:, :d] of
+        # the out-projections): XLA copies them out of the weights on every call.
+        "weight_slices": (
+            lambda *gs: [
+                layer.kernel[:w] if nested_in else layer.kernel[:, :w]
+                for w in widths if w < hidden
+                for layer, nested_in in ((attention.qkv, True), (attention.out, False), (mlp.fc1, True), (mlp.fc2, False))
+            ],
+            groups, 0,
+        ),
         "block": (lambda gs, gt: block(gs, widths=widths, gates=gt), [groups, gates], None),
     }
 
@@ -122,7 +135,10 @@ def profile(args):
         groups = [keras.random.normal((args.batch_size, k, hidden), seed=rng) for k in sizes]
         gates = [keras.ops.full((args.batch_size, k), 0.5) for k in sizes]
         for part, (fn, inputs, macs) in block_parts(block, groups, widths, gates).items():
-            rows.setdefault(part, {})[name] = (timed(block, fn, inputs, args.repeats), macs)
+            ms, temp = timed(block, fn, inputs, args.repeats)
+            rows.setdefault(part, {})[name] = (ms, macs)
+            if part == "block":
+                rows.setdefault("_temp_mib", {})[name] = temp
         print(f"{name}: tokens per expert {sizes} at widths {widths}")
     return rows, list(layouts)
 
@@ -138,12 +154,16 @@ def markdown(rows, names, args):
         f"| part | dense ms | {mone} ms | dense / MoNE time | dense / MoNE MACs | MoNE GMAC/s | share of MoNE block |",
         "|---|---|---|---|---|---|---|",
     ]
+    temp = rows.pop("_temp_mib")
     for part, values in rows.items():
         (d_ms, d_macs), (m_ms, m_macs) = values[dense], values[mone]
         mac_ratio = f"{d_macs / m_macs:.2f}x" if m_macs else "-"
         rate = f"{m_macs / m_ms / 1e6:.0f}" if m_macs else "-"
         share = "100%" if part == "block" else f"{100 * m_ms / mone_block:.0f}%"
-        lines.append(f"| {part} | {d_ms:.2f} | {m_ms:.2f} | {d_ms / m_ms:.2f}x | {mac_ratio} | {rate} | {share} |")
+        speed = f"{d_ms / m_ms:.2f}x" if m_ms >= 0.01 and d_ms >= 0.01 else "-"
+        lines.append(f"| {part} | {d_ms:.2f} | {m_ms:.2f} | {speed} | {mac_ratio} | {rate} | {share} |")
+    if None not in temp.values():
+        lines += ["", f"Compiled temporary memory of one block: dense {temp[dense]:.1f} MiB, {mone} {temp[mone]:.1f} MiB."]
     return "\n".join(lines) + "\n"
 
 

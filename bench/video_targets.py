@@ -40,7 +40,7 @@ def parse_args(argv):
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--class-token-to-full-expert", action=argparse.BooleanOptionalAction, default=True,
+        "--class-token-to-full-expert", action=argparse.BooleanOptionalAction, default=False,
         help="route each frame's class token to the largest expert (MoNEViTBackbone option)",
     )
     parser.add_argument("--json", default=None, help="write the results as JSON here")

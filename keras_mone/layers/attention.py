@@ -87,19 +87,33 @@ class MoNEAttention(ConfigMixin, keras.layers.Layer):
 def multi_head_attention(qkv):
     """softmax(q k^T / sqrt(head_dim)) v for ``qkv`` of shape (B, N, 3, H, head_dim).
 
-    Returns (B, N, H, head_dim). On torch this is ``ops.dot_product_attention``
-    (a fused kernel); on jax and tensorflow, heads-first batched matmuls with a
-    float32 softmax, which XLA runs about 1.7x faster on CPU than
-    ``jax.nn.dot_product_attention`` at ViT-B/16 sizes (BENCHMARKS.md).
+    Returns (B, N, H, head_dim). Per backend, the fastest exact form on CPU
+    (``bench/block_profile.py``, BENCHMARKS.md):
+
+    * torch: ``ops.dot_product_attention`` (a fused kernel);
+    * tensorflow: heads-first batched matmuls around TF's fused softmax;
+    * jax: heads-first batched matmuls with the softmax normalisation
+      deferred: ``(exp(s - max) v) / sum(exp(s - max))`` divides the
+      (N, head_dim) result instead of the (N, N) weights, one pass over the
+      scores fewer; XLA runs it ~1.4x faster than the softmax form and ~2x
+      faster than ``jax.nn.dot_product_attention`` at ViT-B/16 sizes.
+
+    The exponentials and their sum are float32 whatever the compute dtype.
     """
     if keras.backend.backend() == "torch":
         return ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
     heads_first = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B, H, N, head_dim)
     query, key, value = heads_first[0], heads_first[1], heads_first[2]
     scale = ops.cast(qkv.shape[-1] ** -0.5, query.dtype)
-    scores = ops.matmul(query * scale, ops.swapaxes(key, -1, -2))
-    weights = ops.cast(ops.softmax(ops.cast(scores, "float32"), axis=-1), value.dtype)
-    return ops.transpose(ops.matmul(weights, value), (0, 2, 1, 3))
+    scores = ops.cast(ops.matmul(query * scale, ops.swapaxes(key, -1, -2)), "float32")
+    if keras.backend.backend() == "jax":
+        weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+        total = ops.sum(weights, axis=-1, keepdims=True)
+        attended = ops.matmul(ops.cast(weights, value.dtype), value)
+        attended = ops.cast(ops.cast(attended, "float32") / total, value.dtype)
+    else:
+        attended = ops.matmul(ops.cast(ops.softmax(scores, axis=-1), value.dtype), value)
+    return ops.transpose(attended, (0, 2, 1, 3))
 
 
 def as_groups(inputs, widths, hidden_dim):
