@@ -1,5 +1,7 @@
 """Copying weights between models that share a layout (dense ViT -> MoNE-ViT)."""
 
+from keras import ops
+
 
 def relative_weight_paths(model):
     """``{path below the model: variable}`` of a built model.
@@ -52,5 +54,7 @@ def transfer_weights(source, target):
             f"weights absent in the target: {missing}; shape mismatches: {mismatched}."
         )
     for path, variable in source_weights.items():
-        target_weights[path].assign(variable)
+        # A copy, not the source's buffer: on jax, training the source later
+        # donates (deletes) its buffers, which the target would still hold.
+        target_weights[path].assign(ops.copy(variable.value))
     return sorted(set(target_weights) - set(source_weights))
