@@ -87,7 +87,8 @@ def run(args):
         "mone_vivit_fe_digits", load_weights=False, capacity=args.capacity,
         class_token_to_full_expert=args.class_token_to_full_expert,
     )
-    dense(train[0][:1]), scratch(train[0][:1])
+    dense(train[0][:1])  # build both before copying weights
+    scratch(train[0][:1])
     # Same starting point: the runs differ by MoNE only, not by the draw of
     # the initial weights (at this size some draws sit on the label-prior
     # plateau for many epochs, dense or MoNE alike).

@@ -186,7 +186,7 @@ class MoNEViTBackbone(ViTBackbone):
             new.gates = None
         order = ops.concatenate(positions, axis=1) if len(positions) > 1 else positions[0]
         new.previous_order = state.order
-        new.order = order if state.order is None else ops.take_along_axis(state.order, order, axis=1)
+        new.order = order if state.order is None else gather_tokens(state.order, order)
         return new
 
     def _routing_scores(self, probs, order):
