@@ -11,6 +11,10 @@ expert at ``--capacity`` (Eq. 3 distribution, Algorithm 1 counts):
 * ``gelu``: the exact GELU over the full 4D hidden width of every token;
 * ``block``: the whole ``MoNEBlock`` call, for comparison with the sum.
 
+It also reports the temporary memory of the compiled forward pass (XLA's
+``memory_analysis``) of one block and of the whole dense and MoNE backbones
+(``--depth`` blocks, 224x224 images, patch 16).
+
 Each part reports milliseconds (median of ``--repeats``), its MACs and its
 achieved GMAC/s; the last column is its share of the MoNE block. The parts
 whose time does not shrink with e_c (LayerNorm, attention core, GELU) are what
@@ -42,6 +46,7 @@ def parse_args(argv):
     parser.add_argument("--hidden-dim", type=int, default=768)
     parser.add_argument("--num-heads", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--depth", type=int, default=12, help="blocks of the backbones whose memory is reported")
     parser.add_argument("--write", action="store_true", help="append the report to BENCHMARKS.md")
     return parser.parse_args(argv)
 
@@ -143,13 +148,34 @@ def profile(args):
     return rows, list(layouts)
 
 
-def markdown(rows, names, args):
+def backbone_memory(args):
+    """MiB of temporaries of the compiled forward pass of the dense and the MoNE backbone."""
+    import jax
+
+    from keras_mone.models import MoNEViTBackbone, ViTBackbone
+
+    config = dict(
+        image_size=224, patch_size=16, hidden_dim=args.hidden_dim, depth=args.depth,
+        num_heads=args.num_heads, mlp_dim=4 * args.hidden_dim,
+    )
+    images = keras.ops.zeros((args.batch_size, 224, 224, 3))
+    memory = {}
+    for name, model in (("dense", ViTBackbone(**config)), ("MoNE", MoNEViTBackbone(**config, capacity=args.capacity))):
+        model.build()
+        state = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
+        forward = jax.jit(lambda trainable, other, x, model=model: model.stateless_call(trainable, other, x)[0])
+        analysis = forward.lower(*state, images).compile().memory_analysis()
+        memory[name] = None if analysis is None else analysis.temp_size_in_bytes / 2**20
+    return memory
+
+
+def markdown(rows, names, args, memory):
     dense, mone = names
     mone_block = rows["block"][mone][0]
     lines = [
         f"One ViT-B/16 block, batch {args.batch_size}, {args.tokens} tokens, backend "
         f"{keras.backend.backend()} (jit); median of {args.repeats}. Command: "
-        f"`KERAS_BACKEND=jax python bench/block_profile.py --capacity {args.capacity:g}`",
+        f"`KERAS_BACKEND=jax python bench/block_profile.py --capacity {args.capacity:g} --depth {args.depth}`",
         "",
         f"| part | dense ms | {mone} ms | dense / MoNE time | dense / MoNE MACs | MoNE GMAC/s | share of MoNE block |",
         "|---|---|---|---|---|---|---|",
@@ -164,6 +190,11 @@ def markdown(rows, names, args):
         lines.append(f"| {part} | {d_ms:.2f} | {m_ms:.2f} | {speed} | {mac_ratio} | {rate} | {share} |")
     if None not in temp.values():
         lines += ["", f"Compiled temporary memory of one block: dense {temp[dense]:.1f} MiB, {mone} {temp[mone]:.1f} MiB."]
+    if None not in memory.values():
+        lines.append(
+            f"Compiled temporary memory of the whole forward pass ({args.depth} blocks, 224x224, batch "
+            f"{args.batch_size}): dense {memory['dense']:.0f} MiB, {mone} {memory['MoNE']:.0f} MiB."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -172,7 +203,7 @@ def main(argv=None):
     if keras.backend.backend() != "jax":
         raise SystemExit("bench/block_profile.py times jax.jit functions: run it with KERAS_BACKEND=jax.")
     rows, names = profile(args)
-    report = markdown(rows, names, args)
+    report = markdown(rows, names, args, backbone_memory(args))
     print(report)
     if args.write:
         with open(BENCHMARKS, "a") as handle:
