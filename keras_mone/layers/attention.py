@@ -95,8 +95,9 @@ def multi_head_attention(qkv):
     * jax: heads-first batched matmuls with the softmax normalisation
       deferred: ``(exp(s - max) v) / sum(exp(s - max))`` divides the
       (N, head_dim) result instead of the (N, N) weights, one pass over the
-      scores fewer; XLA runs it ~1.4x faster than the softmax form and ~2x
-      faster than ``jax.nn.dot_product_attention`` at ViT-B/16 sizes.
+      scores fewer, which XLA runs faster on CPU than the softmax form or
+      ``jax.nn.dot_product_attention`` (``attention_core`` in
+      ``bench/block_profile.py``).
 
     The exponentials and their sum are float32 whatever the compute dtype.
     """

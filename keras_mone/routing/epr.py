@@ -153,9 +153,10 @@ def gather_tokens(x, indices):
     """``x[b, indices[b, i]]`` for ``x`` of shape (batch, tokens, ...).
 
     One ``take`` from the flattened (batch * tokens, ...) array with offset
-    indices: a plain row gather on every backend, 6x faster on tensorflow and
-    ~2x on torch than ``take_along_axis``, which broadcasts the indices to the
-    full feature shape first.
+    indices: a plain row gather on every backend, where ``take_along_axis``
+    first broadcasts the indices to the full feature shape (much slower on
+    tensorflow and torch; the router + EPR share in ``keras-mone bench``
+    shows the difference).
     """
     indices = ops.cast(indices, "int32")
     offsets = ops.expand_dims(ops.arange(ops.shape(x)[0], dtype="int32") * x.shape[1], -1)
