@@ -1,6 +1,5 @@
 """Model analysis tools: analytic FLOP (multiply-accumulate) counts, throughput."""
 
-from keras_mone.analysis import matvit_flops  # noqa: F401  (registers the MatViT counter)
 from keras_mone.analysis.flops import (
     COMPONENTS,
     FlopCount,

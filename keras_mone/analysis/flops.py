@@ -49,6 +49,7 @@ import dataclasses
 import types
 
 from keras_mone.models.image_classifier import ImageClassifier
+from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
@@ -239,6 +240,8 @@ def _vit_backbone_flops(backbone):
 def _block_groups(backbone):
     """``(tokens, width)`` groups of every block, per sequence (image or frame index)."""
     full = [(backbone.num_tokens, backbone.hidden_dim)]
+    if isinstance(backbone, MatViTBackbone):  # every token at the block's nested width
+        return [[(backbone.num_tokens, width)] for width in backbone.layer_widths()]
     if not isinstance(backbone, MoNEViTBackbone):
         return [full] * backbone.depth
     expert_counts, _ = backbone.expert_token_counts()
@@ -262,6 +265,16 @@ def _routing_label(backbone):
         + (f", {dropped} dropped" if dropped else "")
         + f", routers at {list(backbone.router_positions)}"
     )
+
+
+@register_flop_counter(MatViTBackbone)
+def _matvit_backbone_flops(backbone):
+    """All tokens of block ``i`` use width ``d_i`` in the QKV, output and MLP
+    projections; attention runs at ``D`` (as for a MoNE expert)."""
+    counts = _transformer_macs(backbone, _block_groups(backbone))
+    widths = sorted(set(backbone.layer_widths()))
+    shown = widths if len(widths) > 1 else widths[0]
+    return FlopCount(counts, label=f"{type(backbone).__name__}({_size(backbone)}, widths {shown})")
 
 
 @register_flop_counter(MoNEViTBackbone)
@@ -288,7 +301,11 @@ def _vivit_backbone_flops(backbone):
     temporal = backbone.temporal_encoder
     block = vit_block_macs([(temporal.num_tokens, temporal.hidden_dim)], temporal.hidden_dim, temporal.mlp_dim)
     counts["temporal"] = temporal.depth * sum(block.values())
-    routing = f", {_routing_label(backbone)}" if isinstance(backbone, MoNEViTBackbone) else ""
+    routing = ""
+    if isinstance(backbone, MoNEViTBackbone):
+        routing = f", {_routing_label(backbone)}"
+    elif isinstance(backbone, MatViTBackbone):
+        routing = f", spatial widths {sorted(set(backbone.layer_widths()))}"
     label = (
         f"{type(backbone).__name__}({backbone.num_frames}x{_size(backbone)}, tubelet "
         f"{backbone.tubelet_size}, {frames} frame indices x {backbone.num_tokens} tokens, "

@@ -1,4 +1,4 @@
-"""Image classifier with MatViT joint training of all nested widths (MatFormer)."""
+"""Image and video classifiers with MatViT joint training of all nested widths (MatFormer)."""
 
 from keras import ops
 
@@ -39,6 +39,19 @@ class MatViTClassifier(ImageClassifier):
         logits = []
         for fraction in backbone.nested_fractions:
             features = backbone.encode_at(tokens, backbone.layer_widths(fraction), training=training)
+            features = backbone.output_tokens(features, training=training)
             features = self.dropout(self.pool(features), training=training)
             logits.append(ops.cast(self.head(features), "float32"))
         return ops.stack(logits, axis=1)
+
+
+@register
+class MatViViTClassifier(MatViTClassifier):
+    """``MatViTClassifier`` for videos: a ``MatViViTBackbone``, the temporal
+    class token read out by default (``VideoClassifier``'s defaults), and the
+    same joint training of the nested widths (stacked logits in ``fit``)."""
+
+    def __init__(self, backbone, num_classes=400, pooling="token", joint_training=True, **kwargs):
+        super().__init__(
+            backbone, num_classes=num_classes, pooling=pooling, joint_training=joint_training, **kwargs
+        )

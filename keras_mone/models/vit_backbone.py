@@ -110,6 +110,7 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
         tokens, intermediates = self.encode(
             tokens, training=training, return_intermediates=return_intermediates
         )
+        tokens = self.output_tokens(tokens, training=training)
         return (tokens, intermediates) if return_intermediates else tokens
 
     def encode(self, tokens, training=None, return_intermediates=False):
@@ -122,6 +123,12 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
         for block in self.blocks:
             tokens = block(tokens, training=training)
         return self.norm(tokens), {}
+
+    def output_tokens(self, encoded, training=None):
+        """The backbone's output from the encoder's tokens: the tokens themselves
+        for images; sub-classes with a second stage (ViViT's temporal
+        transformer) override it."""
+        return encoded
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_tokens, self.hidden_dim)

@@ -1,4 +1,4 @@
-"""ViViT factorised encoder (Arnab et al. 2021, Model 3), dense and MoNE."""
+"""ViViT factorised encoder (Arnab et al. 2021, Model 3): dense, MoNE and MatViT (nested widths)."""
 
 from keras import ops
 
@@ -8,6 +8,7 @@ from keras_mone.layers.tubelet_embedding import (
     TubeletEmbedding,
     validate_frame_geometry,
 )
+from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
 
@@ -104,22 +105,16 @@ class ViViTBackbone(ViTBackbone):
         super()._build_extra(token_shape)
         self.temporal_encoder.build((None, self.num_frame_indices, self.hidden_dim))
 
-    def call(self, videos, training=None, return_intermediates=False):
-        """Temporal tokens of ``videos``; intermediates are per frame index.
-
-        With ``return_intermediates=True`` also returns the spatial encoder's
-        intermediates (for MoNE: router probabilities and expert indices of
-        shape ``(batch * T/t, N [+1], ...)``, row ``b * T/t + f`` = frame
-        index ``f`` of clip ``b``).
-        """
-        tokens = self.patch_embedding(videos)
-        tokens, intermediates = self.encode(
-            tokens, training=training, return_intermediates=return_intermediates
-        )
-        frames = tokens[:, 0] if self.use_class_token else ops.mean(tokens, axis=1)
+    def output_tokens(self, encoded, training=None):
+        """Temporal tokens from the spatial encoder's tokens ``(batch * T/t, N [+1], D)``:
+        each frame index's class token (or token mean) goes through the
+        temporal transformer. Intermediates of ``call(...,
+        return_intermediates=True)`` stay per frame index (for MoNE: router
+        probabilities and expert indices of shape ``(batch * T/t, N [+1], ...)``,
+        row ``b * T/t + f`` = frame index ``f`` of clip ``b``)."""
+        frames = encoded[:, 0] if self.use_class_token else ops.mean(encoded, axis=1)
         frames = ops.reshape(frames, (-1, self.num_frame_indices, self.hidden_dim))
-        tokens = self.temporal_encoder(frames, training=training)
-        return (tokens, intermediates) if return_intermediates else tokens
+        return self.temporal_encoder(frames, training=training)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_output_tokens, self.hidden_dim)
@@ -139,3 +134,20 @@ class MoNEViViTBackbone(ViViTBackbone, MoNEViTBackbone):
     """
 
     default_name = "mone_vivit_backbone"
+
+
+@register
+class MatViViTBackbone(ViViTBackbone, MatViTBackbone):
+    """MatViT-ViViT-FE: the spatial transformer at a settable nested width (MatFormer).
+
+    The MoNE paper starts its video models from "a baseline model with nested
+    structure" trained jointly on all widths (Sec. 4.4 and 5): this backbone,
+    trained with ``MatViViTClassifier`` (losses of ``D/8 .. D`` summed), is
+    that baseline, and its weights load into ``MoNEViViTBackbone`` unchanged
+    (``keras_mone.models.transfer_weights``). ``set_width`` nests the spatial
+    blocks; the temporal transformer stays at full width, as in MoNE-ViViT.
+    At ``width_fraction=1`` it equals ``ViViTBackbone`` with the same weights.
+    Arguments are those of ``ViViTBackbone`` and ``MatViTBackbone``.
+    """
+
+    default_name = "matvivit_backbone"

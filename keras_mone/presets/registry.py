@@ -10,11 +10,12 @@ import tomllib
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
+from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
+from keras_mone.models.vivit_backbone import MatViViTBackbone, MoNEViViTBackbone, ViViTBackbone
 
 ARCHITECTURES = {
     "vit": ViTBackbone,
@@ -22,10 +23,16 @@ ARCHITECTURES = {
     "matvit": MatViTBackbone,
     "vivit": ViViTBackbone,
     "mone_vivit": MoNEViViTBackbone,
+    "matvivit": MatViViTBackbone,
 }
 """Backbone class of each ``architecture`` name used in the zoo files."""
 
-TASKS = {"vivit": VideoClassifier, "mone_vivit": VideoClassifier}
+TASKS = {
+    "matvit": MatViTClassifier,
+    "vivit": VideoClassifier,
+    "mone_vivit": VideoClassifier,
+    "matvivit": MatViViTClassifier,
+}
 """Task class of an architecture when it is not ``ImageClassifier``."""
 
 _META_KEYS = ("description", "architecture", "variant", "weights")

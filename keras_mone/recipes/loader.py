@@ -21,7 +21,7 @@ import numpy as np
 
 from keras_mone.data import pipeline, video_pipeline
 from keras_mone.recipes import schema
-from keras_mone.recipes.model import build_classifier, init_from_image_model
+from keras_mone.recipes.model import build_classifier, init_from_saved_model
 from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.adaptive_capacity import AdaptiveCapacity
 from keras_mone.training.distribution import distribution_scope, num_replicas
@@ -213,7 +213,7 @@ def load(name_or_path, resume=True, **overrides):
         model = build_classifier(recipe, num_classes)
         if recipe["init_from"]:
             try:
-                init_from_image_model(model, os.path.expanduser(recipe["init_from"]))
+                init_from_saved_model(model, os.path.expanduser(recipe["init_from"]))
             except ValueError as error:
                 raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
         epochs = recipe["epochs"]

@@ -7,22 +7,23 @@ import keras
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
-from keras_mone.models.matvit_classifier import MatViTClassifier
+from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
+from keras_mone.models.vivit_backbone import MatViViTBackbone, MoNEViViTBackbone, ViViTBackbone
+from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
 from keras_mone.recipes.schema import VIDEO_ARCHITECTURES
 
 BACKBONES = {
     "vit": ViTBackbone, "mone_vit": MoNEViTBackbone, "matvit": MatViTBackbone,
-    "vivit": ViViTBackbone, "mone_vivit": MoNEViViTBackbone,
+    "vivit": ViViTBackbone, "mone_vivit": MoNEViViTBackbone, "matvivit": MatViViTBackbone,
 }
 TASKS = {
     "vit": ImageClassifier, "mone_vit": ImageClassifier, "matvit": MatViTClassifier,
-    "vivit": VideoClassifier, "mone_vivit": VideoClassifier,
+    "vivit": VideoClassifier, "mone_vivit": VideoClassifier, "matvivit": MatViViTClassifier,
 }
 #: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
 VIDEO_KEYS = ("num_frames", "tubelet_size")
@@ -66,7 +67,7 @@ def build_classifier(recipe, num_classes):
         config.update(
             capacity=recipe["capacity"], router_type=recipe["router_type"], router_seed=recipe["seed"]
         )
-    if architecture == "matvit":
+    if architecture in ("matvit", "matvivit"):
         config.update(width_fraction=recipe["width_fraction"], joint_training=recipe["mode"] == "joint")
     config.update(recipe["model_args"])
     if recipe["pooling"] == "token":
@@ -78,20 +79,33 @@ def build_classifier(recipe, num_classes):
     return model
 
 
-def init_from_image_model(model, path):
-    """Loads the image model saved at ``path`` (``.keras``: an ``ImageClassifier``
-    or a ViT / MoNE-ViT backbone) into the spatial part of ``model``'s video
-    backbone (``load_image_weights``). Raises ``ValueError`` if the file is
-    missing or does not fit; returns the paths left at their initialisation."""
+def init_from_saved_model(model, path):
+    """Initialises ``model`` (a video classifier) from the model saved at ``path``.
+
+    An image model (``.keras``: ``ImageClassifier`` or ViT / MoNE-ViT / MatViT
+    backbone) fills the spatial transformer (``load_image_weights``, central-frame
+    inflation). A video model (any ViViT, e.g. the MatViT-ViViT baseline the MoNE
+    paper starts its video models from, Sec. 4.4) is copied weight by weight
+    (``transfer_weights``), its head too when the class counts agree. Raises
+    ``ValueError`` if the file is missing or does not fit; returns the paths of
+    ``model`` left at their initialisation.
+    """
     if not os.path.isfile(path):
-        raise ValueError(f"image model file {path!r} does not exist.")
+        raise ValueError(f"model file {path!r} does not exist.")
     try:
-        image = keras.saving.load_model(path, compile=False)
+        saved = keras.saving.load_model(path, compile=False)
     except Exception as error:  # any unreadable / foreign file
-        raise ValueError(f"cannot read image model {path!r}: {error}") from error
-    backbone = getattr(image, "backbone", image)
-    if not isinstance(backbone, ViTBackbone) or isinstance(backbone, ViViTBackbone):
+        raise ValueError(f"cannot read model {path!r}: {error}") from error
+    backbone = getattr(saved, "backbone", saved)
+    if isinstance(backbone, ViViTBackbone):
+        same_head = saved is not backbone and tuple(saved.head.kernel.shape) == tuple(model.head.kernel.shape)
+        if same_head:
+            return transfer_weights(saved, model)
+        left = transfer_weights(backbone, model.backbone)
+        return sorted(left + [p for p in relative_weight_paths(model) if not p.startswith("backbone/")])
+    if not isinstance(backbone, ViTBackbone):
         raise ValueError(
-            f"{path!r} holds a {type(backbone).__name__}; a ViT or MoNE-ViT image model is needed."
+            f"{path!r} holds a {type(backbone).__name__}; a ViT / MoNE-ViT image model or a "
+            "ViViT video model is needed."
         )
     return load_image_weights(model.backbone, backbone)

@@ -16,7 +16,7 @@ from keras_mone.training.distribution import DISTRIBUTIONS
 from keras_mone.training.modes import ARCHITECTURE_MODES, MODES
 
 ARCHITECTURES = tuple(ARCHITECTURE_MODES)
-VIDEO_ARCHITECTURES = ("vivit", "mone_vivit")
+VIDEO_ARCHITECTURES = ("vivit", "mone_vivit", "matvivit")
 IMAGE_DATASETS = ("tfds", "image_folder", "cluttered_digits")
 VIDEO_DATASETS = ("video_folder", "moving_digits")
 DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
@@ -57,8 +57,8 @@ KEYS = {
     "head_bias_init": _k(0.0, float, "initial head bias (AugReg: -10 i21k, -6.9 i1k)"),
     "dropout_rate": _k(0.0, float, "dropout in attention and MLP", low=0.0, high=0.99),
     "drop_path_rate": _k(0.0, float, "stochastic depth at the last block", low=0.0, high=0.99),
-    "init_from": _k("", str, "video: a saved image model (.keras, ViT / MoNE-ViT) loaded into the spatial transformer; '' = none"),
-    # video (architecture vivit / mone_vivit)
+    "init_from": _k("", str, "video: a saved model (.keras): an image model (ViT / MoNE-ViT / MatViT) loaded into the spatial transformer, or a video model (e.g. a MatViT-ViViT) copied as a whole; '' = none"),
+    # video (architecture vivit / mone_vivit / matvivit)
     "num_frames": _k(32, int, "video: frames per clip, fed to the model and sampled by the pipeline", low=1),
     "tubelet_size": _k(2, int, "video: frames per tubelet; must divide num_frames", low=1),
     "frame_stride": _k(1, int, "video: sample every frame_stride-th frame of a clip", low=1),
@@ -96,7 +96,7 @@ KEYS = {
     "loss": _k("sigmoid", str, "sigmoid (AugReg) or softmax cross-entropy", LOSSES),
     "label_smoothing": _k(0.0, float, "label smoothing of the softmax loss", low=0.0, high=0.99),
     # MoNE / MatViT training modes (MoNE Sec. 5)
-    "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops/adaptive_isoflops; matvit: fixed/joint)", MODES),
+    "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops/adaptive_isoflops; matvit, matvivit: fixed/joint)", MODES),
     "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive' or 'adaptive_isoflops')"),
     # infrastructure
     "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
@@ -211,4 +211,4 @@ def _check_video_keys(recipe, fail):
     if recipe["dataset"] == "video_folder" and not recipe["data_dir"]:
         fail("dataset='video_folder' needs key 'data_dir' (the folder holding <split>/<class>/<clip>/ frames).")
     if recipe["init_from"] and not os.path.isfile(os.path.expanduser(recipe["init_from"])):
-        fail(f"key 'init_from': image model file {recipe['init_from']!r} does not exist.")
+        fail(f"key 'init_from': model file {recipe['init_from']!r} does not exist.")

@@ -26,6 +26,7 @@ ARCHITECTURE_MODES = {
     "matvit": ("fixed", "joint"),
     "vivit": ("fixed",),
     "mone_vivit": ("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
+    "matvivit": ("fixed", "joint"),
 }
 """Modes each backbone architecture supports ("fixed" for MatViT trains one width)."""
 
