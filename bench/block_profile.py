@@ -1,7 +1,9 @@
-"""Where one transformer block's time goes: dense ViT vs MoNE at a capacity (jax).
+"""Where one transformer block's time goes: dense ViT vs MoNE at a capacity.
 
-Times each part of one ViT-B/16 block (batch 8, 197 tokens) under ``jax.jit``,
-for the dense block and for a MoNE block whose tokens are already grouped by
+Times each part of one ViT-B/16 block (batch 8, 197 tokens) the way the
+models run on the backend of ``KERAS_BACKEND`` (jax: ``jax.jit``; tensorflow:
+``tf.function``, no XLA, as Keras' ``jit_compile="auto"`` on a CPU; torch:
+eager under ``no_grad``), for the dense block and for a MoNE block whose tokens are already grouped by
 expert at ``--capacity`` (Eq. 3 distribution, Algorithm 1 counts):
 
 * ``layer_norms``: LN1 + LN2 at full width D over every token;
@@ -11,9 +13,9 @@ expert at ``--capacity`` (Eq. 3 distribution, Algorithm 1 counts):
 * ``gelu``: the exact GELU over the full 4D hidden width of every token;
 * ``block``: the whole ``MoNEBlock`` call, for comparison with the sum.
 
-It also reports the temporary memory of the compiled forward pass (XLA's
-``memory_analysis``) of one block and of the whole dense and MoNE backbones
-(``--depth`` blocks, 224x224 images, patch 16).
+On jax it also reports the temporary memory of the compiled forward pass
+(XLA's ``memory_analysis``) of one block and of the whole dense and MoNE
+backbones (``--depth`` blocks, 224x224 images, patch 16).
 
 Each part reports milliseconds (median of ``--repeats``), its MACs and its
 achieved GMAC/s; the last column is its share of the MoNE block. The parts
@@ -21,6 +23,7 @@ whose time does not shrink with e_c (LayerNorm, attention core, GELU) are what
 keeps the measured speed-up below the FLOP ratio.
 
     KERAS_BACKEND=jax python bench/block_profile.py [--capacity 0.3] [--write]
+    KERAS_BACKEND=torch python bench/block_profile.py    # or tensorflow
 """
 
 import argparse
@@ -51,9 +54,47 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+RUNNERS = {"jax": "jit", "tensorflow": "tf.function", "torch": "eager"}
+
+
 def timed(block, fn, inputs, repeats):
-    """Median milliseconds of ``jax.jit(fn)(*inputs)``; the block's weights are
-    arguments of the compiled function (as in a Keras model), not constants."""
+    """Median milliseconds of ``fn(*inputs)`` as the backend runs models, and
+    the MiB of temporaries of the compiled function (jax only, else ``None``)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        run, temp = _compiled_jax(block, fn, inputs)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        run, temp = tf.function(lambda: fn(*inputs)), None
+    else:
+        import torch
+
+        def run():
+            with torch.no_grad():
+                return fn(*inputs)
+
+        temp = None
+    _wait(run())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _wait(run())
+        samples.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(samples), temp
+
+
+def _wait(outputs):
+    """Blocks until ``outputs`` exist (jax dispatches asynchronously)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.block_until_ready(outputs)
+
+
+def _compiled_jax(block, fn, inputs):
+    """``jax.jit(fn)`` with the block's weights as arguments of the compiled
+    function (as in a Keras model), not constants; and its temporary MiB."""
     import jax
 
     variables = block.weights
@@ -62,18 +103,11 @@ def timed(block, fn, inputs, repeats):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
             return fn(*args)
 
-    compiled = jax.jit(stateless)
     values = [v.value for v in variables]
-    compiled = compiled.lower(values, *inputs).compile()
-    jax.block_until_ready(compiled(values, *inputs))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(values, *inputs))
-        samples.append(time.perf_counter() - start)
+    compiled = jax.jit(stateless).lower(values, *inputs).compile()
     memory = compiled.memory_analysis()
     temp = None if memory is None else memory.temp_size_in_bytes / 2**20
-    return 1e3 * statistics.median(samples), temp
+    return (lambda: compiled(values, *inputs)), temp
 
 
 def block_parts(block, groups, widths, gates, seed=0):
@@ -108,7 +142,8 @@ def block_parts(block, groups, widths, gates, seed=0):
             hidden_groups, per_group(lambda w: block.mlp_dim * w),
         ),
         # The nested slices of the four kernels (W[:d] of qkv and fc1, W[:, :d] of
-        # the out-projections): XLA copies them out of the weights on every call.
+        # the out-projections): XLA copies them out of the weights on every call
+        # (torch and tensorflow slice lazily or pass strides to the matmul).
         "weight_slices": (
             lambda *gs: [
                 layer.kernel[:w] if nested_in else layer.kernel[:, :w]
@@ -149,7 +184,10 @@ def profile(args):
 
 
 def backbone_memory(args):
-    """MiB of temporaries of the compiled forward pass of the dense and the MoNE backbone."""
+    """MiB of temporaries of the compiled forward pass of the dense and the MoNE
+    backbone (jax; ``None`` on the other backends)."""
+    if keras.backend.backend() != "jax":
+        return {"dense": None, "MoNE": None}
     import jax
 
     from keras_mone.models import MoNEViTBackbone, ViTBackbone
@@ -172,10 +210,11 @@ def backbone_memory(args):
 def markdown(rows, names, args, memory):
     dense, mone = names
     mone_block = rows["block"][mone][0]
+    backend = keras.backend.backend()
     lines = [
         f"One ViT-B/16 block, batch {args.batch_size}, {args.tokens} tokens, backend "
-        f"{keras.backend.backend()} (jit); median of {args.repeats}. Command: "
-        f"`KERAS_BACKEND=jax python bench/block_profile.py --capacity {args.capacity:g} --depth {args.depth}`",
+        f"{backend} ({RUNNERS[backend]}); median of {args.repeats}. Command: "
+        f"`KERAS_BACKEND={backend} python bench/block_profile.py --capacity {args.capacity:g} --depth {args.depth}`",
         "",
         f"| part | dense ms | {mone} ms | dense / MoNE time | dense / MoNE MACs | MoNE GMAC/s | share of MoNE block |",
         "|---|---|---|---|---|---|---|",
@@ -200,14 +239,12 @@ def markdown(rows, names, args, memory):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if keras.backend.backend() != "jax":
-        raise SystemExit("bench/block_profile.py times jax.jit functions: run it with KERAS_BACKEND=jax.")
     rows, names = profile(args)
     report = markdown(rows, names, args, backbone_memory(args))
     print(report)
     if args.write:
         with open(BENCHMARKS, "a") as handle:
-            handle.write("\n### Block profile (issue 3)\n\n" + report)
+            handle.write(f"\n### Block profile (issue 3, {keras.backend.backend()})\n\n" + report)
 
 
 if __name__ == "__main__":
