@@ -17,7 +17,8 @@ On jax it also reports the temporary memory of the compiled forward pass
 (XLA's ``memory_analysis``) of one block and of the whole dense and MoNE
 backbones (``--depth`` blocks, 224x224 images, patch 16).
 
-Each part reports milliseconds (median of ``--repeats``), its MACs and its
+Each part reports milliseconds (median of ``--repeats``, the dense and the
+MoNE version timed alternately, call by call), its MACs and its
 achieved GMAC/s; the last column is its share of the MoNE block. The parts
 whose time does not shrink with e_c (LayerNorm, attention core, GELU) are what
 keeps the measured speed-up below the FLOP ratio.
@@ -57,31 +58,39 @@ def parse_args(argv):
 RUNNERS = {"jax": "jit", "tensorflow": "tf.function", "torch": "eager"}
 
 
-def timed(block, fn, inputs, repeats):
-    """Median milliseconds of ``fn(*inputs)`` as the backend runs models, and
-    the MiB of temporaries of the compiled function (jax only, else ``None``)."""
+def prepared(block, fn, inputs):
+    """``(run, temp)``: a no-argument callable running ``fn(*inputs)`` as the
+    backend runs models, and the MiB of temporaries of the compiled function
+    (jax only, else ``None``)."""
     backend = keras.backend.backend()
     if backend == "jax":
-        run, temp = _compiled_jax(block, fn, inputs)
-    elif backend == "tensorflow":
+        return _compiled_jax(block, fn, inputs)
+    if backend == "tensorflow":
         import tensorflow as tf
 
-        run, temp = tf.function(lambda: fn(*inputs)), None
-    else:
-        import torch
+        return tf.function(lambda: fn(*inputs)), None
+    import torch
 
-        def run():
-            with torch.no_grad():
-                return fn(*inputs)
+    def run():
+        with torch.no_grad():
+            return fn(*inputs)
 
-        temp = None
-    _wait(run())
-    samples = []
+    return run, None
+
+
+def interleaved_medians(runs, repeats):
+    """Median milliseconds of each callable of ``runs`` (label -> callable),
+    timed round-robin (one call of each per round), so that a change of the
+    machine's load during the measurement hits all of them alike."""
+    for run in runs.values():
+        _wait(run())  # compile / warm up
+    samples = {label: [] for label in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        _wait(run())
-        samples.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(samples), temp
+        for label, run in runs.items():
+            start = time.perf_counter()
+            _wait(run())
+            samples[label].append(time.perf_counter() - start)
+    return {label: 1e3 * statistics.median(times) for label, times in samples.items()}
 
 
 def _wait(outputs):
@@ -169,17 +178,23 @@ def profile(args):
             [c for c in counts if c], [w for c, w in zip(counts, widths_all) if c]
         ),
     }
-    rows = {}
+    parts = {}
     for name, (sizes, widths) in layouts.items():
         rng = keras.random.SeedGenerator(0)
         groups = [keras.random.normal((args.batch_size, k, hidden), seed=rng) for k in sizes]
         gates = [keras.ops.full((args.batch_size, k), 0.5) for k in sizes]
-        for part, (fn, inputs, macs) in block_parts(block, groups, widths, gates).items():
-            ms, temp = timed(block, fn, inputs, args.repeats)
-            rows.setdefault(part, {})[name] = (ms, macs)
+        parts[name] = block_parts(block, groups, widths, gates)
+        print(f"{name}: tokens per expert {sizes} at widths {widths}")
+    rows = {}
+    for part in parts[next(iter(layouts))]:
+        runs, macs = {}, {}
+        for name in layouts:
+            fn, inputs, macs[name] = parts[name][part]
+            runs[name], temp = prepared(block, fn, inputs)
             if part == "block":
                 rows.setdefault("_temp_mib", {})[name] = temp
-        print(f"{name}: tokens per expert {sizes} at widths {widths}")
+        for name, ms in interleaved_medians(runs, args.repeats).items():
+            rows.setdefault(part, {})[name] = (ms, macs[name])
     return rows, list(layouts)
 
 
@@ -213,7 +228,8 @@ def markdown(rows, names, args, memory):
     backend = keras.backend.backend()
     lines = [
         f"One ViT-B/16 block, batch {args.batch_size}, {args.tokens} tokens, backend "
-        f"{backend} ({RUNNERS[backend]}); median of {args.repeats}. Command: "
+        f"{backend} ({RUNNERS[backend]}); median of {args.repeats}, dense and MoNE timed "
+        "alternately. Command: "
         f"`KERAS_BACKEND={backend} python bench/block_profile.py --capacity {args.capacity:g} --depth {args.depth}`",
         "",
         f"| part | dense ms | {mone} ms | dense / MoNE time | dense / MoNE MACs | MoNE GMAC/s | share of MoNE block |",

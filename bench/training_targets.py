@@ -7,6 +7,12 @@
    fixed e_c for the recipe's epochs, evaluated at e_c 0.2, 0.3, 0.5 and 0.75.
 
     KERAS_BACKEND=jax nice -n 10 python bench/training_targets.py [--epochs N] [--output runs/training_targets]
+    KERAS_BACKEND=jax python bench/training_targets.py --only-adaptive --seeds 0,1
+
+``--only-adaptive`` runs comparison 3 alone, once per recipe seed of
+``--seeds`` (training noise at this scale is several points), and writes the
+section "Adaptive vs fixed capacity over seeds (issue 5)" with every seed's
+accuracies and their mean.
 
 Every model uses the recipes cluttered_digits_{vit,mone,mone_adaptive}
 (the quickstart's sizes and schedule). Writes results.json to --output and the
@@ -26,6 +32,7 @@ from keras_mone.analysis import flops
 
 CAPACITIES = (0.2, 0.3, 0.5, 0.75)
 SECTION = "## Training targets (issue 5)"
+SEEDS_SECTION = "## Adaptive vs fixed capacity over seeds (issue 5)"
 
 
 def train(name, output, epochs, **overrides):
@@ -70,6 +77,48 @@ def run(epochs, output):
     return results
 
 
+def run_adaptive_over_seeds(epochs, output, seeds):
+    """Comparison 3 for every recipe seed: ``{seed: {capacity: (adaptive, fixed)}}``."""
+    results = {"backend": keras.backend.backend(), "epochs": epochs, "seeds": {}}
+    for seed in seeds:
+        directory = os.path.join(output, f"seed_{seed}")
+        adaptive = train("cluttered_digits_mone_adaptive", os.path.join(directory, "adaptive"), epochs, seed=seed)
+        results["adaptive_epochs"] = adaptive.epochs
+        rows = {}
+        for capacity in CAPACITIES:
+            fixed = train(
+                "cluttered_digits_mone", os.path.join(directory, f"mone_{capacity}"), epochs,
+                capacity=capacity, seed=seed,
+            )
+            rows[str(capacity)] = dict(
+                adaptive=accuracy_at(adaptive, capacity)["accuracy"], fixed=accuracy_at(fixed, capacity)["accuracy"]
+            )
+        results["seeds"][str(seed)] = rows
+    return results
+
+
+def seeds_markdown(results, command):
+    seeds = list(results["seeds"])
+    lines = [
+        SEEDS_SECTION, "",
+        f"Command: `{command}` (backend {results['backend']}; per seed one adaptive model, mode "
+        f"adaptive_isoflops, {results['adaptive_epochs']} epochs, and one model trained at each e_c for "
+        f"{results['epochs']} epochs; recipe `seed` sets the initial weights, the rendered images, the data order and the "
+        "routers' draws).", "",
+        "| e_c | " + " | ".join(f"adaptive / fixed, seed {s}" for s in seeds) + " | mean adaptive | mean fixed | mean difference |",
+        "| --- |" + " --- |" * (len(seeds) + 3),
+    ]
+    for capacity in CAPACITIES:
+        pairs = [results["seeds"][s][str(capacity)] for s in seeds]
+        mean_a = sum(p["adaptive"] for p in pairs) / len(pairs)
+        mean_f = sum(p["fixed"] for p in pairs) / len(pairs)
+        cells = " | ".join(f"{100 * p['adaptive']:.1f}% / {100 * p['fixed']:.1f}%" for p in pairs)
+        lines.append(
+            f"| {capacity} | {cells} | {100 * mean_a:.1f}% | {100 * mean_f:.1f}% | {100 * (mean_a - mean_f):+.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(results, command):
     d, m = results["dense"], results["mone_0.5"]
     lines = [
@@ -96,11 +145,11 @@ def markdown(results, command):
     return "\n".join(lines) + "\n"
 
 
-def write_section(text, path="BENCHMARKS.md"):
+def write_section(text, path="BENCHMARKS.md", section=SECTION):
     old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    start = old.find(SECTION)
+    start = old.find(section)
     if start >= 0:
-        end = old.find("\n## ", start + len(SECTION))
+        end = old.find("\n## ", start + len(section))
         old = old[:start].rstrip("\n") + ("\n\n" + old[end + 1:] if end >= 0 else "\n")
     with open(path, "w") as f:
         f.write(old.rstrip("\n") + "\n\n" + text)
@@ -111,7 +160,23 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=12, help="epochs per model (recipe: 12)")
     parser.add_argument("--output", default="runs/training_targets")
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    parser.add_argument("--only-adaptive", action="store_true", help="run comparison 3 alone, per seed")
+    parser.add_argument("--seeds", default="0", help="recipe seeds of --only-adaptive, e.g. 0,1")
     args = parser.parse_args(argv)
+    if args.only_adaptive:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        results = run_adaptive_over_seeds(args.epochs, args.output, seeds)
+        os.makedirs(args.output, exist_ok=True)
+        with open(os.path.join(args.output, "adaptive_seeds.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        command = (
+            f"KERAS_BACKEND={keras.backend.backend()} python bench/training_targets.py --epochs {args.epochs} "
+            f"--only-adaptive --seeds {args.seeds}"
+        )
+        text = seeds_markdown(results, command)
+        write_section(text, args.benchmarks, SEEDS_SECTION)
+        print(text)
+        return 0
     results = run(args.epochs, args.output)
     os.makedirs(args.output, exist_ok=True)
     with open(os.path.join(args.output, "results.json"), "w") as f:

@@ -65,7 +65,9 @@ def get_preset(name):
 
 
 def from_preset(name, /, load_weights=True, **overrides):
-    """Builds the classifier of preset ``name`` (``ImageClassifier`` or ``VideoClassifier``).
+    """Builds the classifier of preset ``name``: ``ImageClassifier`` or
+    ``VideoClassifier``; ``MatViTClassifier`` / ``MatViViTClassifier`` for the
+    nested-width presets (``set_width`` picks the width).
 
     Args:
         name: a name from ``list_presets()``.
