@@ -42,6 +42,11 @@ TINY = dict(image_size=32, patch_size=8, hidden_dim=32, depth=2, num_heads=4, ml
 BATCH = 2
 NUM_TOKENS = (TINY["image_size"] // TINY["patch_size"]) ** 2
 
+# The tiny video geometry (tests of ViViT, MoNE-ViViT and MatViT-ViViT): 4 frames
+# of 16x16, tubelet 2x8x8 -> 2 frame indices of 4 tokens (+ class token).
+TINY_SPATIAL = dict(image_size=16, patch_size=8, hidden_dim=32, depth=2, num_heads=4, mlp_dim=64)
+TINY_VIDEO = dict(TINY_SPATIAL, num_frames=4, tubelet_size=2, temporal_depth=1)
+
 # float32 against the float64 numpy reference. Each value carries round-off
 # of a few ulps per layer: dot products of <= 96 terms, softmax, LayerNorm
 # (which divides by the feature std). Measured on jax, tensorflow and torch, the
@@ -88,6 +93,11 @@ def rng():
 
 def images(batch=BATCH, seed=0, size=TINY["image_size"], channels=3):
     return np.random.default_rng(seed).standard_normal((batch, size, size, channels)).astype("float32")
+
+
+def videos(batch=BATCH, seed=0, frames=4, size=16, channels=3):
+    """Random clips ``(batch, frames, size, size, channels)`` (TINY_VIDEO's geometry by default)."""
+    return np.random.default_rng(seed).standard_normal((batch, frames, size, size, channels)).astype("float32")
 
 
 def to_numpy(x):

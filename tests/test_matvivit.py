@@ -4,7 +4,15 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import assert_f32_close, randomize_weights, relative_weights, to_numpy
+from conftest import (
+    TINY_SPATIAL as SPATIAL,
+    TINY_VIDEO as VIDEO,
+    assert_f32_close,
+    randomize_weights,
+    relative_weights,
+    to_numpy,
+    videos,
+)
 from keras_mone import flops, presets, recipes
 from keras_mone.models import (
     MatViViTBackbone,
@@ -17,14 +25,6 @@ from keras_mone.models import (
 from keras_mone.models.weight_transfer import relative_weight_paths
 from keras_mone.training import SumOverWidths
 from numpy_reference import vivit_forward
-
-# 4 frames of 16x16, tubelet 2x8x8: 2 frame indices of 4 tokens (as tests/test_vivit.py).
-SPATIAL = dict(image_size=16, patch_size=8, hidden_dim=32, depth=2, num_heads=4, mlp_dim=64)
-VIDEO = dict(SPATIAL, num_frames=4, tubelet_size=2, temporal_depth=1)
-
-
-def videos(batch=2, seed=0):
-    return np.random.default_rng(seed).standard_normal((batch, 4, 16, 16, 3)).astype("float32")
 
 
 def built(model, seed):

@@ -6,6 +6,9 @@ import pytest
 
 import keras_mone
 from conftest import (
+    BATCH,
+    TINY_SPATIAL as SPATIAL,
+    TINY_VIDEO as VIDEO,
     assert_f32_close,
     max_abs_diff,
     per_example_counts,
@@ -13,6 +16,7 @@ from conftest import (
     relative_weights,
     run_serialization_roundtrip,
     to_numpy,
+    videos,
 )
 from keras_mone import presets
 from keras_mone.analysis import vit_block_macs
@@ -29,15 +33,6 @@ from keras_mone.models import (
     vivit_from_image_backbone,
 )
 from numpy_reference import vivit_forward
-
-# 4 frames of 16x16, tubelet 2x8x8: 2 frame indices of 4 tokens (+ class token).
-SPATIAL = dict(image_size=16, patch_size=8, hidden_dim=32, depth=2, num_heads=4, mlp_dim=64)
-VIDEO = dict(SPATIAL, num_frames=4, tubelet_size=2, temporal_depth=1)
-BATCH = 2
-
-
-def videos(batch=BATCH, seed=0, frames=4, size=16, channels=3):
-    return np.random.default_rng(seed).standard_normal((batch, frames, size, size, channels)).astype("float32")
 
 
 def built(model):

@@ -272,9 +272,13 @@ def _matvit_backbone_flops(backbone):
     """All tokens of block ``i`` use width ``d_i`` in the QKV, output and MLP
     projections; attention runs at ``D`` (as for a MoNE expert)."""
     counts = _transformer_macs(backbone, _block_groups(backbone))
+    return FlopCount(counts, label=f"{type(backbone).__name__}({_size(backbone)}, {_widths_label(backbone)})")
+
+
+def _widths_label(backbone):
+    """``widths 96`` or, for Mix'n'Match, ``widths [96, 768]`` of a MatViT backbone."""
     widths = sorted(set(backbone.layer_widths()))
-    shown = widths if len(widths) > 1 else widths[0]
-    return FlopCount(counts, label=f"{type(backbone).__name__}({_size(backbone)}, widths {shown})")
+    return f"widths {widths if len(widths) > 1 else widths[0]}"
 
 
 @register_flop_counter(MoNEViTBackbone)
@@ -305,7 +309,7 @@ def _vivit_backbone_flops(backbone):
     if isinstance(backbone, MoNEViTBackbone):
         routing = f", {_routing_label(backbone)}"
     elif isinstance(backbone, MatViTBackbone):
-        routing = f", spatial widths {sorted(set(backbone.layer_widths()))}"
+        routing = f", spatial {_widths_label(backbone)}"
     label = (
         f"{type(backbone).__name__}({backbone.num_frames}x{_size(backbone)}, tubelet "
         f"{backbone.tubelet_size}, {frames} frame indices x {backbone.num_tokens} tokens, "

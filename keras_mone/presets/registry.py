@@ -8,32 +8,8 @@ import importlib.resources
 import tomllib
 
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.image_classifier import ImageClassifier
-from keras_mone.models.matvit_backbone import MatViTBackbone
-from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.architectures import ARCHITECTURES, TASKS
 from keras_mone.models.variants import decode_variant
-from keras_mone.models.video_classifier import VideoClassifier
-from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import MatViViTBackbone, MoNEViViTBackbone, ViViTBackbone
-
-ARCHITECTURES = {
-    "vit": ViTBackbone,
-    "mone_vit": MoNEViTBackbone,
-    "matvit": MatViTBackbone,
-    "vivit": ViViTBackbone,
-    "mone_vivit": MoNEViViTBackbone,
-    "matvivit": MatViViTBackbone,
-}
-"""Backbone class of each ``architecture`` name used in the zoo files."""
-
-TASKS = {
-    "matvit": MatViTClassifier,
-    "vivit": VideoClassifier,
-    "mone_vivit": VideoClassifier,
-    "matvivit": MatViViTClassifier,
-}
-"""Task class of an architecture when it is not ``ImageClassifier``."""
 
 _META_KEYS = ("description", "architecture", "variant", "weights")
 
@@ -85,7 +61,7 @@ def from_preset(name, /, load_weights=True, **overrides):
             "the architecture with random initialisation."
         )
     backbone_cls = ARCHITECTURES[spec["architecture"]]
-    task_cls = TASKS.get(spec["architecture"], ImageClassifier)
+    task_cls = TASKS[spec["architecture"]]
     config = {**decode_variant(spec["variant"])}
     config.update({k: v for k, v in spec.items() if k not in _META_KEYS})
     config.update(overrides)

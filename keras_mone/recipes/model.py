@@ -5,32 +5,20 @@ import os
 import keras
 
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.image_classifier import ImageClassifier
-from keras_mone.models.matvit_backbone import MatViTBackbone
-from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.architectures import ARCHITECTURES, TASKS
 from keras_mone.models.variants import decode_variant
-from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import MatViViTBackbone, MoNEViViTBackbone, ViViTBackbone
+from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
 from keras_mone.recipes.schema import VIDEO_ARCHITECTURES
 
-BACKBONES = {
-    "vit": ViTBackbone, "mone_vit": MoNEViTBackbone, "matvit": MatViTBackbone,
-    "vivit": ViViTBackbone, "mone_vivit": MoNEViViTBackbone, "matvivit": MatViViTBackbone,
-}
-TASKS = {
-    "vit": ImageClassifier, "mone_vit": ImageClassifier, "matvit": MatViTClassifier,
-    "vivit": VideoClassifier, "mone_vivit": VideoClassifier, "matvivit": MatViViTClassifier,
-}
 #: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
 VIDEO_KEYS = ("num_frames", "tubelet_size")
 
 
 def _allowed_args(architecture):
-    backbone = set(config_argument_names(BACKBONES[architecture]))
+    backbone = set(config_argument_names(ARCHITECTURES[architecture]))
     task = set(config_argument_names(TASKS[architecture])) - {"backbone"}
     return backbone, task
 
@@ -73,7 +61,7 @@ def build_classifier(recipe, num_classes):
     if recipe["pooling"] == "token":
         config.setdefault("use_class_token", True)
     backbone_keys, task_keys = _allowed_args(architecture)
-    backbone = BACKBONES[architecture](**{k: v for k, v in config.items() if k in backbone_keys})
+    backbone = ARCHITECTURES[architecture](**{k: v for k, v in config.items() if k in backbone_keys})
     model = TASKS[architecture](backbone, **{k: v for k, v in config.items() if k in task_keys})
     model.build()
     return model
