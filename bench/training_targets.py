@@ -12,7 +12,12 @@
 ``--only-adaptive`` runs comparison 3 alone, once per recipe seed of
 ``--seeds`` (training noise at this scale is several points), and writes the
 section "Adaptive vs fixed capacity over seeds (issue 5)" with every seed's
-accuracies and their mean.
+accuracies and their mean. A seed already run into ``--output`` is reused
+(``--retrain`` overrides), so seeds can run in parallel processes::
+
+    KERAS_BACKEND=jax python bench/training_targets.py --only-adaptive --seeds 0,2 --benchmarks /dev/null &
+    KERAS_BACKEND=jax python bench/training_targets.py --only-adaptive --seeds 1,3 --benchmarks /dev/null &
+    wait; KERAS_BACKEND=jax python bench/training_targets.py --only-adaptive --seeds 0,1,2,3
 
 Every model uses the recipes cluttered_digits_{vit,mone,mone_adaptive}
 (the quickstart's sizes and schedule). Writes results.json to --output and the
@@ -77,13 +82,27 @@ def run(epochs, output):
     return results
 
 
-def run_adaptive_over_seeds(epochs, output, seeds):
-    """Comparison 3 for every recipe seed: ``{seed: {capacity: (adaptive, fixed)}}``."""
+def run_adaptive_over_seeds(epochs, output, seeds, reuse=True):
+    """Comparison 3 for every recipe seed: ``{seed: {capacity: (adaptive, fixed)}}``.
+
+    Each seed's accuracies are saved to ``output/seed_<s>/accuracies.json`` as
+    soon as its five models are evaluated; with ``reuse`` a later call with the
+    same ``epochs`` reads them back instead of retraining, so seeds can run in
+    separate processes (one per core) and one last call writes the joint table.
+    """
     results = {"backend": keras.backend.backend(), "epochs": epochs, "seeds": {}}
     for seed in seeds:
         directory = os.path.join(output, f"seed_{seed}")
+        saved = os.path.join(directory, "accuracies.json")
+        if reuse and os.path.exists(saved):
+            with open(saved) as f:
+                record = json.load(f)
+            if record["epochs"] == epochs and record["backend"] == results["backend"]:
+                print(f"  seed {seed}: reusing {saved}", flush=True)
+                results["adaptive_epochs"] = record["adaptive_epochs"]
+                results["seeds"][str(seed)] = record["rows"]
+                continue
         adaptive = train("cluttered_digits_mone_adaptive", os.path.join(directory, "adaptive"), epochs, seed=seed)
-        results["adaptive_epochs"] = adaptive.epochs
         rows = {}
         for capacity in CAPACITIES:
             fixed = train(
@@ -93,6 +112,11 @@ def run_adaptive_over_seeds(epochs, output, seeds):
             rows[str(capacity)] = dict(
                 adaptive=accuracy_at(adaptive, capacity)["accuracy"], fixed=accuracy_at(fixed, capacity)["accuracy"]
             )
+        record = dict(backend=results["backend"], epochs=epochs, adaptive_epochs=adaptive.epochs, rows=rows)
+        os.makedirs(directory, exist_ok=True)
+        with open(saved, "w") as f:
+            json.dump(record, f, indent=2)
+        results["adaptive_epochs"] = adaptive.epochs
         results["seeds"][str(seed)] = rows
     return results
 
@@ -162,10 +186,14 @@ def main(argv=None):
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
     parser.add_argument("--only-adaptive", action="store_true", help="run comparison 3 alone, per seed")
     parser.add_argument("--seeds", default="0", help="recipe seeds of --only-adaptive, e.g. 0,1")
+    parser.add_argument(
+        "--retrain", action="store_true",
+        help="--only-adaptive: retrain seeds whose accuracies.json exists in --output (default: reuse them)",
+    )
     args = parser.parse_args(argv)
     if args.only_adaptive:
         seeds = [int(s) for s in args.seeds.split(",")]
-        results = run_adaptive_over_seeds(args.epochs, args.output, seeds)
+        results = run_adaptive_over_seeds(args.epochs, args.output, seeds, reuse=not args.retrain)
         os.makedirs(args.output, exist_ok=True)
         with open(os.path.join(args.output, "adaptive_seeds.json"), "w") as f:
             json.dump(results, f, indent=2)

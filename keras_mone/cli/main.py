@@ -5,12 +5,17 @@ import sys
 
 
 def _quickstart(args):
-    from keras_mone.training.quickstart import QuickstartConfig, run_quickstart
+    from keras_mone.recipes import RecipeError, parse_overrides
+    from keras_mone.training.quickstart import run_quickstart
 
-    config = QuickstartConfig()
-    if args.epochs is not None:
-        config.epochs = args.epochs
-    run_quickstart(args.output, config)
+    try:
+        overrides = parse_overrides(args.overrides)
+        if args.epochs is not None:
+            overrides["epochs"] = args.epochs
+        run_quickstart(args.output, overrides)
+    except RecipeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -83,6 +88,10 @@ def build_parser():
     )
     quickstart.add_argument("--output", required=True, help="directory for results and plots")
     quickstart.add_argument("--epochs", type=int, default=None, help="override the epoch count")
+    quickstart.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="recipe keys for both cluttered_digits_vit and cluttered_digits_mone, e.g. seed=1",
+    )
     quickstart.set_defaults(run=_quickstart)
     train = commands.add_parser(
         "train", help="run a training recipe (recipes/*.toml) with key=value overrides; resumes"

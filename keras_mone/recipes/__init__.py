@@ -8,9 +8,14 @@ from keras_mone.recipes.loader import (
     TrainingSetup,
     list_recipes,
     load,
+    make_loss,
+    make_optimizer,
     parse_overrides,
     resolve,
 )
 from keras_mone.recipes.schema import KEYS, RecipeError
 
-__all__ = ["KEYS", "RecipeError", "TrainingSetup", "list_recipes", "load", "parse_overrides", "resolve"]
+__all__ = [
+    "KEYS", "RecipeError", "TrainingSetup", "list_recipes", "load", "make_loss", "make_optimizer",
+    "parse_overrides", "resolve",
+]

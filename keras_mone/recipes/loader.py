@@ -220,17 +220,8 @@ def load(name_or_path, resume=True, **overrides):
         if recipe["mode"] in ISOFLOPS_MODES:
             adaptive = recipe["adaptive_capacities"] if recipe["mode"] in ADAPTIVE_MODES else None
             epochs = isoflops_epochs(epochs, model.backbone, adaptive)
-        total = epochs * steps_per_epoch
-        warmup = (
-            recipe["warmup_steps"] or round(recipe["warmup_epochs"] * steps_per_epoch)
-            or int(recipe["warmup_fraction"] * total)
-        )
-        optimizer = _optimizer(recipe, total, min(warmup, total))
-        loss = SigmoidCrossEntropy() if recipe["loss"] == "sigmoid" else keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=recipe["label_smoothing"]
-        )
-        if recipe["mode"] == "joint":
-            loss = SumOverWidths(loss)
+        optimizer = make_optimizer(recipe, epochs * steps_per_epoch, steps_per_epoch)
+        loss = make_loss(recipe)
         model.compile(optimizer=optimizer, loss=loss, metrics=[FullWidthAccuracy()])
         optimizer.build(model.trainable_variables)
         initial_step = checkpoint_lib.restore(model, _checkpoint_dir(recipe)) if resume else 0
@@ -275,14 +266,32 @@ def load(name_or_path, resume=True, **overrides):
     )
 
 
-def _optimizer(recipe, total, warmup):
+def make_optimizer(recipe, total_steps, steps_per_epoch):
+    """The recipe's optimizer (AdamW or SGD, kernels-only decay, warm-up + cosine
+    over ``total_steps``, global norm clip); the warm-up comes from
+    ``warmup_steps``, else ``warmup_epochs``, else ``warmup_fraction``."""
+    warmup = (
+        recipe["warmup_steps"] or round(recipe["warmup_epochs"] * steps_per_epoch)
+        or int(recipe["warmup_fraction"] * total_steps)
+    )
+    warmup = min(warmup, total_steps)
     common = dict(
         weight_decay=recipe["weight_decay"], clipnorm=recipe["grad_clip"] or None,
         end_learning_rate=recipe["end_learning_rate"],
     )
     if recipe["optimizer"] == "sgd":
-        return sgd_kernels_only(recipe["learning_rate"], total, warmup, momentum=recipe["momentum"], **common)
-    return adamw_kernels_only(recipe["learning_rate"], total, warmup, beta_2=recipe["beta_2"], **common)
+        return sgd_kernels_only(recipe["learning_rate"], total_steps, warmup, momentum=recipe["momentum"], **common)
+    return adamw_kernels_only(recipe["learning_rate"], total_steps, warmup, beta_2=recipe["beta_2"], **common)
+
+
+def make_loss(recipe):
+    """The recipe's loss on one-hot labels: sigmoid or softmax cross-entropy
+    (with ``label_smoothing``), summed over the widths in MatViT joint training."""
+    if recipe["loss"] == "sigmoid":
+        loss = SigmoidCrossEntropy()
+    else:
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=recipe["label_smoothing"])
+    return SumOverWidths(loss) if recipe["mode"] == "joint" else loss
 
 
 def _checkpoint_dir(recipe):

@@ -1,14 +1,17 @@
 """The CPU quickstart: MoNE vs dense ViT on cluttered digits, in a few minutes.
 
-Trains a small dense ViT and a MoNE-ViT of the same size (trained at
-``train_capacity``) on the bundled cluttered-digits data, evaluates MoNE at
-several effective capacities, and writes ``results.json``,
-``accuracy_vs_gmacs.png`` and ``routing.png`` (tokens sent to the full expert,
-as in Fig. 1 and 8 of the MoNE paper).
+Trains the recipes ``cluttered_digits_vit`` (dense ViT) and
+``cluttered_digits_mone`` (MoNE-ViT of the same size at e_c 0.5): the same
+model, initial weights, optimizer, schedule and loss as ``keras-mone train``
+gives them, fed from in-memory arrays instead of the recipe's tf.data pipeline
+(so a jax or torch install is enough). Then evaluates MoNE at several effective
+capacities and writes ``results.json``, ``accuracy_vs_gmacs.png`` and
+``routing.png`` (tokens sent to the full expert, as in Fig. 1 and 8 of the
+MoNE paper).
 """
 
-import dataclasses
 import json
+import math
 import os
 import time
 
@@ -18,112 +21,109 @@ import numpy as np
 from keras_mone.analysis import flops
 from keras_mone.analysis.throughput import images_per_second
 from keras_mone.data import load_cluttered_digits
-from keras_mone.models import ImageClassifier, MoNEViTBackbone, ViTBackbone
-from keras_mone.training.optimizers import adamw_kernels_only
+from keras_mone.data.cluttered_digits import NUM_CLASSES
+from keras_mone.recipes import RecipeError, make_loss, make_optimizer, resolve
+from keras_mone.recipes.model import build_classifier
+from keras_mone.training.losses import FullWidthAccuracy
+
+DENSE_RECIPE = "cluttered_digits_vit"
+MONE_RECIPE = "cluttered_digits_mone"
+EVAL_CAPACITIES = (0.2, 0.3, 0.5, 1.0)
 
 
-@dataclasses.dataclass
-class QuickstartConfig:
-    """Sizes and schedule of the CPU recipe (about 5 minutes on 2 cores with jax)."""
-
-    image_size: int = 32
-    patch_size: int = 4
-    hidden_dim: int = 64
-    depth: int = 4
-    num_heads: int = 4
-    mlp_dim: int = 256
-    train_capacity: float = 0.5
-    eval_capacities: tuple = (0.2, 0.3, 0.5, 1.0)
-    digit_scale: int = 2
-    clutter: int = 2
-    samples_per_digit: int = 4
-    test_samples_per_digit: int = 2
-    epochs: int = 12
-    batch_size: int = 64
-    learning_rate: float = 3e-3
-    weight_decay: float = 0.05
-    warmup_fraction: float = 0.1
-    seed: int = 0
-
-    def backbone_config(self):
-        return dict(
-            image_size=self.image_size, patch_size=self.patch_size, hidden_dim=self.hidden_dim,
-            depth=self.depth, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-        )
-
-
-def load_data(config):
-    """Train / test arrays with images scaled to ``[-1, 1]`` (as in AugReg)."""
+def load_data(recipe):
+    """Train / test arrays of a cluttered-digits recipe: images in ``[-1, 1]``
+    (as the recipe pipeline scales them), one-hot labels, test digit masks."""
     common = dict(
-        image_size=config.image_size, digit_scale=config.digit_scale, clutter=config.clutter,
-        seed=config.seed,
+        image_size=recipe["image_size"], digit_scale=recipe["digit_scale"], clutter=recipe["clutter"],
+        seed=recipe["seed"],
     )
-    x_train, y_train = load_cluttered_digits(
-        samples_per_digit=config.samples_per_digit, split="train", **common
-    )
+    x_train, y_train = load_cluttered_digits(samples_per_digit=recipe["samples_per_digit"], split="train", **common)
     x_test, y_test, masks = load_cluttered_digits(
-        samples_per_digit=config.test_samples_per_digit, split="test", return_masks=True, **common
+        samples_per_digit=recipe["test_samples_per_digit"], split="test", return_masks=True, **common
     )
-    return (x_train * 2 - 1, y_train), (x_test * 2 - 1, y_test, masks)
+    one_hot = np.eye(NUM_CLASSES, dtype="float32")
+    return (x_train * 2 - 1, one_hot[y_train]), (x_test * 2 - 1, one_hot[y_test], masks)
 
 
-def build_classifier(config, capacity=None):
-    """Dense ViT (``capacity=None``) or MoNE-ViT classifier of the quickstart size."""
-    if capacity is None:
-        backbone = ViTBackbone(**config.backbone_config())
-    else:
-        backbone = MoNEViTBackbone(capacity=capacity, **config.backbone_config())
-    model = ImageClassifier(backbone, num_classes=10, pooling="gap")
-    model.build()
+def resolve_recipe(name, overrides):
+    """The validated recipe ``name`` with ``overrides``; only fixed-capacity
+    (or dense) cluttered-digits recipes can run in memory."""
+    recipe, _ = resolve(name, **{**overrides, "model_args": dict(overrides.get("model_args", {}))})
+    if recipe["dataset"] != "cluttered_digits" or recipe["mode"] != "fixed":
+        raise RecipeError(
+            f"recipe {name!r}: the quickstart runs dataset 'cluttered_digits' in mode 'fixed', got "
+            f"dataset {recipe['dataset']!r}, mode {recipe['mode']!r}."
+        )
+    return recipe
+
+
+def build_and_compile(recipe, num_train_examples):
+    """The recipe's classifier, seeded as ``keras_mone.recipes.load`` seeds it, compiled
+    with its optimizer and loss for ``epochs`` passes over ``num_train_examples``."""
+    keras.utils.set_random_seed(recipe["seed"])
+    model = build_classifier(recipe, NUM_CLASSES)
+    steps_per_epoch = math.ceil(num_train_examples / recipe["batch_size"])
+    model.compile(
+        optimizer=make_optimizer(recipe, recipe["epochs"] * steps_per_epoch, steps_per_epoch),
+        loss=make_loss(recipe),
+        metrics=[FullWidthAccuracy()],
+    )
     return model
 
 
-def train(model, train_data, config, verbose="auto"):
-    steps = config.epochs * int(np.ceil(len(train_data[0]) / config.batch_size))
-    model.compile(
-        optimizer=adamw_kernels_only(
-            config.learning_rate, steps, int(config.warmup_fraction * steps),
-            weight_decay=config.weight_decay,
-        ),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
+def train(model, recipe, train_data, verbose="auto"):
     return model.fit(
-        *train_data, batch_size=config.batch_size, epochs=config.epochs, verbose=verbose,
-        shuffle=True,
+        *train_data, batch_size=recipe["batch_size"], epochs=recipe["epochs"], verbose=verbose, shuffle=True,
     )
 
 
 def evaluate(model, test_data, batch_size=256):
     """Accuracy, GMACs per image and measured images per second at the current capacity."""
-    _, accuracy = model.evaluate(*test_data[:2], batch_size=batch_size, verbose=0)
+    metrics = model.evaluate(*test_data[:2], batch_size=batch_size, verbose=0, return_dict=True)
     return dict(
         capacity=model.capacity,
-        accuracy=float(accuracy),
+        accuracy=float(metrics["accuracy"]),
         gmacs=flops(model).total / 1e9,
         images_per_second=images_per_second(model, test_data[0], batch_size=batch_size),
     )
 
 
-def run_quickstart(output_dir, config=None, verbose="auto"):
-    """Runs the quickstart and writes its outputs to ``output_dir``; returns the results."""
-    config = config or QuickstartConfig()
-    os.makedirs(output_dir, exist_ok=True)
-    keras.utils.set_random_seed(config.seed)
-    train_data, test_data = load_data(config)
-    started = time.time()
-    results = {"backend": keras.backend.backend(), "config": dataclasses.asdict(config)}
+def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, verbose="auto"):
+    """Runs the quickstart and writes its outputs to ``output_dir``; returns the results.
 
-    print(f"Training the dense ViT ({config.epochs} epochs, {len(train_data[0])} images)")
-    dense = build_classifier(config)
-    train(dense, train_data, config, verbose)
+    Args:
+        overrides: recipe keys applied to both recipes (``model_args`` as a
+            dict), e.g. ``{"epochs": 3}``; checked before anything trains.
+        eval_capacities: effective capacities MoNE is evaluated at.
+    """
+    overrides = dict(overrides or {})
+    dense_recipe = resolve_recipe(DENSE_RECIPE, overrides)
+    mone_recipe = resolve_recipe(MONE_RECIPE, overrides)
+    for capacity in eval_capacities:
+        if not 0.0 < capacity <= 1.0:
+            raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
+    os.makedirs(output_dir, exist_ok=True)
+    train_data, test_data = load_data(dense_recipe)
+    started = time.time()
+    results = {
+        "backend": keras.backend.backend(),
+        "recipes": {"dense": DENSE_RECIPE, "mone": MONE_RECIPE},
+        "overrides": overrides,
+        "epochs": dense_recipe["epochs"],
+    }
+
+    print(f"Training the dense ViT ({DENSE_RECIPE}: {dense_recipe['epochs']} epochs, {len(train_data[0])} images)")
+    dense = build_and_compile(dense_recipe, len(train_data[0]))
+    train(dense, dense_recipe, train_data, verbose)
     results["dense"] = evaluate(dense, test_data)
 
-    print(f"Training MoNE-ViT at effective capacity {config.train_capacity}")
-    mone = build_classifier(config, capacity=config.train_capacity)
-    train(mone, train_data, config, verbose)
+    print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
+    mone = build_and_compile(mone_recipe, len(train_data[0]))
+    train(mone, mone_recipe, train_data, verbose)
+    results["train_capacity"] = mone_recipe["capacity"]
     results["mone"] = []
-    for capacity in config.eval_capacities:
+    for capacity in eval_capacities:
         mone.set_capacity(capacity)
         results["mone"].append(evaluate(mone, test_data))
     results["seconds"] = time.time() - started
@@ -133,10 +133,8 @@ def run_quickstart(output_dir, config=None, verbose="auto"):
     from keras_mone.training import quickstart_plots
 
     quickstart_plots.plot_accuracy_vs_gmacs(results, os.path.join(output_dir, "accuracy_vs_gmacs.png"))
-    mone.set_capacity(min(config.eval_capacities, key=lambda c: abs(c - 0.3)))
-    quickstart_plots.plot_routing(
-        mone, test_data, config.patch_size, os.path.join(output_dir, "routing.png")
-    )
+    mone.set_capacity(min(eval_capacities, key=lambda c: abs(c - 0.3)))
+    quickstart_plots.plot_routing(mone, test_data, os.path.join(output_dir, "routing.png"))
     print(format_results(results))
     print(f"Wrote results.json, accuracy_vs_gmacs.png and routing.png to {output_dir}")
     return results

@@ -31,7 +31,7 @@ def plot_accuracy_vs_gmacs(results, path):
     plt.close(fig)
 
 
-def plot_routing(model, test_data, patch_size, path, num_images=8):
+def plot_routing(model, test_data, path, num_images=8):
     """Test images with the tokens routed to the full expert highlighted."""
     images = test_data[0][:num_images]
     backbone = model.backbone
@@ -41,6 +41,7 @@ def plot_routing(model, test_data, patch_size, path, num_images=8):
         expert = expert[:, 1:]
     grid = backbone.patch_embedding.grid_size
     full = (expert == backbone.num_experts - 1).reshape(-1, *grid)
+    patch_size = backbone.patch_size
     fig, axes = plt.subplots(2, num_images, figsize=(1.6 * num_images, 3.4))
     for i in range(num_images):
         shown = (images[i] + 1) / 2
