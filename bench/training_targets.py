@@ -95,7 +95,10 @@ def _mean(values):
 def markdown(records, command):
     seeds = list(records)
     models = {s: records[s]["models"] for s in seeds}
-    acc = lambda s, name, c: 100 * models[s][name]["accuracy"][str(c)]  # noqa: E731
+
+    def acc(seed, name, capacity):
+        return 100 * models[seed][name]["accuracy"][str(capacity)]
+
     first = models[seeds[0]]
     dense_gmacs, mone_gmacs = first["dense"]["gmacs"]["1.0"], first["mone_0.5"]["gmacs"]["0.5"]
     seed_cols = " | ".join(f"seed {s}" for s in seeds)

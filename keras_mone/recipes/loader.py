@@ -332,21 +332,25 @@ def _video_sources(recipe):
     return train, test
 
 
+def cluttered_digits_arguments(recipe, split):
+    """Arguments of ``load_cluttered_digits`` (and ``pipeline.cluttered_digits_source``)
+    for ``split`` ("train" or "test") of a cluttered-digits recipe."""
+    samples = recipe["samples_per_digit"] if split == "train" else recipe["test_samples_per_digit"]
+    return dict(
+        split=split, image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
+        clutter=recipe["clutter"], samples_per_digit=samples, seed=recipe["seed"],
+    )
+
+
 def _sources(recipe):
     dataset = recipe["dataset"]
     if dataset in schema.VIDEO_DATASETS:
         return _video_sources(recipe)
     if dataset == "cluttered_digits":
-        common = dict(
-            image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
-            clutter=recipe["clutter"], seed=recipe["seed"],
-        )
-        train = pipeline.cluttered_digits_source("train", samples_per_digit=recipe["samples_per_digit"], **common)
+        train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "train"))
         test = None
         if recipe["eval_split"]:
-            test = pipeline.cluttered_digits_source(
-                "test", samples_per_digit=recipe["test_samples_per_digit"], **common
-            )
+            test = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "test"))
         return train, test
     if dataset == "image_folder":
         train = pipeline.image_folder_source(recipe["data_dir"], recipe["train_split"])

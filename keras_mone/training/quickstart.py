@@ -23,6 +23,7 @@ from keras_mone.analysis.throughput import images_per_second
 from keras_mone.data import load_cluttered_digits
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import RecipeError, make_loss, make_optimizer, resolve
+from keras_mone.recipes.loader import cluttered_digits_arguments
 from keras_mone.recipes.model import build_classifier
 from keras_mone.training.losses import FullWidthAccuracy
 
@@ -33,23 +34,19 @@ EVAL_CAPACITIES = (0.2, 0.3, 0.5, 1.0)
 
 def load_data(recipe):
     """Train / test arrays of a cluttered-digits recipe: images in ``[-1, 1]``
-    (as the recipe pipeline scales them), one-hot labels, test digit masks."""
-    common = dict(
-        image_size=recipe["image_size"], digit_scale=recipe["digit_scale"], clutter=recipe["clutter"],
-        seed=recipe["seed"],
-    )
-    x_train, y_train = load_cluttered_digits(samples_per_digit=recipe["samples_per_digit"], split="train", **common)
-    x_test, y_test, masks = load_cluttered_digits(
-        samples_per_digit=recipe["test_samples_per_digit"], split="test", return_masks=True, **common
-    )
+    (as the recipe pipeline scales them) and one-hot labels."""
     one_hot = np.eye(NUM_CLASSES, dtype="float32")
-    return (x_train * 2 - 1, one_hot[y_train]), (x_test * 2 - 1, one_hot[y_test], masks)
+    arrays = []
+    for split in ("train", "test"):
+        images, labels = load_cluttered_digits(**cluttered_digits_arguments(recipe, split))
+        arrays.append((images * 2 - 1, one_hot[labels]))
+    return tuple(arrays)
 
 
 def resolve_recipe(name, overrides):
     """The validated recipe ``name`` with ``overrides``; only fixed-capacity
     (or dense) cluttered-digits recipes can run in memory."""
-    recipe, _ = resolve(name, **{**overrides, "model_args": dict(overrides.get("model_args", {}))})
+    recipe, _ = resolve(name, **overrides)
     if recipe["dataset"] != "cluttered_digits" or recipe["mode"] != "fixed":
         raise RecipeError(
             f"recipe {name!r}: the quickstart runs dataset 'cluttered_digits' in mode 'fixed', got "
@@ -80,7 +77,7 @@ def train(model, recipe, train_data, verbose="auto"):
 
 def evaluate(model, test_data, batch_size=256):
     """Accuracy, GMACs per image and measured images per second at the current capacity."""
-    metrics = model.evaluate(*test_data[:2], batch_size=batch_size, verbose=0, return_dict=True)
+    metrics = model.evaluate(*test_data, batch_size=batch_size, verbose=0, return_dict=True)
     return dict(
         capacity=model.capacity,
         accuracy=float(metrics["accuracy"]),
