@@ -13,6 +13,7 @@ from keras_mone.data import (
     source_indices,
 )
 from keras_mone.data.cluttered_digits import DIRECTION_STEPS
+from keras_mone.data.digit_stream import ClutteredDigitsStream
 
 # Small clips keep the video tests fast.
 VIDEO = dict(num_frames=4, image_size=32, split="test")
@@ -221,3 +222,63 @@ def test_video_invalid_arguments():
         load_moving_digits(max_speed=5)
     with pytest.raises(ValueError):
         load_moving_digits(target="colour")
+
+
+# ----------------------------------------------------------------------------
+# Fresh renderings every epoch (ClutteredDigitsStream) and aligned positions
+# ----------------------------------------------------------------------------
+
+STREAM = dict(batch_size=64, samples_per_digit=2, image_size=32, digit_scale=2, position_step=4)
+
+
+def test_stream_is_deterministic_per_seed_epoch_and_batch():
+    stream = ClutteredDigitsStream(seed=5, **STREAM)
+    again = ClutteredDigitsStream(seed=5, **STREAM)
+    last = 2 * stream.steps_per_epoch + 3
+    # Any batch on its own equals the same batch reached by iterating (exact resume).
+    from_start = [b for _, b in zip(range(last + 1), stream.iterate(0))]
+    np.testing.assert_array_equal(again.batch(last)[0], from_start[last][0])
+    np.testing.assert_array_equal(again.batch(last)[1], from_start[last][1])
+    resumed = next(again.iterate(last))
+    np.testing.assert_array_equal(resumed[0], from_start[last][0])
+    # Every epoch renders new images; another seed renders others.
+    first, second = stream.batch(0)[0], stream.batch(stream.steps_per_epoch)[0]
+    assert not np.array_equal(first, second)
+    assert not np.array_equal(first, ClutteredDigitsStream(seed=6, **STREAM).batch(0)[0])
+
+
+def test_stream_epoch_shows_every_training_digit_equally_often():
+    stream = ClutteredDigitsStream(seed=0, **STREAM)
+    epoch = stream.epoch_order(1)
+    counts = np.bincount(epoch, minlength=len(stream.pool))
+    assert (counts == STREAM["samples_per_digit"]).all()
+    sources = np.concatenate([stream.render(stream.steps_per_epoch + i)[3]["source_index"]
+                              for i in range(stream.steps_per_epoch)])
+    assert len(sources) == stream.steps_per_epoch * stream.batch_size
+    assert not set(sources) & set(source_indices("test"))  # never a test digit
+
+
+def test_stream_batches_are_model_ready():
+    stream = ClutteredDigitsStream(seed=0, num_classes=12, **STREAM)
+    images, labels = stream.batch(3)
+    assert images.shape == (64, 32, 32, 3) and images.dtype == np.float32
+    assert -1.0 <= images.min() and images.max() <= 1.0
+    assert labels.shape == (64, 12) and (labels.sum(axis=1) == 1).all() and labels[:, 10:].sum() == 0
+
+
+@pytest.mark.parametrize("step", [1, 4, 8])
+def test_position_step_aligns_digits_with_patches(step):
+    _, _, masks, info = load_cluttered_digits(split="test", position_step=step, return_masks=True, return_info=True)
+    assert (info["boxes"][:, :2] % step == 0).all()
+    if step == 4:  # a 16 px digit then covers exactly 4 x 4 whole patches
+        covered = (patch_coverage(masks, 4) > 0).sum(axis=1)
+        assert covered.max() <= 16
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(batch_size=0), dict(batch_size=10**7), dict(seed=-1), dict(position_step=0), dict(num_classes=3)],
+)
+def test_stream_invalid_arguments(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        ClutteredDigitsStream(**{"batch_size": 8, **kwargs})

@@ -9,8 +9,10 @@ from keras_mone.data.cluttered_digits import (
     patch_coverage,
     source_indices,
 )
+from keras_mone.data.digit_stream import ClutteredDigitsStream
 
 __all__ = [
+    "ClutteredDigitsStream",
     "DIRECTIONS",
     "MOVING_TARGETS",
     "clear_cache",

@@ -174,8 +174,10 @@ def _clutter_layer(rng, up, pool_pos, pool, image_size, clutter):
     return canvas, sources
 
 
-def _check_common(image_size, digit_scale, samples_per_digit, clutter, noise):
+def _check_common(image_size, digit_scale, samples_per_digit, clutter, noise, position_step=1):
     d = _digit_size(digit_scale)
+    if not isinstance(position_step, (int, np.integer)) or position_step < 1:
+        raise ValueError(f"position_step must be an int >= 1, got {position_step!r}.")
     if not isinstance(image_size, (int, np.integer)) or image_size < d:
         raise ValueError(
             f"image_size must be an int >= the digit size {d} "
@@ -209,19 +211,22 @@ def _finish(rng, canvas, noise):
 # ----------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=_CACHE_SIZE)
-def _render_cluttered(image_size, digit_scale, samples_per_digit, clutter, noise, seed, split):
-    rng = _rng(seed, split, kind=0)
+def render_cluttered(src_positions, pool, rng, image_size, digit_scale, clutter, noise, position_step=1):
+    """Renders one cluttered image per entry of ``src_positions`` (positions in ``pool``).
+
+    Returns ``(images, labels, masks, info)`` as :func:`load_cluttered_digits`
+    documents them; every random draw comes from ``rng``.
+    """
     up = _upscaled_digits(digit_scale)
     _, source_labels = _source_digits()
     d = up.shape[1]
-    pool, pool_pos = _draw_sources(rng, split, samples_per_digit)
-    src = pool[pool_pos]
+    src = pool[src_positions]
     n = len(src)
 
-    canvas, clutter_sources = _clutter_layer(rng, up, pool_pos, pool, image_size, clutter)
-    y = rng.integers(0, image_size - d + 1, size=n)
-    x = rng.integers(0, image_size - d + 1, size=n)
+    canvas, clutter_sources = _clutter_layer(rng, up, src_positions, pool, image_size, clutter)
+    slots = (image_size - d) // position_step + 1  # allowed offsets per axis
+    y = rng.integers(0, slots, size=n) * position_step
+    x = rng.integers(0, slots, size=n) * position_step
     _paste_max(canvas, up[src], _tints(rng, n, _DIGIT_BRIGHTNESS), y, x)
     masks = np.zeros((n, image_size, image_size), bool)
     masks[_grid(y, x, d, d)] = up[src] > _MASK_THRESHOLD
@@ -235,6 +240,13 @@ def _render_cluttered(image_size, digit_scale, samples_per_digit, clutter, noise
     return images, source_labels[src], masks, info
 
 
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _render_cluttered(image_size, digit_scale, samples_per_digit, clutter, noise, seed, split, position_step):
+    rng = _rng(seed, split, kind=0)
+    pool, pool_pos = _draw_sources(rng, split, samples_per_digit)
+    return render_cluttered(pool_pos, pool, rng, image_size, digit_scale, clutter, noise, position_step)
+
+
 def load_cluttered_digits(
     image_size=32,
     digit_scale=2,
@@ -245,8 +257,12 @@ def load_cluttered_digits(
     split="train",
     return_masks=False,
     return_info=False,
+    position_step=1,
 ):
-    """Cluttered-digit images and labels (see the module docstring).
+    """A fixed set of cluttered-digit images and labels (see the module docstring).
+
+    For training, :class:`keras_mone.data.ClutteredDigitsStream` renders fresh
+    images every epoch instead.
 
     Args:
         image_size: side of the square canvas in pixels.
@@ -256,6 +272,9 @@ def load_cluttered_digits(
         clutter: number of digit fragments scattered over the canvas.
         noise: amplitude of additive uniform per-pixel, per-channel noise.
         seed: non-negative int; with ``split`` it determines every random draw.
+        position_step: the digit's top-left corner lies on multiples of this
+            many pixels; the patch size makes every digit cover whole patches,
+            so its tokens look alike wherever it is (1 = any pixel).
         split: ``"train"`` or ``"test"`` (disjoint source digits, fixed split).
         return_masks: also return the (N, H, W) bool mask of digit pixels.
         return_info: also return a dict with ``"boxes"`` (N, 4) int
@@ -268,10 +287,10 @@ def load_cluttered_digits(
         size, in shuffled order.
     """
     _check_split(split)
-    _check_common(image_size, digit_scale, samples_per_digit, clutter, noise)
+    _check_common(image_size, digit_scale, samples_per_digit, clutter, noise, position_step)
     images, labels, masks, info = _render_cluttered(
         int(image_size), digit_scale, int(samples_per_digit), int(clutter),
-        float(noise), int(seed), split,
+        float(noise), int(seed), split, int(position_step),
     )
     return _outputs(images, labels, masks, info, return_masks, return_info)
 

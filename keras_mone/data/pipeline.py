@@ -117,14 +117,14 @@ def tfds_source(name, split, data_dir=None, seed=0):
     )
 
 
-def cluttered_digits_source(split, image_size, digit_scale, clutter, samples_per_digit, seed):
-    """The bundled cluttered digits (``keras_mone.data.load_cluttered_digits``)."""
+def cluttered_digits_source(split, image_size, digit_scale, clutter, samples_per_digit, seed, position_step=1):
+    """A fixed set of the bundled cluttered digits (``keras_mone.data.load_cluttered_digits``)."""
     tf = _tf()
     from keras_mone.data.cluttered_digits import NUM_CLASSES, load_cluttered_digits
 
     images, labels = load_cluttered_digits(
         samples_per_digit=samples_per_digit, split=split, image_size=image_size,
-        digit_scale=digit_scale, clutter=clutter, seed=seed,
+        digit_scale=digit_scale, clutter=clutter, seed=seed, position_step=position_step,
     )
     examples = tf.data.Dataset.from_tensor_slices(
         (images.astype("float32") * 255.0, labels.astype("int32"))

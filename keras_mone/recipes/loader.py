@@ -28,8 +28,10 @@ from keras_mone.training.distribution import distribution_scope, num_replicas
 from keras_mone.training.losses import FullWidthAccuracy, SigmoidCrossEntropy, SumOverWidths
 from keras_mone.training.modes import ADAPTIVE_MODES, ISOFLOPS_MODES, isoflops_epochs
 from keras_mone.training.optimizers import adamw_kernels_only, sgd_kernels_only
+from keras_mone.training.router_monitor import RouterMonitor
 
 RECIPE_PACKAGE = "keras_mone.recipe_files"
+ROUTER_PROBE_SIZE = 256  # evaluation images on which RouterMonitor measures router entropy
 
 
 def list_recipes():
@@ -200,7 +202,10 @@ def load(name_or_path, resume=True, **overrides):
     train_source, eval_source = _sources(recipe)
     num_classes = recipe["num_classes"] or train_source.num_classes
     batch = recipe["batch_size"]
-    steps_per_epoch = recipe["steps_per_epoch"] or max(1, train_source.num_examples // batch)
+    stream = cluttered_digits_stream(recipe, num_classes) if uses_digit_stream(recipe) else None
+    steps_per_epoch = recipe["steps_per_epoch"] or (
+        stream.steps_per_epoch if stream else max(1, train_source.num_examples // batch)
+    )
     directory = recipe["output_dir"]
     os.makedirs(directory, exist_ok=True)
 
@@ -232,6 +237,8 @@ def load(name_or_path, resume=True, **overrides):
     video = recipe["dataset"] in schema.VIDEO_DATASETS
 
     def make_train_data(start_step):
+        if stream is not None:
+            return stream.iterate(start_step)
         if video:
             return video_pipeline.train_dataset(
                 train_source, recipe["num_frames"], recipe["image_size"], batch, num_classes,
@@ -261,7 +268,7 @@ def load(name_or_path, resume=True, **overrides):
     return TrainingSetup(
         name=name, recipe=recipe, model=model, optimizer=optimizer, loss=loss,
         train_data=make_train_data(initial_step), eval_data=eval_data,
-        callbacks=_callbacks(recipe), epochs=epochs, steps_per_epoch=steps_per_epoch,
+        callbacks=_callbacks(recipe, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
         initial_step=initial_step, make_train_data=make_train_data,
     )
 
@@ -298,8 +305,13 @@ def _checkpoint_dir(recipe):
     return os.path.join(recipe["output_dir"], "checkpoint")
 
 
-def _callbacks(recipe):
-    callbacks = [
+def _callbacks(recipe, eval_data):
+    callbacks = []
+    if recipe["router_type"] == "learned" and eval_data is not None and "mone" in recipe["architecture"]:
+        # alpha and router entropy per epoch, into history.csv (CSVLogger comes after it)
+        probe = keras.ops.convert_to_numpy(next(iter(eval_data))[0])[:ROUTER_PROBE_SIZE]
+        callbacks.append(RouterMonitor(probe))
+    callbacks += [
         checkpoint_lib.StepCheckpoint(_checkpoint_dir(recipe), recipe["checkpoint_steps"]),
         keras.callbacks.CSVLogger(os.path.join(recipe["output_dir"], "history.csv"), append=True),
         keras.callbacks.TerminateOnNaN(),
@@ -334,12 +346,30 @@ def _video_sources(recipe):
 
 def cluttered_digits_arguments(recipe, split):
     """Arguments of ``load_cluttered_digits`` (and ``pipeline.cluttered_digits_source``)
-    for ``split`` ("train" or "test") of a cluttered-digits recipe."""
-    samples = recipe["samples_per_digit"] if split == "train" else recipe["test_samples_per_digit"]
+    for ``split`` ("train" or "test") of a cluttered-digits recipe; the test
+    split is rendered from ``test_seed``, the fixed training set from ``seed``."""
+    train = split == "train"
     return dict(
         split=split, image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
-        clutter=recipe["clutter"], samples_per_digit=samples, seed=recipe["seed"],
+        clutter=recipe["clutter"], position_step=recipe["position_step"],
+        samples_per_digit=recipe["samples_per_digit"] if train else recipe["test_samples_per_digit"],
+        seed=recipe["seed"] if train else recipe["test_seed"],
     )
+
+
+def cluttered_digits_stream(recipe, num_classes=None):
+    """The recipe's stream of fresh training renderings (``fresh_renderings = true``)."""
+    from keras_mone.data.digit_stream import ClutteredDigitsStream
+
+    arguments = cluttered_digits_arguments(recipe, "train")
+    del arguments["split"]
+    return ClutteredDigitsStream(
+        recipe["batch_size"], num_classes=num_classes or recipe["num_classes"] or 10, **arguments
+    )
+
+
+def uses_digit_stream(recipe):
+    return recipe["dataset"] == "cluttered_digits" and recipe["fresh_renderings"]
 
 
 def _sources(recipe):
@@ -347,7 +377,9 @@ def _sources(recipe):
     if dataset in schema.VIDEO_DATASETS:
         return _video_sources(recipe)
     if dataset == "cluttered_digits":
-        train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "train"))
+        # With fresh_renderings the stream trains; this fixed set only tells the class count.
+        train_recipe = {**recipe, "samples_per_digit": 1} if recipe["fresh_renderings"] else recipe
+        train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(train_recipe, "train"))
         test = None
         if recipe["eval_split"]:
             test = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "test"))

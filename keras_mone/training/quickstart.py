@@ -2,16 +2,16 @@
 
 Trains the recipes ``cluttered_digits_vit`` (dense ViT) and
 ``cluttered_digits_mone`` (MoNE-ViT of the same size at e_c 0.5): the same
-model, initial weights, optimizer, schedule and loss as ``keras-mone train``
-gives them, fed from in-memory arrays instead of the recipe's tf.data pipeline
-(so a jax or torch install is enough). Then evaluates MoNE at several effective
-capacities and writes ``results.json``, ``accuracy_vs_gmacs.png`` and
-``routing.png`` (tokens sent to the full expert, as in Fig. 1 and 8 of the
-MoNE paper).
-"""
+model, initial weights, optimizer, schedule, loss and training batches (the
+recipe's stream of fresh renderings, :class:`keras_mone.data.ClutteredDigitsStream`)
+as ``keras-mone train`` gives them, without tf.data (so a jax or torch install
+is enough). Then evaluates MoNE at several effective capacities on the 5026-image
+test split and writes ``results.json`` (with per-epoch histories: loss,
+accuracy, MoNE's alpha and router entropy), ``accuracy_vs_gmacs.png`` and
+``routing.png`` (tokens sent to the full expert, as in Fig. 1 and 8 of the MoNE
+paper)."""
 
 import json
-import math
 import os
 import time
 
@@ -23,44 +23,42 @@ from keras_mone.analysis.throughput import images_per_second
 from keras_mone.data import load_cluttered_digits
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import RecipeError, make_loss, make_optimizer, resolve
-from keras_mone.recipes.loader import cluttered_digits_arguments
+from keras_mone.recipes.loader import ROUTER_PROBE_SIZE, cluttered_digits_arguments, cluttered_digits_stream
 from keras_mone.recipes.model import build_classifier
 from keras_mone.training.losses import FullWidthAccuracy
+from keras_mone.training.router_monitor import RouterMonitor
 
 DENSE_RECIPE = "cluttered_digits_vit"
 MONE_RECIPE = "cluttered_digits_mone"
 EVAL_CAPACITIES = (0.2, 0.3, 0.5, 1.0)
+THROUGHPUT_IMAGES = 2048  # test images timed per model and capacity
 
 
-def load_data(recipe):
-    """Train / test arrays of a cluttered-digits recipe: images in ``[-1, 1]``
-    (as the recipe pipeline scales them) and one-hot labels."""
-    one_hot = np.eye(NUM_CLASSES, dtype="float32")
-    arrays = []
-    for split in ("train", "test"):
-        images, labels = load_cluttered_digits(**cluttered_digits_arguments(recipe, split))
-        arrays.append((images * 2 - 1, one_hot[labels]))
-    return tuple(arrays)
+def load_test_data(recipe):
+    """The recipe's test split: images in ``[-1, 1]`` (as the recipe pipeline
+    scales them) and one-hot labels."""
+    images, labels = load_cluttered_digits(**cluttered_digits_arguments(recipe, "test"))
+    return images * 2 - 1, np.eye(NUM_CLASSES, dtype="float32")[labels]
 
 
 def resolve_recipe(name, overrides):
     """The validated recipe ``name`` with ``overrides``; only fixed-capacity
     (or dense) cluttered-digits recipes can run in memory."""
     recipe, _ = resolve(name, **overrides)
-    if recipe["dataset"] != "cluttered_digits" or recipe["mode"] != "fixed":
+    if recipe["dataset"] != "cluttered_digits" or recipe["mode"] != "fixed" or not recipe["fresh_renderings"]:
         raise RecipeError(
-            f"recipe {name!r}: the quickstart runs dataset 'cluttered_digits' in mode 'fixed', got "
-            f"dataset {recipe['dataset']!r}, mode {recipe['mode']!r}."
+            f"recipe {name!r}: the quickstart runs dataset 'cluttered_digits' in mode 'fixed' with "
+            f"fresh_renderings, got dataset {recipe['dataset']!r}, mode {recipe['mode']!r}, "
+            f"fresh_renderings {recipe['fresh_renderings']!r}."
         )
     return recipe
 
 
-def build_and_compile(recipe, num_train_examples):
+def build_and_compile(recipe, steps_per_epoch):
     """The recipe's classifier, seeded as ``keras_mone.recipes.load`` seeds it, compiled
-    with its optimizer and loss for ``epochs`` passes over ``num_train_examples``."""
+    with its optimizer and loss for ``epochs`` x ``steps_per_epoch`` steps."""
     keras.utils.set_random_seed(recipe["seed"])
     model = build_classifier(recipe, NUM_CLASSES)
-    steps_per_epoch = math.ceil(num_train_examples / recipe["batch_size"])
     model.compile(
         optimizer=make_optimizer(recipe, recipe["epochs"] * steps_per_epoch, steps_per_epoch),
         loss=make_loss(recipe),
@@ -69,10 +67,15 @@ def build_and_compile(recipe, num_train_examples):
     return model
 
 
-def train(model, recipe, train_data, verbose="auto"):
-    return model.fit(
-        *train_data, batch_size=recipe["batch_size"], epochs=recipe["epochs"], verbose=verbose, shuffle=True,
+def train(model, recipe, stream, probe_images, verbose="auto"):
+    """``epochs`` epochs of fresh renderings from ``stream`` (the recipe's own
+    stream); returns the per-epoch history, with alpha and router entropy for
+    MoNE (:class:`RouterMonitor` on ``probe_images``)."""
+    history = model.fit(
+        stream.iterate(0), steps_per_epoch=stream.steps_per_epoch, epochs=recipe["epochs"],
+        callbacks=[RouterMonitor(probe_images)], verbose=verbose,
     )
+    return {key: [float(v) for v in values] for key, values in history.history.items()}
 
 
 def evaluate(model, test_data, batch_size=256):
@@ -82,7 +85,7 @@ def evaluate(model, test_data, batch_size=256):
         capacity=model.capacity,
         accuracy=float(metrics["accuracy"]),
         gmacs=flops(model).total / 1e9,
-        images_per_second=images_per_second(model, test_data[0], batch_size=batch_size),
+        images_per_second=images_per_second(model, test_data[0][:THROUGHPUT_IMAGES], batch_size=batch_size),
     )
 
 
@@ -101,23 +104,30 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         if not 0.0 < capacity <= 1.0:
             raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
     os.makedirs(output_dir, exist_ok=True)
-    train_data, test_data = load_data(dense_recipe)
+    test_data = load_test_data(dense_recipe)
+    stream = cluttered_digits_stream(dense_recipe, NUM_CLASSES)
     started = time.time()
     results = {
         "backend": keras.backend.backend(),
         "recipes": {"dense": DENSE_RECIPE, "mone": MONE_RECIPE},
         "overrides": overrides,
         "epochs": dense_recipe["epochs"],
+        "train_images": dense_recipe["epochs"] * stream.steps_per_epoch * stream.batch_size,
+        "test_images": len(test_data[0]),
     }
 
-    print(f"Training the dense ViT ({DENSE_RECIPE}: {dense_recipe['epochs']} epochs, {len(train_data[0])} images)")
-    dense = build_and_compile(dense_recipe, len(train_data[0]))
-    train(dense, dense_recipe, train_data, verbose)
+    print(
+        f"Training the dense ViT ({DENSE_RECIPE}: {dense_recipe['epochs']} epochs of "
+        f"{stream.steps_per_epoch * stream.batch_size} fresh images; test split {len(test_data[0])} images)"
+    )
+    probe = test_data[0][:ROUTER_PROBE_SIZE]
+    dense = build_and_compile(dense_recipe, stream.steps_per_epoch)
+    results["dense_history"] = train(dense, dense_recipe, stream, probe, verbose)
     results["dense"] = evaluate(dense, test_data)
 
     print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
-    mone = build_and_compile(mone_recipe, len(train_data[0]))
-    train(mone, mone_recipe, train_data, verbose)
+    mone = build_and_compile(mone_recipe, stream.steps_per_epoch)
+    results["mone_history"] = train(mone, mone_recipe, cluttered_digits_stream(mone_recipe, NUM_CLASSES), probe, verbose)
     results["train_capacity"] = mone_recipe["capacity"]
     results["mone"] = []
     for capacity in eval_capacities:
