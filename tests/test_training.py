@@ -10,6 +10,7 @@ from conftest import TINY, to_numpy
 from keras_mone.layers import InceptionCrop, RolledMixUp
 from keras_mone.models import ImageClassifier, MoNEViTBackbone, ViTBackbone
 from keras_mone.training import SigmoidCrossEntropy, WarmupCosineDecay, adamw_kernels_only, isoflops_epochs
+from keras_mone.training.router_monitor import router_statistics
 
 
 def test_schedule_warmup_and_end():
@@ -110,3 +111,35 @@ def test_isoflops_epochs_follow_the_flop_ratio():
     dense = flops(ViTBackbone(**TINY)).total
     assert isoflops_epochs(10, mone, [0.25, 0.75]) == round(10 * dense / ((low + high) / 2))
     assert mone.capacity == 0.25
+
+
+def test_router_statistics_report_alpha_and_entropy():
+    backbone = MoNEViTBackbone(capacity=0.5, router_positions=(0, 1), **TINY)
+    backbone.build()
+    images = np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    backbone.blocks[1].alpha.assign(0.25)
+    stats = router_statistics(backbone, images)
+    assert stats["alpha_0"] == 0.0 and stats["alpha_1"] == 0.25
+    # Routers start near uniform (weights ~ N(0, 0.02)): entropy just below ln 4.
+    for position in (0, 1):
+        assert math.log(4) - 0.05 < stats[f"router_entropy_{position}"] <= math.log(4) + 1e-9
+    backbone.routers[0].dense.kernel.assign(np.full((32, 4), 0.0, "float32"))
+    backbone.routers[0].dense.bias.assign(np.array([0.0, 0.0, 0.0, 30.0], "float32"))
+    assert router_statistics(backbone, images)["router_entropy_0"] < 1e-6  # one-hot router
+    assert router_statistics(ViTBackbone(**TINY), images) == {}  # nothing to monitor
+
+
+def test_router_columns_reach_history_csv(tmp_path):
+    import csv
+
+    from keras_mone import recipes
+    from recipe_helpers import tiny_overrides
+
+    setup = recipes.load("cluttered_digits_mone", **tiny_overrides(tmp_path, epochs=2, steps_per_epoch=2))
+    setup.fit(verbose=0)
+    with open(tmp_path / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2
+    for row in rows:
+        assert 0.0 <= float(row["alpha_0"]) < 1.0
+        assert 0.0 <= float(row["router_entropy_0"]) <= math.log(4) + 1e-6

@@ -58,7 +58,7 @@ class ClutteredDigitsStream:
         self.batch_size = int(batch_size)
         self.samples_per_digit = int(samples_per_digit)
         self.seed = int(seed)
-        self.num_classes = int(num_classes)
+        self.num_classes = int(num_classes)  # width of the one-hot labels
         self.render_args = dict(
             image_size=int(image_size), digit_scale=digit_scale, clutter=int(clutter),
             noise=float(noise), position_step=int(position_step),

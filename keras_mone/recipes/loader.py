@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from keras_mone.data import pipeline, video_pipeline
+from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import schema
 from keras_mone.recipes.model import build_classifier, init_from_saved_model
 from keras_mone.training import checkpoint as checkpoint_lib
@@ -200,9 +201,9 @@ def load(name_or_path, resume=True, **overrides):
     recipe, name = resolve(name_or_path, **overrides)
     keras.utils.set_random_seed(recipe["seed"])
     train_source, eval_source = _sources(recipe)
-    num_classes = recipe["num_classes"] or train_source.num_classes
+    stream = cluttered_digits_stream(recipe) if train_source is None else None
+    num_classes = recipe["num_classes"] or (stream or train_source).num_classes
     batch = recipe["batch_size"]
-    stream = cluttered_digits_stream(recipe, num_classes) if uses_digit_stream(recipe) else None
     steps_per_epoch = recipe["steps_per_epoch"] or (
         stream.steps_per_epoch if stream else max(1, train_source.num_examples // batch)
     )
@@ -357,19 +358,16 @@ def cluttered_digits_arguments(recipe, split):
     )
 
 
-def cluttered_digits_stream(recipe, num_classes=None):
-    """The recipe's stream of fresh training renderings (``fresh_renderings = true``)."""
+def cluttered_digits_stream(recipe):
+    """The recipe's stream of fresh training renderings (``fresh_renderings = true``),
+    one-hot labels ``num_classes`` wide (0 = the 10 digits)."""
     from keras_mone.data.digit_stream import ClutteredDigitsStream
 
     arguments = cluttered_digits_arguments(recipe, "train")
     del arguments["split"]
     return ClutteredDigitsStream(
-        recipe["batch_size"], num_classes=num_classes or recipe["num_classes"] or 10, **arguments
+        recipe["batch_size"], num_classes=recipe["num_classes"] or NUM_CLASSES, **arguments
     )
-
-
-def uses_digit_stream(recipe):
-    return recipe["dataset"] == "cluttered_digits" and recipe["fresh_renderings"]
 
 
 def _sources(recipe):
@@ -377,9 +375,9 @@ def _sources(recipe):
     if dataset in schema.VIDEO_DATASETS:
         return _video_sources(recipe)
     if dataset == "cluttered_digits":
-        # With fresh_renderings the stream trains; this fixed set only tells the class count.
-        train_recipe = {**recipe, "samples_per_digit": 1} if recipe["fresh_renderings"] else recipe
-        train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(train_recipe, "train"))
+        train = None  # fresh renderings: the stream of ``cluttered_digits_stream`` trains
+        if not recipe["fresh_renderings"]:
+            train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "train"))
         test = None
         if recipe["eval_split"]:
             test = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "test"))

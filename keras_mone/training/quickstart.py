@@ -105,7 +105,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
             raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
     os.makedirs(output_dir, exist_ok=True)
     test_data = load_test_data(dense_recipe)
-    stream = cluttered_digits_stream(dense_recipe, NUM_CLASSES)
+    stream = cluttered_digits_stream(dense_recipe)
     started = time.time()
     results = {
         "backend": keras.backend.backend(),
@@ -127,7 +127,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
 
     print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
     mone = build_and_compile(mone_recipe, stream.steps_per_epoch)
-    results["mone_history"] = train(mone, mone_recipe, cluttered_digits_stream(mone_recipe, NUM_CLASSES), probe, verbose)
+    results["mone_history"] = train(mone, mone_recipe, cluttered_digits_stream(mone_recipe), probe, verbose)
     results["train_capacity"] = mone_recipe["capacity"]
     results["mone"] = []
     for capacity in eval_capacities:
