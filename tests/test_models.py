@@ -302,6 +302,19 @@ def test_gradients_reach_router_and_alpha():
         assert np.abs(g).max() > 1e-6
 
 
+def test_alpha_init_starts_routed_blocks_and_round_trips():
+    backbone = MoNEViTBackbone(**TINY, capacity=0.5, router_positions=(1,), alpha_init=0.3)
+    backbone.build()
+    assert backbone.blocks[0].alpha is None  # before the first router: not routed
+    assert [float(to_numpy(b.alpha)) for b in backbone.blocks[1:]] == pytest.approx([0.3] * (TINY["depth"] - 1))
+    restored = MoNEViTBackbone.from_config(backbone.get_config())
+    restored.build()
+    assert restored.alpha_init == 0.3 and float(to_numpy(restored.blocks[1].alpha)) == pytest.approx(0.3)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="alpha_init"):
+            MoNEViTBackbone(**TINY, alpha_init=bad)
+
+
 def test_fit_updates_router_and_alpha_within_bounds():
     model = tiny_classifier(alpha=0.5)
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")

@@ -44,6 +44,9 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
     Args:
         hidden_dim, num_heads, mlp_dim: ViT dimensions.
         routed: create ``alpha`` and apply the router gate of Eq. 1.
+        alpha_init: initial ``alpha`` in ``[0, 1)``. The paper's 0 (Sec. 4.1)
+            suits fine-tuning a pretrained model; from scratch it leaves the
+            router without gradient until alpha moves (``RouterMonitor``).
         dropout_rate: dropout in attention output and MLP.
         drop_path_rate: stochastic depth rate of both residual branches.
         layer_norm_epsilon: LayerNorm epsilon (1e-6 as in ViT).
@@ -58,13 +61,17 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         dropout_rate=0.0,
         drop_path_rate=0.0,
         layer_norm_epsilon=1e-6,
+        alpha_init=0.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if not 0.0 <= alpha_init < 1.0:
+            raise ValueError(f"`alpha_init` must lie in [0, 1), got {alpha_init!r}.")
         self.hidden_dim = hidden_dim
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
         self.routed = routed
+        self.alpha_init = alpha_init
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
@@ -88,7 +95,8 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         self.alpha = None
         if self.routed:
             self.alpha = self.add_weight(
-                name="alpha", shape=(), initializer="zeros", constraint=HalfOpenUnitInterval()
+                name="alpha", shape=(), initializer=keras.initializers.Constant(self.alpha_init),
+                constraint=HalfOpenUnitInterval(),
             )
 
     def call(self, inputs, widths=None, gates=None, training=None):
@@ -118,15 +126,16 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
 
 def block_stack(
     depth, hidden_dim, num_heads, mlp_dim, routed=(), dropout_rate=0.0, drop_path_rate=0.0,
-    layer_norm_epsilon=1e-6, dtype=None,
+    layer_norm_epsilon=1e-6, dtype=None, alpha_init=0.0,
 ):
     """``depth`` blocks named ``block_{i}``, stochastic depth rising linearly from 0
     at the first block to ``drop_path_rate`` at the last (ViT / DeiT schedule);
-    blocks whose index is in ``routed`` get MoNE's ``alpha``."""
+    blocks whose index is in ``routed`` get MoNE's ``alpha``, starting at ``alpha_init``."""
     return [
         MoNEBlock(
             hidden_dim, num_heads, mlp_dim,
             routed=index in routed,
+            alpha_init=alpha_init if index in routed else 0.0,
             dropout_rate=dropout_rate,
             drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
             layer_norm_epsilon=layer_norm_epsilon,

@@ -62,6 +62,7 @@ class MoNEViTBackbone(ViTBackbone):
         router_type="learned",
         router_seed=None,
         class_token_to_full_expert=False,
+        alpha_init=0.0,
         **kwargs,
     ):
         depth = kwargs.get("depth", 12)
@@ -79,6 +80,7 @@ class MoNEViTBackbone(ViTBackbone):
                 f"2**(num_experts - 1) so that every nested width D/2**k is an integer."
             )
         self._first_router = positions[0]
+        self.alpha_init = alpha_init  # read by _block_options during super().__init__
         super().__init__(**kwargs)
         self.num_experts = num_experts
         self.capacity_method = capacity_method
@@ -103,6 +105,9 @@ class MoNEViTBackbone(ViTBackbone):
 
     def _is_routed_block(self, index):
         return index >= self._first_router
+
+    def _block_options(self):
+        return {"alpha_init": self.alpha_init}
 
     def _build_extra(self, token_shape):
         for router in self.routers:

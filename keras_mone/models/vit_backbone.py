@@ -66,7 +66,7 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
             depth, hidden_dim, num_heads, mlp_dim,
             routed=[i for i in range(depth) if self._is_routed_block(i)],
             dropout_rate=dropout_rate, drop_path_rate=drop_path_rate,
-            layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
+            layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy, **self._block_options(),
         )
         self.norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="norm"
@@ -92,6 +92,10 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
 
     def _is_routed_block(self, index):
         return False
+
+    def _block_options(self):
+        """Extra ``block_stack`` arguments of sub-classes (MoNE: ``alpha_init``)."""
+        return {}
 
     def build(self, input_shape=None):
         self.patch_embedding.build((None, *self.input_shape_per_example))
