@@ -42,9 +42,48 @@ def _train(args):
 def _presets(args):
     from keras_mone.presets import get_preset, list_presets
 
+    if args.action == "publish":
+        return _publish(args)
+    if args.action == "verify":
+        return _verify()
     for name in list_presets():
-        print(f"{name:<16} {get_preset(name)['description']}")
+        spec = get_preset(name)
+        marker = "[weights]" if spec.get("weights") else ""
+        print(f"{name:<26} {marker:<9} {spec['description']}")
     return 0
+
+
+def _publish(args):
+    from keras_mone.presets.publish import publish_run
+
+    if not args.run_dir or not args.name:
+        print("error: `keras-mone presets publish RUN_DIR --name PRESET`", file=sys.stderr)
+        return 2
+    try:
+        entry = publish_run(args.run_dir, args.name, command=args.command)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    accuracy = ", ".join(f"{k}: {100 * v:.2f}%" for k, v in entry["eval"]["accuracy"].items())
+    print(f"Published {args.name}: {entry['file']} sha256 {entry['sha256']}; test accuracy by "
+          f"{entry['eval']['setting']}: {accuracy}")
+    return 0
+
+
+def _verify():
+    import os
+
+    from keras_mone.presets import get_preset, shipped_presets
+    from keras_mone.presets.weights import sha256_of
+
+    status = 0
+    for name in shipped_presets():
+        entry = get_preset(name)["weights"]
+        path = os.path.join(entry["folder"], entry["file"])
+        ok = os.path.isfile(path) and sha256_of(path) == entry["sha256"]
+        status |= not ok
+        print(f"{name:<26} {'ok' if ok else 'CORRUPT OR MISSING':<18} {path}")
+    return int(status)
 
 
 def _bench(args):
@@ -101,7 +140,13 @@ def build_parser():
     train.add_argument("--list", action="store_true", help="list the bundled recipes")
     train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
     train.set_defaults(run=_train)
-    presets = commands.add_parser("presets", help="list the model presets")
+    presets = commands.add_parser(
+        "presets", help="list the model presets; publish a trained run as a preset's weights; verify them"
+    )
+    presets.add_argument("action", nargs="?", choices=("list", "publish", "verify"), default="list")
+    presets.add_argument("run_dir", nargs="?", help="publish: the run directory of `keras-mone train`")
+    presets.add_argument("--name", help="publish: the preset whose weights the run becomes")
+    presets.add_argument("--command", default="", help="publish: how the run was made (recorded)")
     presets.set_defaults(run=_presets)
     bench = commands.add_parser(
         "bench",

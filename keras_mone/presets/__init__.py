@@ -5,6 +5,7 @@ from keras_mone.presets.registry import (
     from_preset,
     get_preset,
     list_presets,
+    shipped_presets,
 )
 
-__all__ = ["ARCHITECTURES", "from_preset", "get_preset", "list_presets"]
+__all__ = ["ARCHITECTURES", "from_preset", "get_preset", "list_presets", "shipped_presets"]

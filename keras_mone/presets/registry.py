@@ -3,41 +3,64 @@
 One merge rule: ``{**size table, **preset, **caller's keyword arguments}``.
 """
 
+import copy
 import functools
-import importlib.resources
+import os
 import tomllib
 
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.architectures import ARCHITECTURES, TASKS
 from keras_mone.models.variants import decode_variant
+from keras_mone.presets.weights import MANIFEST, WEIGHTS_FOLDER, load_checked_weights, zoo_folders
 
 _META_KEYS = ("description", "architecture", "variant", "weights")
 
 
-@functools.lru_cache(maxsize=1)
-def _load_zoo():
-    presets = {}
-    for entry in importlib.resources.files("keras_mone.zoo").iterdir():
-        if not entry.name.endswith(".toml"):
-            continue
-        for name, spec in tomllib.loads(entry.read_text()).items():
-            if name in presets:
-                raise RuntimeError(f"Preset {name!r} is defined twice in keras_mone.zoo.")
-            presets[name] = spec
+@functools.lru_cache(maxsize=4)
+def _load_zoo(folders):
+    presets, manifest = {}, {}
+    for folder in folders:
+        for file in sorted(os.listdir(folder)):
+            if not file.endswith(".toml"):
+                continue
+            with open(os.path.join(folder, file), "rb") as f:
+                for name, spec in tomllib.load(f).items():
+                    if name in presets:
+                        raise RuntimeError(f"Preset {name!r} is defined twice (again in {folder}/{file}).")
+                    presets[name] = spec
+        manifest_path = os.path.join(folder, WEIGHTS_FOLDER, MANIFEST)
+        if os.path.isfile(manifest_path):
+            with open(manifest_path, "rb") as f:
+                for name, entry in tomllib.load(f).items():
+                    manifest[name] = {**entry, "folder": os.path.join(folder, WEIGHTS_FOLDER)}
+    for name, entry in manifest.items():
+        if name not in presets:
+            raise RuntimeError(f"The weights manifest of {entry['folder']} lists {name!r}, which no preset defines.")
+        presets[name] = {**presets[name], "weights": entry}
     return presets
+
+
+def _zoo():
+    return _load_zoo(tuple(zoo_folders()))
 
 
 def list_presets():
     """Names of all presets, sorted."""
-    return sorted(_load_zoo())
+    return sorted(_zoo())
+
+
+def shipped_presets():
+    """Names of the presets whose trained weights ship with the package, sorted."""
+    return sorted(name for name, spec in _zoo().items() if spec.get("weights"))
 
 
 def get_preset(name):
-    """The preset's definition (a copy): description, architecture, variant, arguments."""
-    presets = _load_zoo()
+    """The preset's definition (a copy): description, architecture, variant,
+    arguments and, for shipped presets, its ``weights`` manifest entry."""
+    presets = _zoo()
     if name not in presets:
         raise ValueError(f"Unknown preset {name!r}. Available presets: {', '.join(sorted(presets))}.")
-    return dict(presets[name])
+    return copy.deepcopy(presets[name])
 
 
 def from_preset(name, /, load_weights=True, **overrides):
@@ -47,8 +70,9 @@ def from_preset(name, /, load_weights=True, **overrides):
 
     Args:
         name: a name from ``list_presets()``.
-        load_weights: load the preset's published weights; raises if the
-            preset has none yet (use ``load_weights=False`` for a randomly
+        load_weights: load the weights that ship with the preset (see
+            ``shipped_presets()``), after checking their sha256; raises if the
+            preset has none (use ``load_weights=False`` for a randomly
             initialised model).
         **overrides: constructor arguments of the backbone or the classifier
             (``capacity``, ``image_size``, ``num_classes``, ``pooling``, ...);
@@ -57,7 +81,8 @@ def from_preset(name, /, load_weights=True, **overrides):
     spec = get_preset(name)
     if load_weights and not spec.get("weights"):
         raise ValueError(
-            f"Preset {name!r} has no published weights yet. Pass load_weights=False to build "
+            f"Preset {name!r} has no published weights yet (presets with weights: "
+            f"{', '.join(shipped_presets()) or 'none'}). Pass load_weights=False to build "
             "the architecture with random initialisation."
         )
     backbone_cls = ARCHITECTURES[spec["architecture"]]
@@ -81,4 +106,6 @@ def from_preset(name, /, load_weights=True, **overrides):
         task_config["dtype"] = config["dtype"]
     model = task_cls(backbone, name=config.get("name", name), **task_config)
     model.build()
+    if load_weights:
+        load_checked_weights(model, name, spec["weights"])
     return model

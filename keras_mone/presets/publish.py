@@ -1,0 +1,125 @@
+"""Publishing a trained run as the shipped weights of a preset (``keras-mone presets publish``).
+
+The run directory of ``keras-mone train`` holds ``model.keras`` and the
+resolved ``recipe.toml``. Publishing copies the trained weights into the
+preset's architecture (``from_preset(name, load_weights=False)``: a run that
+does not fit the preset is refused), measures test accuracy on the recipe's
+test split at every capacity (MoNE) or width (MatViT), writes
+``<zoo>/weights/<name>.weights.h5`` atomically and records file, sha256,
+recipe, command and accuracies in ``<zoo>/weights/manifest.toml``.
+"""
+
+import os
+import tempfile
+import tomllib
+
+import keras
+import numpy as np
+
+from keras_mone.presets import registry
+from keras_mone.presets.weights import (
+    MANIFEST,
+    WEIGHTS_FOLDER,
+    sha256_of,
+    write_manifest,
+    zoo_folders,
+)
+
+MONE_CAPACITIES = (0.2, 0.3, 0.5, 0.75, 1.0)
+MATVIT_WIDTHS = (0.125, 0.25, 0.5, 1.0)
+EVAL_BATCH_SIZE = 512
+
+
+def evaluation_settings(model):
+    """``("capacity" | "width", values)`` at which a preset's accuracy is recorded."""
+    backbone = model.backbone
+    if hasattr(backbone, "set_width"):
+        return "width", MATVIT_WIDTHS
+    if hasattr(backbone, "set_capacity"):
+        return "capacity", MONE_CAPACITIES
+    return "capacity", (1.0,)
+
+
+def test_split_arguments(recipe):
+    """``load_cluttered_digits`` arguments of a cluttered-digits recipe's test split."""
+    from keras_mone.recipes.loader import cluttered_digits_arguments
+
+    if recipe["dataset"] != "cluttered_digits":
+        raise ValueError(
+            f"Only cluttered-digits runs can be published for now, got dataset {recipe['dataset']!r}."
+        )
+    return cluttered_digits_arguments(recipe, "test")
+
+
+def measure_accuracy(model, setting, values, test_split):
+    """``{str(value): test accuracy}`` of ``model`` at each capacity / width."""
+    from keras_mone.data import load_cluttered_digits
+
+    images, labels = load_cluttered_digits(**test_split)
+    images = images * 2.0 - 1.0
+    accuracy = {}
+    for value in values:
+        if setting == "width":
+            model.set_width(value)
+        elif hasattr(model.backbone, "set_capacity"):
+            model.set_capacity(value)
+        logits = model.predict(images, batch_size=EVAL_BATCH_SIZE, verbose=0)
+        accuracy[str(value)] = float(np.mean(np.argmax(logits, axis=-1) == labels))
+    if setting == "width":
+        model.set_width(1.0)
+    return accuracy
+
+
+def publish_run(run_dir, name, command="", zoo_folder=None):
+    """Publishes the model trained in ``run_dir`` as the weights of preset ``name``.
+
+    Args:
+        run_dir: a ``keras-mone train`` output directory (``model.keras``,
+            ``recipe.toml``).
+        name: a preset from ``list_presets()`` whose architecture the run has.
+        command: how the run was made, recorded in the manifest.
+        zoo_folder: zoo folder to write into (default: the bundled zoo).
+
+    Returns:
+        The manifest entry written.
+    """
+    with open(os.path.join(run_dir, "recipe.toml"), "rb") as f:
+        header = f.readline().decode()  # "# Resolved recipe 'name'"
+        f.seek(0)
+        recipe = tomllib.load(f)
+    recipe_name = header.split("recipe", 1)[-1].strip().strip("'\"") if header.startswith("#") else ""
+    trained = keras.saving.load_model(os.path.join(run_dir, "model.keras"), compile=False)
+    model = registry.from_preset(name, load_weights=False)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "trained.weights.h5")
+        trained.save_weights(path)
+        try:
+            model.load_weights(path)
+        except Exception as error:
+            raise ValueError(f"The model in {run_dir!r} does not fit preset {name!r}: {error}") from error
+    setting, values = evaluation_settings(model)
+    test_split = test_split_arguments(recipe)
+    accuracy = measure_accuracy(model, setting, values, test_split)
+
+    folder = os.path.join(zoo_folder or zoo_folders()[0], WEIGHTS_FOLDER)
+    os.makedirs(folder, exist_ok=True)
+    file = f"{name}.weights.h5"
+    partial = os.path.join(folder, f"{name}.partial.weights.h5")
+    model.save_weights(partial)
+    os.replace(partial, os.path.join(folder, file))
+    entry = {
+        "file": file,
+        "sha256": sha256_of(os.path.join(folder, file)),
+        "recipe": recipe_name,
+        "command": command,
+        "eval": {"setting": setting, "accuracy": accuracy, "test_split": test_split},
+    }
+    manifest_path = os.path.join(folder, MANIFEST)
+    manifest = {}
+    if os.path.isfile(manifest_path):
+        with open(manifest_path, "rb") as f:
+            manifest = tomllib.load(f)
+    manifest[name] = entry
+    write_manifest(manifest_path, manifest)
+    registry._load_zoo.cache_clear()
+    return entry
