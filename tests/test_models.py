@@ -263,6 +263,26 @@ def test_expert_token_counts_of_the_backbone():
     assert model.expert_token_counts() == ((0, 0, 0, 4), 12)
 
 
+@pytest.mark.parametrize("use_class_token", [False, True])
+def test_expert_share_of_tokens(use_class_token):
+    from keras_mone.analysis import expert_share_of_tokens
+
+    model = tiny_classifier(capacity=0.3, use_class_token=use_class_token)
+    x = images(batch=3, seed=5)
+    patches = NUM_TOKENS
+    everything = np.ones((3, patches), bool)
+    counts = np.array(model.backbone.expert_token_counts()[0], float)
+    if not use_class_token:  # every token counted: exactly the static per-expert counts
+        np.testing.assert_allclose(expert_share_of_tokens(model, x, everything, batch_size=2), counts / counts.sum())
+    # One token per image: the share is where that token went, read off the intermediates.
+    one = np.zeros((3, patches), bool)
+    one[:, 5] = True
+    _, extra = model.backbone(x, return_intermediates=True)
+    expert = to_numpy(extra["expert_index"][0])[:, int(use_class_token) + 5]
+    expected = np.bincount(expert, minlength=4) / 3
+    np.testing.assert_allclose(expert_share_of_tokens(model, x, one), expected)
+
+
 # --------------------------------------------------------------------------
 # training: gradients reach the router and every alpha
 # --------------------------------------------------------------------------

@@ -35,6 +35,8 @@ def test_quickstart_writes_results_and_figures(tmp_path):
     assert saved["recipes"] == {"dense": DENSE_RECIPE, "mone": MONE_RECIPE} and saved["train_capacity"] == 0.5
     rows = [saved["dense"], *saved["mone"]]
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["images_per_second"] > 0 for r in rows)
+    for r in saved["mone"]:  # where the digit tokens went: one share per expert
+        assert len(r["digit_tokens_by_expert"]) == 4 and abs(sum(r["digit_tokens_by_expert"]) - 1) < 1e-9
     # MACs fall with the capacity; MoNE at 1.0 costs the dense model plus its router.
     gmacs = [r["gmacs"] for r in saved["mone"]]
     assert gmacs == sorted(gmacs) and gmacs[-1] > saved["dense"]["gmacs"] > gmacs[0]
@@ -59,8 +61,9 @@ def test_quickstart_model_is_the_recipe_model(name, tmp_path):
     images, labels = next(setup.train_data)
     np.testing.assert_array_equal(images, stream.batch(0)[0])
     np.testing.assert_array_equal(labels, stream.batch(0)[1])
-    test_images, test_labels = load_test_data(recipe)
+    (test_images, test_labels), digit_tokens = load_test_data(recipe)
     assert test_images.min() >= -1.0 and test_images.max() <= 1.0 and test_labels.shape == (len(test_images), 10)
+    assert digit_tokens.shape == (len(test_images), (16 // 8) ** 2) and digit_tokens.any(axis=1).all()
 
 
 def test_quickstart_rejects_bad_overrides_before_training(tmp_path, capsys):

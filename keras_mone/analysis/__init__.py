@@ -1,4 +1,4 @@
-"""Model analysis tools: analytic FLOP (multiply-accumulate) counts, throughput."""
+"""Model analysis tools: analytic FLOP (multiply-accumulate) counts, throughput, routing."""
 
 from keras_mone.analysis.flops import (
     COMPONENTS,
@@ -9,10 +9,12 @@ from keras_mone.analysis.flops import (
     register_flop_counter,
     vit_block_macs,
 )
+from keras_mone.analysis.routing import expert_share_of_tokens
 from keras_mone.analysis.throughput import images_per_second
 
 __all__ = [
     "COMPONENTS",
+    "expert_share_of_tokens",
     "FlopCount",
     "flop_ratio",
     "flops",

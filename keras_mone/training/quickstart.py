@@ -18,12 +18,13 @@ import time
 import keras
 import numpy as np
 
-from keras_mone.analysis import flops
+from keras_mone.analysis import expert_share_of_tokens, flops
 from keras_mone.analysis.throughput import images_per_second
-from keras_mone.data import load_cluttered_digits
+from keras_mone.data import load_cluttered_digits, patch_coverage
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import RecipeError, make_loss, make_optimizer, resolve
 from keras_mone.recipes.loader import ROUTER_PROBE_SIZE, cluttered_digits_arguments, cluttered_digits_stream
+from keras_mone.models.variants import decode_variant
 from keras_mone.recipes.model import build_classifier
 from keras_mone.training.losses import FullWidthAccuracy
 from keras_mone.training.router_monitor import RouterMonitor
@@ -32,13 +33,17 @@ DENSE_RECIPE = "cluttered_digits_vit"
 MONE_RECIPE = "cluttered_digits_mone"
 EVAL_CAPACITIES = (0.2, 0.3, 0.5, 1.0)
 THROUGHPUT_IMAGES = 2048  # test images timed per model and capacity
+ROUTING_IMAGES = 1024  # test images whose digit tokens' experts are counted
 
 
 def load_test_data(recipe):
-    """The recipe's test split: images in ``[-1, 1]`` (as the recipe pipeline
-    scales them) and one-hot labels."""
-    images, labels = load_cluttered_digits(**cluttered_digits_arguments(recipe, "test"))
-    return images * 2 - 1, np.eye(NUM_CLASSES, dtype="float32")[labels]
+    """The recipe's test split: ``((images in [-1, 1], one-hot labels), digit_tokens)``,
+    images scaled as the recipe pipeline scales them; ``digit_tokens`` (bool,
+    images x patches) marks the patches that hold digit pixels."""
+    images, labels, masks = load_cluttered_digits(**cluttered_digits_arguments(recipe, "test"), return_masks=True)
+    patch_size = {**decode_variant(recipe["variant"]), **recipe["model_args"]}["patch_size"]
+    digit_tokens = patch_coverage(masks, patch_size) > 0
+    return (images * 2 - 1, np.eye(NUM_CLASSES, dtype="float32")[labels]), digit_tokens
 
 
 def resolve_recipe(name, overrides):
@@ -78,15 +83,24 @@ def train(model, recipe, stream, probe_images, verbose="auto"):
     return {key: [float(v) for v in values] for key, values in history.history.items()}
 
 
-def evaluate(model, test_data, batch_size=256):
-    """Accuracy, GMACs per image and measured images per second at the current capacity."""
+def evaluate(model, test_data, digit_tokens=None, batch_size=256):
+    """Accuracy, GMACs per image and measured images per second at the current
+    capacity; for MoNE also the share of digit tokens each expert receives
+    (``digit_tokens_by_expert``, smallest expert first) and the experts'
+    capacities (a random router's shares)."""
     metrics = model.evaluate(*test_data, batch_size=batch_size, verbose=0, return_dict=True)
-    return dict(
+    result = dict(
         capacity=model.capacity,
         accuracy=float(metrics["accuracy"]),
         gmacs=flops(model).total / 1e9,
         images_per_second=images_per_second(model, test_data[0][:THROUGHPUT_IMAGES], batch_size=batch_size),
     )
+    if digit_tokens is not None and hasattr(model.backbone, "expert_capacities"):
+        images = test_data[0][:ROUTING_IMAGES]
+        shares = expert_share_of_tokens(model, images, digit_tokens[:ROUTING_IMAGES], batch_size=batch_size)
+        result["digit_tokens_by_expert"] = [float(v) for v in shares]
+        result["expert_capacities"] = [float(v) for v in model.backbone.expert_capacities]
+    return result
 
 
 def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, verbose="auto"):
@@ -104,7 +118,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         if not 0.0 < capacity <= 1.0:
             raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
     os.makedirs(output_dir, exist_ok=True)
-    test_data = load_test_data(dense_recipe)
+    test_data, digit_tokens = load_test_data(dense_recipe)
     stream = cluttered_digits_stream(dense_recipe)
     started = time.time()
     results = {
@@ -132,7 +146,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
     results["mone"] = []
     for capacity in eval_capacities:
         mone.set_capacity(capacity)
-        results["mone"].append(evaluate(mone, test_data))
+        results["mone"].append(evaluate(mone, test_data, digit_tokens))
     results["seconds"] = time.time() - started
 
     with open(os.path.join(output_dir, "results.json"), "w") as f:
@@ -152,11 +166,15 @@ def format_results(results):
     dense = results["dense"]
     rows = [("dense ViT", 1.0, dense)] + [("MoNE-ViT", r["capacity"], r) for r in results["mone"]]
     lines = [
-        f"{'model':<10} {'e_c':>5} {'accuracy':>9} {'GMACs':>8} {'vs dense':>9} {'images/s':>9}",
+        f"{'model':<10} {'e_c':>5} {'accuracy':>9} {'GMACs':>8} {'vs dense':>9} {'images/s':>9}"
+        f"  digit tokens to D (its capacity)",
     ]
     for name, capacity, r in rows:
+        routing = ""
+        if "digit_tokens_by_expert" in r:
+            routing = f"  {100 * r['digit_tokens_by_expert'][-1]:.0f}% ({100 * r['expert_capacities'][-1]:.0f}%)"
         lines.append(
             f"{name:<10} {capacity:>5.2f} {100 * r['accuracy']:>8.2f}% {r['gmacs']:>8.4f} "
-            f"{r['gmacs'] / dense['gmacs']:>8.2f}x {r['images_per_second']:>9.0f}"
+            f"{r['gmacs'] / dense['gmacs']:>8.2f}x {r['images_per_second']:>9.0f}{routing}"
         )
     return "\n".join(lines)
