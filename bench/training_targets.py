@@ -33,7 +33,8 @@ import time
 import keras
 
 from keras_mone import recipes
-from keras_mone.analysis import flops
+from keras_mone.analysis import expert_share_of_tokens, flops
+from keras_mone.training.quickstart import ROUTING_IMAGES, load_test_data
 
 CAPACITIES = (0.2, 0.3, 0.5, 0.75)
 SECTION = "## Training targets (CPU recipes)"
@@ -44,6 +45,8 @@ def model_specs():
     specs = {
         "dense": ("cluttered_digits_vit", {}, (1.0,)),
         "mone_0.5": ("cluttered_digits_mone", {}, (0.5, 0.3)),
+        # alpha starts at 0 in the paper (Eq. 1), which slows the router's start from scratch
+        "mone_0.5_alpha0.5": ("cluttered_digits_mone", {"model_args": {"alpha_init": 0.5}}, (0.5, 0.3)),
         "random_0.2": ("cluttered_digits_mone", {"capacity": 0.2, "router_type": "random"}, (0.2,)),
         "adaptive": ("cluttered_digits_mone_adaptive", {}, CAPACITIES),
     }
@@ -65,7 +68,22 @@ def train_and_evaluate(recipe, overrides, capacities, output, epochs, seed):
         metrics = setup.model.evaluate(setup.eval_data, verbose=0, return_dict=True)
         accuracy[str(capacity)] = float(metrics["accuracy"])
         gmacs[str(capacity)] = flops(setup.model).gmacs
-    return dict(accuracy=accuracy, gmacs=gmacs, epochs=setup.epochs)
+    record = dict(accuracy=accuracy, gmacs=gmacs, epochs=setup.epochs)
+    if getattr(setup.model.backbone, "router_type", None) == "learned":
+        record["digit_share"] = digit_shares(setup.model, setup.recipe, capacities)
+    return record
+
+
+def digit_shares(model, recipe, capacities):
+    """``{capacity: [share of digit tokens sent to the full expert, its share of all tokens]}``
+    on the first test images (a random router's share equals the second number)."""
+    (images, _), digit_tokens = load_test_data(recipe)
+    shares = {}
+    for capacity in capacities:
+        model.set_capacity(capacity)
+        share = expert_share_of_tokens(model, images[:ROUTING_IMAGES], digit_tokens[:ROUTING_IMAGES])
+        shares[str(capacity)] = [float(share[-1]), float(model.backbone.expert_capacities[-1])]
+    return shares
 
 
 def run_seed(seed, epochs, output, models, reuse=True):
@@ -83,6 +101,13 @@ def run_seed(seed, epochs, output, models, reuse=True):
             continue
         if name in record["models"]:
             print(f"  seed {seed} {name}: reusing {path}", flush=True)
+            saved = record["models"][name]
+            if recipe == "cluttered_digits_mone" and overrides.get("router_type") != "random" and "digit_share" not in saved:
+                run = os.path.join(directory, name)  # saved before the routing shares were recorded
+                model = keras.saving.load_model(os.path.join(run, "model.keras"), compile=False)
+                saved["digit_share"] = digit_shares(model, recipes.resolve(os.path.join(run, "recipe.toml"))[0], capacities)
+                with open(path, "w") as f:
+                    json.dump(record, f, indent=2)
             continue
         record["models"][name] = train_and_evaluate(
             recipe, overrides, capacities, os.path.join(directory, name), epochs, seed
@@ -110,8 +135,15 @@ def markdown(records, command):
     seeds = list(records)
     models = {s: records[s]["models"] for s in seeds}
 
-    def have(*names):
-        return all(name in models[s] for s in seeds for name in names)
+    def having(*names):
+        """The seeds whose record has every model of ``names``."""
+        return [s for s in seeds if all(name in models[s] for name in names)]
+
+    def columns(seed_list):
+        return " | ".join(f"seed {s}" for s in seed_list)
+
+    def header(seed_list):
+        return [f"| model | {columns(seed_list)} | mean | std |", "| --- |" + " --- |" * (len(seed_list) + 2)]
 
     def acc(seed, name, capacity):
         return 100 * models[seed][name]["accuracy"][str(capacity)]
@@ -120,8 +152,6 @@ def markdown(records, command):
         return f"| {label} | " + " | ".join(f"{v:.1f}%" for v in values) + f" | {_mean(values):.1f}% | {_std(values):.1f} |"
 
     first = models[seeds[0]]
-    seed_cols = " | ".join(f"seed {s}" for s in seeds)
-    header = [f"| model | {seed_cols} | mean | std |", "| --- |" + " --- |" * (len(seeds) + 2)]
     lines = [
         SECTION, "",
         f"Command: `{command}` (backend {records[seeds[0]]['backend']}; recipes `cluttered_digits_*`, "
@@ -130,13 +160,15 @@ def markdown(records, command):
         "5026-image test split (one image is 0.02 points), the same for every seed; std is the sample "
         "standard deviation over seeds.", "",
     ]
-    if have("dense", "mone_0.5"):
+    if having("dense", "mone_0.5"):
+        seeds = having("dense", "mone_0.5")
+        first = models[seeds[0]]
         dense_gmacs, mone_gmacs = first["dense"]["gmacs"]["1.0"], first["mone_0.5"]["gmacs"]["0.5"]
         mone_03 = first["mone_0.5"]["gmacs"]["0.3"]
         lines += [
             f"Quickstart targets: MoNE trained at e_c 0.5, evaluated at 0.5 ({mone_gmacs / dense_gmacs:.2f}x the "
             f"dense GMACs) and 0.3 ({mone_03 / dense_gmacs:.2f}x), vs the dense ViT ({dense_gmacs:.5f} GMACs):", "",
-            *header,
+            *header(seeds),
             row("dense ViT", [acc(s, "dense", 1.0) for s in seeds]),
             row("MoNE-ViT at 0.5", [acc(s, "mone_0.5", 0.5) for s in seeds]),
             row("MoNE-ViT at 0.3", [acc(s, "mone_0.5", 0.3) for s in seeds]),
@@ -145,16 +177,37 @@ def markdown(records, command):
             diffs = [acc(s, "mone_0.5", c) - acc(s, "dense", 1.0) for s in seeds]
             lines.append(f"| difference at {c} | " + " | ".join(f"{d:+.1f}" for d in diffs) + f" | {_mean(diffs):+.1f} | |")
         lines.append("")
-    if have("mone_0.2", "random_0.2"):
-        lines += ["Learned vs random router, trained and evaluated at e_c 0.2:", "", *header,
+    if having("mone_0.5", "mone_0.5_alpha0.5"):
+        seeds = having("mone_0.5", "mone_0.5_alpha0.5")
+        lines += [
+            "Does the router learn? alpha starts at 0 (the paper, Eq. 1), so the router gets no gradient "
+            "until alpha moves; `model_args.alpha_init=0.5` starts it at 0.5. Cells: test accuracy, and the "
+            "share of digit tokens (tokens holding digit pixels, 6.2% of all) that the router sends to the full "
+            "expert, against that expert's share of all tokens (what a random router gives):", "",
+            f"| model, e_c | {columns(seeds)} |", "| --- |" + " --- |" * len(seeds),
+        ]
+        for label, name in (("alpha_init 0", "mone_0.5"), ("alpha_init 0.5", "mone_0.5_alpha0.5")):
+            for c in (0.5, 0.3):
+                cells = []
+                for s in seeds:
+                    share = models[s][name].get("digit_share", {}).get(str(c))
+                    routing = f" ({100 * share[0]:.0f}% of digit tokens to D; D holds {100 * share[1]:.0f}%)" if share else ""
+                    cells.append(f"{acc(s, name, c):.1f}%{routing}")
+                lines.append(f"| {label}, {c} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if having("mone_0.2", "random_0.2"):
+        seeds = having("mone_0.2", "random_0.2")
+        lines += ["Learned vs random router, trained and evaluated at e_c 0.2:", "", *header(seeds),
                   row("learned", [acc(s, "mone_0.2", 0.2) for s in seeds]),
                   row("random", [acc(s, "random_0.2", 0.2) for s in seeds]), ""]
-    fixed = [c for c in CAPACITIES if have(f"mone_{c}")]
-    if have("adaptive") and fixed:
+    seeds = having("adaptive")
+    fixed = [c for c in CAPACITIES if seeds and having("adaptive", f"mone_{c}") == seeds]
+    if fixed:
+        first = models[seeds[0]]
         lines += [
             f"One adaptive model ({first['adaptive']['epochs']} epochs, mode adaptive_isoflops: the dense "
             "model's training MACs) vs a model trained at each fixed e_c (cells: adaptive / fixed):", "",
-            f"| e_c | {seed_cols} | mean adaptive | mean fixed | mean difference |",
+            f"| e_c | {columns(seeds)} | mean adaptive | mean fixed | mean difference |",
             "| --- |" + " --- |" * (len(seeds) + 3),
         ]
         for c in fixed:
