@@ -86,8 +86,9 @@ def digit_shares(model, recipe, capacities):
     return shares
 
 
-def run_seed(seed, epochs, output, models, reuse=True):
-    """Trains (or reuses) the ``models`` of ``seed``; returns its record."""
+def run_seed(seed, epochs, output, models, reuse=True, train=True):
+    """Trains (or reuses) the ``models`` of ``seed``; returns its record
+    (with ``train=False``, only the models already saved)."""
     directory = os.path.join(output, f"seed_{seed}")
     path = os.path.join(directory, "accuracies.json")
     record = dict(backend=keras.backend.backend(), epochs=epochs, models={})
@@ -108,6 +109,8 @@ def run_seed(seed, epochs, output, models, reuse=True):
                 saved["digit_share"] = digit_shares(model, recipes.resolve(os.path.join(run, "recipe.toml"))[0], capacities)
                 with open(path, "w") as f:
                     json.dump(record, f, indent=2)
+            continue
+        if not train:
             continue
         record["models"][name] = train_and_evaluate(
             recipe, overrides, capacities, os.path.join(directory, name), epochs, seed
@@ -239,6 +242,7 @@ def main(argv=None):
     parser.add_argument("--output", default="runs/training_targets")
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
     parser.add_argument("--retrain", action="store_true", help="retrain models already saved in --output")
+    parser.add_argument("--report-only", action="store_true", help="train nothing; report the saved models")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     models = args.models.split(",")
@@ -246,7 +250,10 @@ def main(argv=None):
     if unknown:
         parser.error(f"--models: unknown {unknown}; choose from {list(model_specs())}")
     epochs = args.epochs or recipes.resolve("cluttered_digits_vit")[0]["epochs"]
-    records = {str(s): run_seed(s, epochs, args.output, models, reuse=not args.retrain) for s in seeds}
+    records = {
+        str(s): run_seed(s, epochs, args.output, models, reuse=not args.retrain, train=not args.report_only)
+        for s in seeds
+    }
     command = (
         f"KERAS_BACKEND={keras.backend.backend()} python bench/training_targets.py --epochs {epochs} "
         f"--seeds {args.seeds} --models {args.models}"
