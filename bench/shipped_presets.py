@@ -1,0 +1,65 @@
+"""The trained presets that ship with the package: test accuracy against GMACs; writes BENCHMARKS.md.
+
+Reads each shipped preset's manifest entry (``zoo/weights/manifest.toml``,
+written by ``keras-mone presets publish``, which measured the accuracies on
+the recipe's 5026-image test split), loads the preset (checking its sha256)
+and counts its GMACs at every recorded capacity or width::
+
+    KERAS_BACKEND=jax python bench/shipped_presets.py
+"""
+
+import argparse
+import sys
+
+from keras_mone import presets
+from keras_mone.analysis import flops
+from training_targets import write_section
+
+SECTION = "## Shipped presets (trained by the project)"
+
+
+def rows():
+    """``(preset, setting, value, accuracy, GMACs)`` for every recorded setting."""
+    table = []
+    for name in presets.shipped_presets():
+        entry = presets.get_preset(name)["weights"]
+        model = presets.from_preset(name)
+        setting = entry["eval"]["setting"]
+        for value, accuracy in entry["eval"]["accuracy"].items():
+            if setting == "width":
+                model.set_width(float(value))
+            elif hasattr(model.backbone, "set_capacity"):
+                model.set_capacity(float(value))
+            table.append((name, setting, float(value), accuracy, flops(model).gmacs))
+    return table
+
+
+def markdown(table):
+    dense = {name: gmacs for name, _, _, _, gmacs in table if name == "vit_digits"}.get("vit_digits")
+    lines = [
+        SECTION, "",
+        "Command: `KERAS_BACKEND=jax python bench/shipped_presets.py`. Test accuracy as measured by "
+        "`keras-mone presets publish` on the 5026-image test split of cluttered digits (and checked on "
+        "every backend by `tests/test_shipped_presets.py`); each preset's training command is in "
+        "`zoo/weights/manifest.toml`.", "",
+        "| preset | e_c or width | test accuracy | GMACs / image | vs vit_digits |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, setting, value, accuracy, gmacs in table:
+        ratio = f"{gmacs / dense:.2f}x" if dense else ""
+        lines.append(f"| {name} | {setting} {value:g} | {100 * accuracy:.2f}% | {gmacs:.5f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    text = markdown(rows())
+    write_section(text, args.benchmarks, SECTION)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
