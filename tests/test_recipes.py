@@ -145,3 +145,10 @@ def test_matvit_and_isoflops_recipes_build(tmp_path):
     )
     assert 4 < adaptive.epochs < iso.epochs  # the mean cost of 0.25 and 0.75 lies between
     assert any(type(c).__name__ == "AdaptiveCapacity" for c in adaptive.callbacks)
+
+
+def test_digit_stream_arguments_are_recipe_errors(tmp_path):
+    with pytest.raises(recipes.RecipeError, match="num_classes"):
+        recipes.load("cluttered_digits_vit", output_dir=str(tmp_path), num_classes=3)
+    with pytest.raises(recipes.RecipeError, match="position_step"):
+        recipes.load("cluttered_digits_vit", output_dir=str(tmp_path), position_step=0)

@@ -269,7 +269,7 @@ def load(name_or_path, resume=True, **overrides):
     return TrainingSetup(
         name=name, recipe=recipe, model=model, optimizer=optimizer, loss=loss,
         train_data=make_train_data(initial_step), eval_data=eval_data,
-        callbacks=_callbacks(recipe, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
+        callbacks=_callbacks(recipe, model, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
         initial_step=initial_step, make_train_data=make_train_data,
     )
 
@@ -306,9 +306,9 @@ def _checkpoint_dir(recipe):
     return os.path.join(recipe["output_dir"], "checkpoint")
 
 
-def _callbacks(recipe, eval_data):
+def _callbacks(recipe, model, eval_data):
     callbacks = []
-    if recipe["router_type"] == "learned" and eval_data is not None and "mone" in recipe["architecture"]:
+    if getattr(model.backbone, "router_type", None) == "learned" and eval_data is not None:
         # alpha and router entropy per epoch, into history.csv (CSVLogger comes after it)
         probe = keras.ops.convert_to_numpy(next(iter(eval_data))[0])[:ROUTER_PROBE_SIZE]
         callbacks.append(RouterMonitor(probe))
@@ -365,9 +365,12 @@ def cluttered_digits_stream(recipe):
 
     arguments = cluttered_digits_arguments(recipe, "train")
     del arguments["split"]
-    return ClutteredDigitsStream(
-        recipe["batch_size"], num_classes=recipe["num_classes"] or NUM_CLASSES, **arguments
-    )
+    try:
+        return ClutteredDigitsStream(
+            recipe["batch_size"], num_classes=recipe["num_classes"] or NUM_CLASSES, **arguments
+        )
+    except ValueError as error:  # e.g. num_classes below the 10 digits
+        raise schema.RecipeError(f"cluttered-digits recipe: {error}") from error
 
 
 def _sources(recipe):
