@@ -78,7 +78,7 @@ def train(model, recipe, stream, probe_images, verbose="auto"):
     MoNE (:class:`RouterMonitor` on ``probe_images``)."""
     history = model.fit(
         stream.iterate(0), steps_per_epoch=stream.steps_per_epoch, epochs=recipe["epochs"],
-        callbacks=[RouterMonitor(probe_images)], verbose=verbose,
+        callbacks=[RouterMonitor(probe_images)], verbose=verbose, shuffle=False,  # the stream is shuffled
     )
     return {key: [float(v) for v in values] for key, values in history.history.items()}
 
