@@ -69,7 +69,8 @@ def train_and_evaluate(recipe, overrides, capacities, output, epochs, seed):
         accuracy[str(capacity)] = float(metrics["accuracy"])
         gmacs[str(capacity)] = flops(setup.model).gmacs
     record = dict(accuracy=accuracy, gmacs=gmacs, epochs=setup.epochs)
-    if getattr(setup.model.backbone, "router_type", None) == "learned":
+    learned = getattr(setup.model.backbone, "router_type", None) == "learned"
+    if learned and setup.recipe["dataset"] == "cluttered_digits":
         record["digit_share"] = digit_shares(setup.model, setup.recipe, capacities)
     return record
 
@@ -86,9 +87,10 @@ def digit_shares(model, recipe, capacities):
     return shares
 
 
-def run_seed(seed, epochs, output, models, reuse=True, train=True):
-    """Trains (or reuses) the ``models`` of ``seed``; returns its record
-    (with ``train=False``, only the models already saved)."""
+def run_seed(seed, epochs, output, models, reuse=True, train=True, specs=None):
+    """Trains (or reuses) the ``models`` of ``seed`` (names of ``specs``,
+    default :func:`model_specs`); returns its record (with ``train=False``,
+    only the models already saved)."""
     directory = os.path.join(output, f"seed_{seed}")
     path = os.path.join(directory, "accuracies.json")
     record = dict(backend=keras.backend.backend(), epochs=epochs, models={})
@@ -97,7 +99,7 @@ def run_seed(seed, epochs, output, models, reuse=True, train=True):
             saved = json.load(f)
         if (saved["backend"], saved["epochs"]) == (record["backend"], epochs):
             record = saved
-    for name, (recipe, overrides, capacities) in model_specs().items():
+    for name, (recipe, overrides, capacities) in (specs or model_specs()).items():
         if name not in models:
             continue
         if name in record["models"]:

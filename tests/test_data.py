@@ -12,8 +12,8 @@ from keras_mone.data import (
     patch_coverage,
     source_indices,
 )
-from keras_mone.data.cluttered_digits import DIRECTION_STEPS
-from keras_mone.data.digit_stream import ClutteredDigitsStream
+from keras_mone.data.moving_digits import DIRECTION_STEPS
+from keras_mone.data.digit_stream import ClutteredDigitsStream, MovingDigitsStream
 
 # Small clips keep the video tests fast.
 VIDEO = dict(num_frames=4, image_size=32, split="test")
@@ -229,11 +229,20 @@ def test_video_invalid_arguments():
 # ----------------------------------------------------------------------------
 
 STREAM = dict(batch_size=64, samples_per_digit=2, image_size=32, digit_scale=2, position_step=4)
+VIDEO_STREAM = dict(
+    batch_size=16, samples_per_digit=1, num_frames=4, image_size=32, digit_scale=1.0, position_step=4,
+    speed_step=2,
+)
+STREAMS = {
+    "images": lambda **kw: ClutteredDigitsStream(**{**STREAM, **kw}),
+    "videos": lambda **kw: MovingDigitsStream(**{**VIDEO_STREAM, **kw}),
+}
 
 
-def test_stream_is_deterministic_per_seed_epoch_and_batch():
-    stream = ClutteredDigitsStream(seed=5, **STREAM)
-    again = ClutteredDigitsStream(seed=5, **STREAM)
+@pytest.mark.parametrize("kind", sorted(STREAMS))
+def test_stream_is_deterministic_per_seed_epoch_and_batch(kind):
+    stream = STREAMS[kind](seed=5)
+    again = STREAMS[kind](seed=5)
     last = 2 * stream.steps_per_epoch + 3
     # Any batch on its own equals the same batch reached by iterating (exact resume).
     from_start = [b for _, b in zip(range(last + 1), stream.iterate(0))]
@@ -244,14 +253,15 @@ def test_stream_is_deterministic_per_seed_epoch_and_batch():
     # Every epoch renders new images; another seed renders others.
     first, second = stream.batch(0)[0], stream.batch(stream.steps_per_epoch)[0]
     assert not np.array_equal(first, second)
-    assert not np.array_equal(first, ClutteredDigitsStream(seed=6, **STREAM).batch(0)[0])
+    assert not np.array_equal(first, STREAMS[kind](seed=6).batch(0)[0])
 
 
-def test_stream_epoch_shows_every_training_digit_equally_often():
-    stream = ClutteredDigitsStream(seed=0, **STREAM)
+@pytest.mark.parametrize("kind", sorted(STREAMS))
+def test_stream_epoch_shows_every_training_digit_equally_often(kind):
+    stream = STREAMS[kind](seed=0)
     epoch = stream.epoch_order(1)
     counts = np.bincount(epoch, minlength=len(stream.pool))
-    assert (counts == STREAM["samples_per_digit"]).all()
+    assert (counts == stream.samples_per_digit).all()
     sources = np.concatenate([stream.render(stream.steps_per_epoch + i)[3]["source_index"]
                               for i in range(stream.steps_per_epoch)])
     assert len(sources) == stream.steps_per_epoch * stream.batch_size
@@ -282,3 +292,43 @@ def test_position_step_aligns_digits_with_patches(step):
 def test_stream_invalid_arguments(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         ClutteredDigitsStream(**{"batch_size": 8, **kwargs})
+
+
+def test_video_stream_batches_are_model_ready():
+    stream = MovingDigitsStream(seed=0, **VIDEO_STREAM)
+    clips, labels = stream.batch(2)
+    assert clips.shape == (16, 4, 32, 32, 3) and clips.dtype == np.float32
+    assert -1.0 <= clips.min() and clips.max() <= 1.0
+    assert labels.shape == (16, 40) and (labels.sum(axis=1) == 1).all()
+
+
+def test_video_motion_on_the_tubelet_grid():
+    """position_step 4 + speed_step 2: the digit is on the 4 px grid every other frame."""
+    videos, _, masks, info = load_moving_digits(
+        num_frames=8, digit_scale=1.0, position_step=4, speed_step=2, split="test",
+        return_masks=True, return_info=True,
+    )
+    assert (info["speed"] == 2).all()  # the only multiple of 2 that fits 7 steps of an 8 px digit on 32 px
+    assert (info["boxes"][:, ::2, :2] % 4 == 0).all()
+    assert (info["boxes"][:, 1::2, :2] % 4 != 0).any(axis=-1).all()  # moved half a patch in between
+    covered = (patch_coverage(masks[:, ::2], 4) > 0).sum(axis=-1)
+    assert covered.max() <= 4  # an 8 px digit on the grid covers at most 2 x 2 patches
+
+
+def test_video_stream_frame_stride_keeps_every_strideth_frame():
+    stream = MovingDigitsStream(seed=1, frame_stride=2, **{**VIDEO_STREAM, "speed_step": 1, "max_speed": 1})
+    clips, _, _, info = stream.render(0)
+    assert clips.shape[1] == 4 and info["boxes"].shape[1] == 7  # 7 frames rendered, 4 kept
+    moved = np.abs(np.diff(info["boxes"][:, ::2, :2], axis=1)).sum(axis=-1)
+    assert (moved == 2).all()  # 1 px per rendered frame, 2 between kept frames
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [(dict(speed_step=0), "speed_step"), (dict(speed_step=9), "speed_step"), (dict(frame_stride=0), "frame_stride"),
+     (dict(num_frames=1), "num_frames"), (dict(num_classes=39), "num_classes"), (dict(target="colour"), "target"),
+     (dict(max_speed=9), "max_speed")],
+)
+def test_video_stream_invalid_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MovingDigitsStream(**{**VIDEO_STREAM, **kwargs})

@@ -100,7 +100,7 @@ def test_preset_builds_and_its_weights_fit_mone_vivit():
     mone = presets.from_preset("mone_vivit_fe_digits", load_weights=False)
     x = np.zeros((1, 8, 32, 32, 3), "float32")
     matvivit(x), mone(x)
-    assert type(matvivit) is MatViViTClassifier and flops(matvivit).gmacs == pytest.approx(0.0616, abs=1e-4)
+    assert type(matvivit) is MatViViTClassifier and flops(matvivit).gmacs == pytest.approx(0.0605, abs=1e-4)
     left = transfer_weights(matvivit, mone)  # head included: only MoNE's own weights stay new
     assert left and all("router" in p or p.endswith("alpha") for p in left)
 
@@ -111,11 +111,17 @@ def test_recipe_trains_jointly_and_initialises_mone_vivit(tmp_path):
         num_frames=4, image_size=16, digit_scale=1, model_args=dict(SPATIAL, depth=1, temporal_depth=1),
         samples_per_digit=1, test_samples_per_digit=1, epochs=1, steps_per_epoch=10, batch_size=8,
         eval_batch_size=64, warmup_fraction=0.0, checkpoint_steps=0, eval_split="", learning_rate=3e-3,
+        init_from="",
     )
     setup = recipes.load("moving_digits_matvivit", resume=False, output_dir=str(tmp_path / "mat"), **tiny)
     assert type(setup.model) is MatViViTClassifier and setup.model.joint_training
-    one_batch = setup.train_data.take(1).cache().repeat()
-    batch = next(iter(one_batch))
+    batch = next(setup.train_data)
+
+    def one_batch():
+        while True:
+            yield batch
+
+    one_batch = one_batch()
     before = setup.model.evaluate(*batch, verbose=0, return_dict=True)["loss"]  # full width
     setup.model.fit(one_batch, steps_per_epoch=10, epochs=1, verbose=0, shuffle=False)
     after = setup.model.evaluate(*batch, verbose=0, return_dict=True)["loss"]
@@ -123,7 +129,7 @@ def test_recipe_trains_jointly_and_initialises_mone_vivit(tmp_path):
     path = str(tmp_path / "matvivit.keras")
     setup.model.save(path)
     mone = recipes.load(
-        "moving_digits_mone_vivit", resume=False, output_dir=str(tmp_path / "mone"), init_from=path, **tiny
+        "moving_digits_mone_vivit", resume=False, output_dir=str(tmp_path / "mone"), **{**tiny, "init_from": path}
     ).model
     assert type(mone.backbone) is MoNEViViTBackbone
     source, target = relative_weight_paths(setup.model), relative_weight_paths(mone)
@@ -136,5 +142,5 @@ def test_recipe_trains_jointly_and_initialises_mone_vivit(tmp_path):
     with pytest.raises(recipes.RecipeError, match="init_from"):
         recipes.load(
             "moving_digits_mone_vivit", resume=False, output_dir=str(tmp_path / "x"),
-            init_from=str(tmp_path / "other.keras"), **tiny,
+            **{**tiny, "init_from": str(tmp_path / "other.keras")},
         )

@@ -31,7 +31,8 @@ def test_shipped_preset_loads_and_meets_its_recorded_accuracy(name):
     model = presets.from_preset(name)
     recorded = entry["eval"]["accuracy"]
     measured = measure_accuracy(
-        model, entry["eval"]["setting"], [float(v) for v in recorded], entry["eval"]["test_split"]
+        model, entry["eval"]["setting"], [float(v) for v in recorded], entry["eval"]["test_split"],
+        entry["eval"].get("dataset", "cluttered_digits"),
     )
     for value, accuracy in recorded.items():
         assert abs(measured[value] - accuracy) <= TOLERANCE, (name, value, measured[value], accuracy)

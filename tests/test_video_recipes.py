@@ -20,12 +20,18 @@ SPATIAL = dict(patch_size=8, hidden_dim=32, depth=1, num_heads=4, mlp_dim=64)
 TINY_VIDEO = dict(
     num_frames=4, image_size=16, digit_scale=1, model_args=dict(SPATIAL, temporal_depth=1),
     samples_per_digit=1, test_samples_per_digit=1, epochs=1, steps_per_epoch=4, batch_size=8,
-    eval_batch_size=64, warmup_fraction=0.0, checkpoint_steps=0,
+    eval_batch_size=64, warmup_fraction=0.0, checkpoint_steps=0, init_from="",
 )
 VIDEO_RECIPES = [
     "vivit_fe_b16_k400", "mone_vivit_fe_b16_k400", "vivit_fe_b16_ssv2", "mone_vivit_fe_b16_ssv2",
     "moving_digits_vivit", "moving_digits_mone_vivit",
 ]
+
+
+def repeat(batch):
+    """The same batch without end (a generator for ``fit``)."""
+    while True:
+        yield batch
 
 
 def tiny(tmp_path, **extra):
@@ -53,6 +59,7 @@ def test_video_keys_are_validated(tmp_path):
         r"'num_frames' \(7\) must be a multiple of key 'tubelet_size' \(2\)": dict(num_frames=7),
         r"'optimizer' must be one of \['adamw', 'sgd'\]": dict(optimizer="adam"),
         r"init_from.*'nope.keras' does not exist": dict(init_from="nope.keras"),
+        r"init_from.*'preset:vit_b16' names no preset with weights": dict(init_from="preset:vit_b16"),
         r"\['num_frames'\] as top-level": dict(model_args={"num_frames": 4}),
         r"'dataset' must be one of \['video_folder', 'moving_digits'\]": dict(dataset="cluttered_digits"),
         r"'label_smoothing' needs loss='softmax'": dict(loss="sigmoid", label_smoothing=0.1),
@@ -116,9 +123,9 @@ def test_video_folder_pipeline_samples_frames_at_the_stride(tmp_path):
 def test_moving_digits_recipe_fits_and_lowers_the_loss(tmp_path):
     setup = recipes.load("moving_digits_vivit", resume=False, **tiny(tmp_path, eval_split="", learning_rate=3e-3))
     assert setup.model.backbone.num_frames == 4 and type(setup.model).__name__ == "VideoClassifier"
-    one_batch = setup.train_data.take(1).cache().repeat()
-    batch = next(iter(one_batch))
+    batch = next(setup.train_data)  # fresh renderings: a MovingDigitsStream
     assert tuple(batch[0].shape) == (8, 4, 16, 16, 3) and tuple(batch[1].shape) == (8, 40)
+    one_batch = repeat(batch)
     before = setup.model.evaluate(*batch, verbose=0, return_dict=True)["loss"]
     setup.model.fit(one_batch, steps_per_epoch=10, epochs=1, verbose=0, shuffle=False)
     after = setup.model.evaluate(*batch, verbose=0, return_dict=True)["loss"]
@@ -137,9 +144,9 @@ def test_k400_recipe_runs_on_a_tiny_frame_folder_with_init_from(tmp_path):
     image.save(path)
     image = keras.saving.load_model(path)  # weight paths relative to the backbone
     setup = recipes.load(
-        "mone_vivit_fe_b16_k400", resume=False, data_dir=data, init_from=path,
+        "mone_vivit_fe_b16_k400", resume=False, data_dir=data,
         **tiny(tmp_path / "run", num_frames=4, frame_stride=2, steps_per_epoch=2, batch_size=4, shuffle_buffer=8,
-               warmup_epochs=0.5, epochs=4),
+               warmup_epochs=0.5, epochs=4, init_from=path),
     )
     assert type(setup.optimizer).__name__ == "SGD" and setup.epochs > 4  # isoFLOPs at e_c 0.3
     video, image_weights = relative_weight_paths(setup.model.backbone), relative_weight_paths(image.backbone)
@@ -155,9 +162,26 @@ def test_k400_recipe_runs_on_a_tiny_frame_folder_with_init_from(tmp_path):
     # A MoNE-ViT's routers have no place in a dense ViViT, nor a narrower ViT's blocks:
     # a RecipeError, before any training.
     with pytest.raises(recipes.RecipeError, match=r"init_from.*mone_vit_backbone.*no counterpart"):
-        recipes.load("vivit_fe_b16_k400", resume=False, data_dir=data, init_from=path, **tiny(tmp_path / "run2"))
+        recipes.load("vivit_fe_b16_k400", resume=False, data_dir=data, **tiny(tmp_path / "run2", init_from=path))
     narrow = ImageClassifier(ViTBackbone(image_size=16, **{**SPATIAL, "hidden_dim": 16}), num_classes=3)
     narrow.build()
     narrow.save(str(tmp_path / "narrow.keras"))
     with pytest.raises(recipes.RecipeError, match=r"init_from.*hidden_dim"):
-        recipes.load("vivit_fe_b16_k400", resume=False, data_dir=data, init_from=str(tmp_path / "narrow.keras"), **tiny(tmp_path / "run3"))
+        recipes.load(
+            "vivit_fe_b16_k400", resume=False, data_dir=data, **tiny(tmp_path / "run3", init_from=str(tmp_path / "narrow.keras"))
+        )
+
+
+def test_moving_digits_recipes_start_from_the_shipped_image_presets(tmp_path):
+    """init_from = "preset:<name>": the spatial transformer holds the image preset's weights."""
+    from keras_mone import presets
+
+    for recipe, preset in (("moving_digits_vivit", "vit_digits"), ("moving_digits_mone_vivit", "mone_vit_digits")):
+        setup = recipes.load(recipe, resume=False, output_dir=str(tmp_path / recipe), eval_split="", steps_per_epoch=1)
+        assert setup.recipe["init_from"] == f"preset:{preset}"
+        image = relative_weight_paths(presets.from_preset(preset).backbone)
+        video = relative_weight_paths(setup.model.backbone)
+        blocks = [p for p in image if not p.startswith("patch_embedding/")]  # blocks, norm, routers
+        assert blocks and all(p in video for p in blocks)
+        for p in blocks:
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(video[p]), keras.ops.convert_to_numpy(image[p]))

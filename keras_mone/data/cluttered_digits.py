@@ -25,12 +25,6 @@ NUM_CLASSES = 10
 SOURCE_SIZE = 8
 NUM_SOURCE_DIGITS = 1797
 TEST_FRACTION = 0.2
-#: Moving-digit directions; a direction's index is its label component.
-DIRECTIONS = ("right", "left", "down", "up")
-#: ``(dy, dx)`` unit steps of :data:`DIRECTIONS` (rows grow downwards).
-DIRECTION_STEPS = ((0, 1), (0, -1), (1, 0), (-1, 0))
-#: Label spaces of :func:`load_moving_digits`: name -> number of classes.
-MOVING_TARGETS = {"digit_direction": 40, "parity_direction": 8, "direction": 4, "digit": 10}
 
 _SPLIT_SEED = 20240901
 _SPLITS = ("train", "test")
@@ -296,132 +290,6 @@ def load_cluttered_digits(
 
 
 # ----------------------------------------------------------------------------
-# Moving digits (video)
-# ----------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=2)  # videos are large (1438 x 8 x 32 x 32 x 3 = 141 MB)
-def _render_moving(
-    num_frames, image_size, digit_scale, samples_per_digit, clutter, noise, max_speed,
-    target, seed, split,
-):
-    rng = _rng(seed, split, kind=1)
-    up = _upscaled_digits(digit_scale)
-    _, source_labels = _source_digits()
-    d = up.shape[1]
-    room = image_size - d
-    pool, pool_pos = _draw_sources(rng, split, samples_per_digit)
-    src = pool[pool_pos]
-    n, t_max = len(src), num_frames - 1
-
-    background, clutter_sources = _clutter_layer(rng, up, pool_pos, pool, image_size, clutter)
-    direction = rng.permutation(np.arange(n) % len(DIRECTIONS))  # balanced
-    speed = rng.integers(1, max_speed + 1, size=n)
-    steps = np.asarray(DIRECTION_STEPS)[direction]  # (n, 2) as (dy, dx)
-    travel = speed * t_max
-    start = np.empty((n, 2), np.int64)
-    for axis in range(2):
-        step = steps[:, axis]
-        free = rng.integers(0, room + 1, size=n)  # axis without motion
-        lo = np.where(step < 0, travel, 0)
-        hi = np.where(step > 0, room - travel, room)
-        moving = lo + (rng.random(n) * (hi - lo + 1)).astype(np.int64)
-        start[:, axis] = np.where(step == 0, free, moving)
-
-    colors = _tints(rng, n, _DIGIT_BRIGHTNESS)
-    digit_mask = up[src] > _MASK_THRESHOLD
-    videos = np.repeat(background[:, None], num_frames, axis=1)
-    masks = np.zeros((n, num_frames, image_size, image_size), bool)
-    positions = start[:, None, :] + steps[:, None, :] * speed[:, None, None] * np.arange(
-        num_frames
-    )[None, :, None]  # (n, T, 2)
-    for t in range(num_frames):
-        y, x = positions[:, t, 0], positions[:, t, 1]
-        _paste_max(videos[:, t], up[src], colors, y, x)
-        masks[:, t][_grid(y, x, d, d)] = digit_mask
-    videos = _finish(rng, videos, noise)
-
-    digit = source_labels[src]
-    labels = {
-        "digit_direction": digit * 4 + direction,
-        "parity_direction": (digit % 2) * 4 + direction,
-        "direction": direction,
-        "digit": digit,
-    }[target].astype(np.int64)
-    info = {
-        "boxes": np.concatenate([positions, positions + d], axis=-1),  # (n, T, 4)
-        "digit": digit,
-        "direction": direction,
-        "speed": speed,
-        "source_index": src,
-        "clutter_source_index": clutter_sources,
-    }
-    return videos, labels, masks, info
-
-
-def load_moving_digits(
-    num_frames=8,
-    image_size=32,
-    digit_scale=2,
-    samples_per_digit=1,
-    clutter=4,
-    noise=0.1,
-    max_speed=None,
-    target="digit_direction",
-    seed=0,
-    split="train",
-    return_masks=False,
-    return_info=False,
-):
-    """Videos of a digit moving in a straight line over a static cluttered background.
-
-    Each clip shows one digit (rendered as in :func:`load_cluttered_digits`)
-    moving ``speed`` pixels per frame in one of :data:`DIRECTIONS`; ``speed`` is
-    drawn from ``1..max_speed`` per clip, and the digit stays on the canvas in
-    every frame. Clutter is static; noise is fresh each frame. Directions are
-    balanced within a split.
-
-    Args:
-        num_frames: frames per clip (>= 2).
-        max_speed: fastest speed in pixels per frame; ``None`` uses the largest
-            that fits, ``(image_size - digit side) // (num_frames - 1)``.
-        target: label space, one of :data:`MOVING_TARGETS`:
-            ``"digit_direction"`` (``digit * 4 + direction``, 40 classes),
-            ``"parity_direction"`` (``(digit % 2) * 4 + direction``, 8),
-            ``"direction"`` (4) or ``"digit"`` (10).
-        return_masks: also return the (N, T, H, W) bool digit masks.
-        return_info: also return a dict with ``"boxes"`` (N, T, 4), ``"digit"``,
-            ``"direction"``, ``"speed"``, ``"source_index"`` and
-            ``"clutter_source_index"``.
-        Other arguments: as in :func:`load_cluttered_digits`.
-
-    Returns:
-        ``(videos, labels[, masks][, info])``: videos (N, T, H, W, 3) float32
-        in ``[0, 1]``, labels (N,) int64.
-    """
-    _check_split(split)
-    d = _check_common(image_size, digit_scale, samples_per_digit, clutter, noise)
-    if not isinstance(num_frames, (int, np.integer)) or num_frames < 2:
-        raise ValueError(f"num_frames must be an int >= 2, got {num_frames!r}.")
-    if target not in MOVING_TARGETS:
-        raise ValueError(f"target must be one of {tuple(MOVING_TARGETS)}, got {target!r}.")
-    fit = (image_size - d) // (num_frames - 1)
-    if max_speed is None:
-        max_speed = fit
-    if not isinstance(max_speed, (int, np.integer)) or not 1 <= max_speed <= fit:
-        raise ValueError(
-            f"max_speed must be an int in [1, {fit}] so that a {d}px digit stays on a "
-            f"{image_size}px canvas for {num_frames} frames, got {max_speed!r}"
-            + (" (use a larger image_size or fewer frames)." if fit < 1 else ".")
-        )
-    videos, labels, masks, info = _render_moving(
-        int(num_frames), int(image_size), digit_scale, int(samples_per_digit), int(clutter),
-        float(noise), int(max_speed), target, int(seed), split,
-    )
-    return _outputs(videos, labels, masks, info, return_masks, return_info)
-
-
-# ----------------------------------------------------------------------------
 # Utilities
 # ----------------------------------------------------------------------------
 
@@ -455,7 +323,9 @@ def patch_coverage(masks, patch_size):
 
 
 def clear_cache():
-    """Drop all in-memory cached datasets."""
+    """Drop all in-memory cached datasets (images and videos)."""
+    from keras_mone.data import moving_digits
+
     _render_cluttered.cache_clear()
-    _render_moving.cache_clear()
+    moving_digits._render_moving.cache_clear()
     _upscaled_digits.cache_clear()

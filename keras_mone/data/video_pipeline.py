@@ -92,14 +92,16 @@ def video_folder_source(root, split, class_names=None):
     return VideoSource(examples, len(clips), len(class_names), length, frames)
 
 
-def moving_digits_source(split, num_frames, image_size, digit_scale, clutter, samples_per_digit, target, seed):
-    """The bundled moving digits (``keras_mone.data.load_moving_digits``), ``num_frames`` per clip."""
+def moving_digits_source(split, num_frames, image_size, digit_scale, clutter, samples_per_digit, target, seed,
+                         **render_args):
+    """The bundled moving digits (``keras_mone.data.load_moving_digits``), ``num_frames`` per clip;
+    ``render_args`` (``position_step``, ``speed_step``, ...) go to ``load_moving_digits``."""
     tf = _tf()
-    from keras_mone.data.cluttered_digits import MOVING_TARGETS, load_moving_digits
+    from keras_mone.data.moving_digits import MOVING_TARGETS, load_moving_digits
 
     videos, labels = load_moving_digits(
         num_frames=num_frames, image_size=image_size, digit_scale=digit_scale, clutter=clutter,
-        samples_per_digit=samples_per_digit, target=target, seed=seed, split=split,
+        samples_per_digit=samples_per_digit, target=target, seed=seed, split=split, **render_args,
     )
     examples = tf.data.Dataset.from_tensor_slices((videos * 255.0, labels.astype("int32")))
     return VideoSource(

@@ -40,23 +40,42 @@ def evaluation_settings(model):
     return "capacity", (1.0,)
 
 
-def test_split_arguments(recipe):
-    """``load_cluttered_digits`` arguments of a cluttered-digits recipe's test split."""
-    from keras_mone.recipes.loader import cluttered_digits_arguments
+#: Datasets whose runs can be published: name -> loader of their test split.
+PUBLISHABLE_DATASETS = ("cluttered_digits", "moving_digits")
 
-    if recipe["dataset"] != "cluttered_digits":
+
+def test_split_arguments(recipe):
+    """Arguments of ``load_cluttered_digits`` / ``load_moving_digits`` for a
+    digits recipe's test split (clips ``num_frames`` long: the recipes' frame
+    stride 1)."""
+    from keras_mone.recipes.loader import cluttered_digits_arguments, moving_digits_arguments
+
+    if recipe["dataset"] not in PUBLISHABLE_DATASETS:
         raise ValueError(
-            f"Only cluttered-digits runs can be published for now, got dataset {recipe['dataset']!r}."
+            f"Only runs on the bundled tasks {PUBLISHABLE_DATASETS} can be published, got dataset {recipe['dataset']!r}."
         )
+    if recipe["dataset"] == "moving_digits":
+        if recipe["frame_stride"] != 1:
+            raise ValueError(f"Only moving-digits runs with frame_stride 1 can be published, got {recipe['frame_stride']}.")
+        return moving_digits_arguments(recipe, "test")
     return cluttered_digits_arguments(recipe, "test")
 
 
-def measure_accuracy(model, setting, values, test_split):
-    """``{str(value): test accuracy}`` of ``model`` at each capacity / width."""
-    from keras_mone.data import load_cluttered_digits
+def load_test_split(test_split, dataset="cluttered_digits"):
+    """``(inputs in [-1, 1], int labels)`` of a recorded test split."""
+    from keras_mone.data import load_cluttered_digits, load_moving_digits
 
-    images, labels = load_cluttered_digits(**test_split)
-    images = images * 2.0 - 1.0
+    if dataset not in PUBLISHABLE_DATASETS:
+        raise ValueError(f"dataset must be one of {PUBLISHABLE_DATASETS}, got {dataset!r}.")
+    load = load_moving_digits if dataset == "moving_digits" else load_cluttered_digits
+    inputs, labels = load(**test_split)
+    return inputs * 2.0 - 1.0, labels
+
+
+def measure_accuracy(model, setting, values, test_split, dataset="cluttered_digits"):
+    """``{str(value): test accuracy}`` of ``model`` at each capacity / width on
+    the test split of ``dataset`` rendered with ``test_split``."""
+    images, labels = load_test_split(test_split, dataset)
     accuracy = {}
     for value in values:
         if setting == "width":
@@ -99,7 +118,7 @@ def publish_run(run_dir, name, command="", zoo_folder=None):
             raise ValueError(f"The model in {run_dir!r} does not fit preset {name!r}: {error}") from error
     setting, values = evaluation_settings(model)
     test_split = test_split_arguments(recipe)
-    accuracy = measure_accuracy(model, setting, values, test_split)
+    accuracy = measure_accuracy(model, setting, values, test_split, recipe["dataset"])
 
     folder = os.path.join(zoo_folder or zoo_folders()[0], WEIGHTS_FOLDER)
     os.makedirs(folder, exist_ok=True)
@@ -112,7 +131,7 @@ def publish_run(run_dir, name, command="", zoo_folder=None):
         "sha256": sha256_of(os.path.join(folder, file)),
         "recipe": recipe_name,
         "command": command,
-        "eval": {"setting": setting, "accuracy": accuracy, "test_split": test_split},
+        "eval": {"setting": setting, "accuracy": accuracy, "dataset": recipe["dataset"], "test_split": test_split},
     }
     manifest_path = os.path.join(folder, MANIFEST)
     manifest = {}

@@ -13,7 +13,8 @@ in the repository), one ``<preset>.weights.h5`` per preset (Keras
     [vit_digits.eval]
     setting = "capacity"            # what the accuracy keys are: "capacity" or "width"
     accuracy = { "1.0" = 0.9703 }   # test accuracy per setting
-    test_split = { ... }            # keras_mone.data.load_cluttered_digits arguments
+    dataset = "cluttered_digits"    # or "moving_digits" (absent: cluttered_digits)
+    test_split = { ... }            # load_cluttered_digits / load_moving_digits arguments
 
 Loading checks the file's sha256 against the manifest before Keras reads it,
 so a corrupt, truncated or replaced file is reported by name, never loaded.

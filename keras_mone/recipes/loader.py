@@ -201,7 +201,7 @@ def load(name_or_path, resume=True, **overrides):
     recipe, name = resolve(name_or_path, **overrides)
     keras.utils.set_random_seed(recipe["seed"])
     train_source, eval_source = _sources(recipe)
-    stream = cluttered_digits_stream(recipe) if train_source is None else None
+    stream = digits_stream(recipe) if train_source is None else None
     num_classes = recipe["num_classes"] or (stream or train_source).num_classes
     batch = recipe["batch_size"]
     steps_per_epoch = recipe["steps_per_epoch"] or (
@@ -332,23 +332,20 @@ def _video_sources(recipe):
         classes = sorted(d for d in os.listdir(os.path.join(root, splits[0])) if os.path.isdir(os.path.join(root, splits[0], d)))
         test = video_pipeline.video_folder_source(root, splits[1], classes) if len(splits) > 1 else None
         return train, test
-    # Moving digits: clips just long enough for num_frames frames frame_stride apart.
-    common = dict(
-        num_frames=(recipe["num_frames"] - 1) * recipe["frame_stride"] + 1, image_size=recipe["image_size"],
-        digit_scale=recipe["digit_scale"], clutter=recipe["clutter"], target=recipe["digits_target"],
-        seed=recipe["seed"],
-    )
-    train = video_pipeline.moving_digits_source("train", samples_per_digit=recipe["samples_per_digit"], **common)
+    train = None  # fresh renderings: the stream of ``digits_stream`` trains
+    if not recipe["fresh_renderings"]:
+        train = video_pipeline.moving_digits_source(**moving_digits_arguments(recipe, "train"))
     test = None
     if recipe["eval_split"]:
-        test = video_pipeline.moving_digits_source("test", samples_per_digit=recipe["test_samples_per_digit"], **common)
+        test = video_pipeline.moving_digits_source(**moving_digits_arguments(recipe, "test"))
     return train, test
 
 
 def cluttered_digits_arguments(recipe, split):
     """Arguments of ``load_cluttered_digits`` (and ``pipeline.cluttered_digits_source``)
-    for ``split`` ("train" or "test") of a cluttered-digits recipe; the test
-    split is rendered from ``test_seed``, the fixed training set from ``seed``."""
+    for ``split`` ("train" or "test") of a digits recipe, also the part the video
+    task shares; the test split is rendered from ``test_seed``, the fixed
+    training set from ``seed``."""
     train = split == "train"
     return dict(
         split=split, image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
@@ -358,19 +355,36 @@ def cluttered_digits_arguments(recipe, split):
     )
 
 
-def cluttered_digits_stream(recipe):
-    """The recipe's stream of fresh training renderings (``fresh_renderings = true``),
-    one-hot labels ``num_classes`` wide (0 = the 10 digits)."""
-    from keras_mone.data.digit_stream import ClutteredDigitsStream
+def moving_digits_arguments(recipe, split):
+    """Arguments of ``video_pipeline.moving_digits_source`` for ``split`` of a
+    moving-digits recipe: clips just long enough for ``num_frames`` frames
+    ``frame_stride`` apart."""
+    return dict(
+        cluttered_digits_arguments(recipe, split),
+        num_frames=(recipe["num_frames"] - 1) * recipe["frame_stride"] + 1,
+        target=recipe["digits_target"], speed_step=recipe["speed_step"],
+    )
+
+
+def digits_stream(recipe):
+    """The recipe's stream of fresh training renderings (``fresh_renderings = true``)
+    of cluttered digits or moving digits; one-hot labels ``num_classes`` wide
+    (0 = the task's classes)."""
+    from keras_mone.data.digit_stream import ClutteredDigitsStream, MovingDigitsStream
 
     arguments = cluttered_digits_arguments(recipe, "train")
     del arguments["split"]
+    batch, num_classes = recipe["batch_size"], recipe["num_classes"] or None
     try:
-        return ClutteredDigitsStream(
-            recipe["batch_size"], num_classes=recipe["num_classes"] or NUM_CLASSES, **arguments
-        )
-    except ValueError as error:  # e.g. num_classes below the 10 digits
-        raise schema.RecipeError(f"cluttered-digits recipe: {error}") from error
+        if recipe["dataset"] == "moving_digits":
+            return MovingDigitsStream(
+                batch, num_classes=num_classes, num_frames=recipe["num_frames"],
+                frame_stride=recipe["frame_stride"], target=recipe["digits_target"],
+                speed_step=recipe["speed_step"], **arguments,
+            )
+        return ClutteredDigitsStream(batch, num_classes=num_classes or NUM_CLASSES, **arguments)
+    except ValueError as error:  # e.g. num_classes below the task's classes
+        raise schema.RecipeError(f"{recipe['dataset']} recipe: {error}") from error
 
 
 def _sources(recipe):
@@ -378,7 +392,7 @@ def _sources(recipe):
     if dataset in schema.VIDEO_DATASETS:
         return _video_sources(recipe)
     if dataset == "cluttered_digits":
-        train = None  # fresh renderings: the stream of ``cluttered_digits_stream`` trains
+        train = None  # fresh renderings: the stream of ``digits_stream`` trains
         if not recipe["fresh_renderings"]:
             train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "train"))
         test = None

@@ -11,7 +11,7 @@ from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
-from keras_mone.recipes.schema import VIDEO_ARCHITECTURES
+from keras_mone.recipes.schema import PRESET_PREFIX, VIDEO_ARCHITECTURES
 
 #: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
 VIDEO_KEYS = ("num_frames", "tubelet_size")
@@ -67,8 +67,22 @@ def build_classifier(recipe, num_classes):
     return model
 
 
+def _saved_model(path):
+    if path.startswith(PRESET_PREFIX):
+        from keras_mone.presets import from_preset
+
+        return from_preset(path[len(PRESET_PREFIX):])
+    if not os.path.isfile(path):
+        raise ValueError(f"model file {path!r} does not exist.")
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as error:  # any unreadable / foreign file
+        raise ValueError(f"cannot read model {path!r}: {error}") from error
+
+
 def init_from_saved_model(model, path):
-    """Initialises ``model`` (a video classifier) from the model saved at ``path``.
+    """Initialises ``model`` (a video classifier) from the model saved at ``path``
+    (a ``.keras`` file, or ``"preset:<name>"``: a preset with shipped weights).
 
     An image model (``.keras``: ``ImageClassifier`` or ViT / MoNE-ViT / MatViT
     backbone) fills the spatial transformer (``load_image_weights``, central-frame
@@ -78,12 +92,7 @@ def init_from_saved_model(model, path):
     ``ValueError`` if the file is missing or does not fit; returns the paths of
     ``model`` left at their initialisation.
     """
-    if not os.path.isfile(path):
-        raise ValueError(f"model file {path!r} does not exist.")
-    try:
-        saved = keras.saving.load_model(path, compile=False)
-    except Exception as error:  # any unreadable / foreign file
-        raise ValueError(f"cannot read model {path!r}: {error}") from error
+    saved = _saved_model(path)
     backbone = getattr(saved, "backbone", saved)
     if isinstance(backbone, ViViTBackbone):
         same_head = saved is not backbone and tuple(saved.head.kernel.shape) == tuple(model.head.kernel.shape)

@@ -9,7 +9,7 @@ anything is built or trained.
 import dataclasses
 import os
 
-from keras_mone.data.cluttered_digits import MOVING_TARGETS
+from keras_mone.data.moving_digits import MOVING_TARGETS
 from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
 from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
 from keras_mone.training.distribution import DISTRIBUTIONS
@@ -19,6 +19,8 @@ ARCHITECTURES = tuple(ARCHITECTURE_MODES)
 VIDEO_ARCHITECTURES = ("vivit", "mone_vivit", "matvivit")
 IMAGE_DATASETS = ("tfds", "image_folder", "cluttered_digits")
 VIDEO_DATASETS = ("video_folder", "moving_digits")
+#: ``init_from = "preset:<name>"`` starts from a preset's shipped weights.
+PRESET_PREFIX = "preset:"
 DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
 LOSSES = ("sigmoid", "softmax")
 OPTIMIZERS = ("adamw", "sgd")
@@ -57,7 +59,7 @@ KEYS = {
     "head_bias_init": _k(0.0, float, "initial head bias (AugReg: -10 i21k, -6.9 i1k)"),
     "dropout_rate": _k(0.0, float, "dropout in attention and MLP", low=0.0, high=0.99),
     "drop_path_rate": _k(0.0, float, "stochastic depth at the last block", low=0.0, high=0.99),
-    "init_from": _k("", str, "video: a saved model (.keras): an image model (ViT / MoNE-ViT / MatViT) loaded into the spatial transformer, or a video model (e.g. a MatViT-ViViT) copied as a whole; '' = none"),
+    "init_from": _k("", str, "video: a saved model (.keras) or 'preset:<name>' (a preset with weights): an image model (ViT / MoNE-ViT / MatViT) loaded into the spatial transformer, or a video model (e.g. a MatViT-ViViT) copied as a whole; '' = none"),
     # video (architecture vivit / mone_vivit / matvivit)
     "num_frames": _k(32, int, "video: frames per clip, fed to the model and sampled by the pipeline", low=1),
     "tubelet_size": _k(2, int, "video: frames per tubelet; must divide num_frames", low=1),
@@ -76,11 +78,12 @@ KEYS = {
     "shuffle_buffer": _k(50_000, int, "examples in the shuffle buffer", low=1),
     "digit_scale": _k(2.0, float, "cluttered / moving digits: upscaling of the 8x8 source digit (digit side round(8 * digit_scale) px)", low=1.0),
     "clutter": _k(2, int, "cluttered digits: clutter fragments", low=0),
-    "samples_per_digit": _k(4, int, "cluttered digits: train images per source digit (per epoch with fresh_renderings)", low=1),
-    "test_samples_per_digit": _k(2, int, "cluttered digits: test images per source digit (359 test digits)", low=1),
-    "fresh_renderings": _k(True, bool, "cluttered digits: render new training images every epoch, deterministic per (seed, epoch, batch), instead of one fixed set"),
-    "position_step": _k(1, int, "cluttered digits: digits sit on multiples of this many pixels (the patch size: every digit covers whole patches)", low=1),
-    "test_seed": _k(0, int, "cluttered digits: seed of the test renderings, apart from `seed` so that every training seed meets the same test set", low=0),
+    "samples_per_digit": _k(4, int, "cluttered / moving digits: train images (clips) per source digit (per epoch with fresh_renderings)", low=1),
+    "test_samples_per_digit": _k(2, int, "cluttered / moving digits: test images (clips) per source digit (359 test digits)", low=1),
+    "fresh_renderings": _k(True, bool, "cluttered / moving digits: render new training images every epoch, deterministic per (seed, epoch, batch), instead of one fixed set"),
+    "position_step": _k(1, int, "cluttered / moving digits: digits sit (start) on multiples of this many pixels (the patch size: every digit covers whole patches)", low=1),
+    "speed_step": _k(1, int, "moving digits: speeds (pixels per frame) are multiples of this (with position_step, the digit is back on the patch grid every position_step / speed_step frames)", low=1),
+    "test_seed": _k(0, int, "cluttered / moving digits: seed of the test renderings, apart from `seed` so that every training seed meets the same test set", low=0),
     "digits_target": _k("digit_direction", str, "moving digits: label space", tuple(MOVING_TARGETS)),
     # optimisation
     "epochs": _k(300, int, "training epochs (before isoFLOPs scaling)", low=1),
@@ -213,5 +216,11 @@ def _check_video_keys(recipe, fail):
         fail(f"key 'scale_jitter' must be [low, high] with 0 < low <= high, got {jitter!r}.")
     if recipe["dataset"] == "video_folder" and not recipe["data_dir"]:
         fail("dataset='video_folder' needs key 'data_dir' (the folder holding <split>/<class>/<clip>/ frames).")
-    if recipe["init_from"] and not os.path.isfile(os.path.expanduser(recipe["init_from"])):
-        fail(f"key 'init_from': model file {recipe['init_from']!r} does not exist.")
+    source = recipe["init_from"]
+    if source.startswith(PRESET_PREFIX):
+        from keras_mone.presets import shipped_presets
+
+        if source[len(PRESET_PREFIX):] not in shipped_presets():
+            fail(f"key 'init_from': {source!r} names no preset with weights; choose from {shipped_presets()}.")
+    elif source and not os.path.isfile(os.path.expanduser(source)):
+        fail(f"key 'init_from': model file {source!r} does not exist.")

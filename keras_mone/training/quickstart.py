@@ -23,7 +23,7 @@ from keras_mone.analysis.throughput import images_per_second
 from keras_mone.data import load_cluttered_digits, patch_coverage
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import RecipeError, make_loss, make_optimizer, resolve
-from keras_mone.recipes.loader import ROUTER_PROBE_SIZE, cluttered_digits_arguments, cluttered_digits_stream
+from keras_mone.recipes.loader import ROUTER_PROBE_SIZE, cluttered_digits_arguments, digits_stream
 from keras_mone.models.variants import decode_variant
 from keras_mone.recipes.model import build_classifier
 from keras_mone.training.losses import FullWidthAccuracy
@@ -119,7 +119,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
             raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
     os.makedirs(output_dir, exist_ok=True)
     test_data, digit_tokens = load_test_data(dense_recipe)
-    stream = cluttered_digits_stream(dense_recipe)
+    stream = digits_stream(dense_recipe)
     started = time.time()
     results = {
         "backend": keras.backend.backend(),
@@ -141,7 +141,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
 
     print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
     mone = build_and_compile(mone_recipe, stream.steps_per_epoch)
-    results["mone_history"] = train(mone, mone_recipe, cluttered_digits_stream(mone_recipe), probe, verbose)
+    results["mone_history"] = train(mone, mone_recipe, digits_stream(mone_recipe), probe, verbose)
     results["train_capacity"] = mone_recipe["capacity"]
     results["mone"] = []
     for capacity in eval_capacities:
