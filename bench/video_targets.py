@@ -69,7 +69,7 @@ def markdown(records, command):
         if not present:
             continue
         first = models[present[0]]
-        lines += [f"| model | GMACs / clip | " + " | ".join(f"seed {s}" for s in present) + " | mean | std |",
+        lines += ["| model | GMACs / clip | " + " | ".join(f"seed {s}" for s in present) + " | mean | std |",
                   "| --- | --- |" + " --- |" * (len(present) + 2)]
         for label, name, capacity in rows:
             if name in names:

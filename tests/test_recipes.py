@@ -46,7 +46,7 @@ def test_bad_values_name_the_allowed_values():
         recipes.resolve("augreg_vit_s16_i1k", augmentation="heavy")
     with pytest.raises(recipes.RecipeError, match=r"'epochs' must be a int"):
         recipes.resolve("cluttered_digits_vit", epochs="ten")
-    with pytest.raises(recipes.RecipeError, match=r"'capacity' must lie in \[0.0, 1.0\]"):
+    with pytest.raises(recipes.RecipeError, match=r"'capacity' must lie in \(0.0, 1.0\]"):
         recipes.resolve("cluttered_digits_mone", capacity=1.5)
     with pytest.raises(recipes.RecipeError, match=r"'mode' must be one of \['fixed'\] for architecture 'vit'"):
         recipes.resolve("cluttered_digits_vit", mode="adaptive")

@@ -21,6 +21,7 @@ def _quickstart(args):
 
 def _train(args):
     from keras_mone.recipes import RecipeError, list_recipes, load, parse_overrides
+    from keras_mone.training.checkpoint import TrainingDiverged
 
     if args.list or not args.recipe:
         for name, description in list_recipes().items():
@@ -34,7 +35,11 @@ def _train(args):
     if setup.initial_step:
         print(f"Resuming {setup.name} at step {setup.initial_step} of {setup.total_steps}")
     print(f"Training {setup.name}: {setup.epochs} epochs x {setup.steps_per_epoch} steps -> {setup.output_dir}")
-    results = setup.fit()
+    try:
+        results = setup.fit()
+    except TrainingDiverged as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
     return 0
 
@@ -138,7 +143,7 @@ def build_parser():
     train.add_argument("recipe", nargs="?", help="bundled recipe name or path to a .toml file")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. epochs=3 model_args.depth=2")
     train.add_argument("--list", action="store_true", help="list the bundled recipes")
-    train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    train.add_argument("--restart", action="store_true", help="start over: move the run directory's old run (checkpoints, history, model) to previous/<n>/")
     train.set_defaults(run=_train)
     presets = commands.add_parser(
         "presets", help="list the model presets; publish a trained run as a preset's weights; verify them"

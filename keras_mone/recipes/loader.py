@@ -2,9 +2,12 @@
 
 Run directory (``output_dir``, default ``runs/<recipe>``)::
 
-    recipe.toml          the resolved recipe (every key, overrides applied)
+    recipe.toml          the resolved recipe (every key, overrides applied); a
+                         resume with other keys is refused (run_directory)
     checkpoint/          model + optimizer state, saved every checkpoint_steps
-                         and at epoch ends (resume: run the same command again)
+                         and at epoch ends, the newest two kept, never a
+                         non-finite one (resume: run the same command again)
+    previous/<n>/        the files of runs moved aside by a restart
     history.csv          per-epoch metrics (appended across resumptions)
     model.keras          the trained model (written when training finishes)
     results.json         final evaluation metrics, MACs per image, steps
@@ -17,12 +20,12 @@ import os
 import tomllib
 
 import keras
-import numpy as np
 
 from keras_mone.data import pipeline, video_pipeline
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import schema
 from keras_mone.recipes.model import build_classifier, init_from_saved_model
+from keras_mone.recipes.run_directory import claim, to_toml
 from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.adaptive_capacity import AdaptiveCapacity
 from keras_mone.training.distribution import distribution_scope, num_replicas
@@ -97,6 +100,12 @@ def parse_overrides(items):
 def resolve(name_or_path, **overrides):
     """The validated recipe (all keys) and its name; raises ``RecipeError``."""
     raw, name = _read(name_or_path)
+    for source in (raw, overrides):
+        if not isinstance(source.get("model_args", {}), dict):
+            raise schema.RecipeError(
+                f"recipe {name!r}: key 'model_args' must be a table of backbone / classifier arguments "
+                f"(e.g. {{ depth = 4 }}), got {source['model_args']!r}."
+            )
     model_args = {**raw.get("model_args", {}), **overrides.pop("model_args", {})}
     raw = {**raw, **overrides, "model_args": model_args}
     raw.pop("base", None)
@@ -151,6 +160,7 @@ class TrainingSetup:
         Returns the final evaluation results (also written to ``results.json``).
         """
         callbacks = list(self.callbacks) + list(extra_callbacks)
+        guard = next(c for c in callbacks if isinstance(c, checkpoint_lib.StepCheckpoint))
         step, spe = self.initial_step, self.steps_per_epoch
         data = self.train_data
         if step % spe:  # finish the interrupted epoch first
@@ -158,6 +168,7 @@ class TrainingSetup:
                 data, initial_epoch=step // spe, epochs=step // spe + 1, steps_per_epoch=spe - step % spe,
                 validation_data=self.eval_data, callbacks=callbacks, verbose=verbose, shuffle=False,
             )
+            self._check_divergence(guard)
             step = (step // spe + 1) * spe
             data = self.make_train_data(step)
         if step < self.total_steps:
@@ -165,12 +176,24 @@ class TrainingSetup:
                 data, initial_epoch=step // spe, epochs=self.epochs, steps_per_epoch=spe,
                 validation_data=self.eval_data, callbacks=callbacks, verbose=verbose, shuffle=False,
             )
+            self._check_divergence(guard)
         results = self.evaluate()
         if save:
             self.model.save(os.path.join(self.output_dir, "model.keras"))
             with open(os.path.join(self.output_dir, "results.json"), "w") as f:
                 json.dump(results, f, indent=2)
         return results
+
+    def _check_divergence(self, guard):
+        if guard.diverged_step is None:
+            return
+        directory = guard.directory
+        last = checkpoint_lib.saved_step(directory)
+        where = f"the last good checkpoint is step {last} in {directory!r}" if last is not None else "no checkpoint was written"
+        raise checkpoint_lib.TrainingDiverged(
+            f"{self.name}: training diverged (non-finite loss or weights) at step {guard.diverged_step}; "
+            f"nothing non-finite was saved, {where}, model.keras and results.json were not written."
+        )
 
     def evaluate(self):
         from keras_mone.analysis import flops
@@ -199,6 +222,7 @@ def load(name_or_path, resume=True, **overrides):
         A ``TrainingSetup``.
     """
     recipe, name = resolve(name_or_path, **overrides)
+    claim(recipe, name, resume)  # refuses another recipe's checkpoints before anything is built
     keras.utils.set_random_seed(recipe["seed"])
     train_source, eval_source = _sources(recipe)
     stream = digits_stream(recipe) if train_source is None else None
@@ -208,7 +232,6 @@ def load(name_or_path, resume=True, **overrides):
         stream.steps_per_epoch if stream else max(1, train_source.num_examples // batch)
     )
     directory = recipe["output_dir"]
-    os.makedirs(directory, exist_ok=True)
 
     with distribution_scope(recipe["distribution"], recipe["model_parallel_size"]):
         replicas = num_replicas(recipe["distribution"])
@@ -230,7 +253,10 @@ def load(name_or_path, resume=True, **overrides):
         loss = make_loss(recipe)
         model.compile(optimizer=optimizer, loss=loss, metrics=[FullWidthAccuracy()])
         optimizer.build(model.trainable_variables)
-        initial_step = checkpoint_lib.restore(model, _checkpoint_dir(recipe)) if resume else 0
+        try:
+            initial_step = checkpoint_lib.restore(model, _checkpoint_dir(recipe)) if resume else 0
+        except ValueError as error:  # no checkpoint could be restored: files named, none deleted
+            raise schema.RecipeError(f"recipe {name!r}: {error}") from error
 
     with open(os.path.join(directory, "recipe.toml"), "w") as f:
         f.write(to_toml(recipe, name))
@@ -315,7 +341,6 @@ def _callbacks(recipe, model, eval_data):
     callbacks += [
         checkpoint_lib.StepCheckpoint(_checkpoint_dir(recipe), recipe["checkpoint_steps"]),
         keras.callbacks.CSVLogger(os.path.join(recipe["output_dir"], "history.csv"), append=True),
-        keras.callbacks.TerminateOnNaN(),
     ]
     if recipe["mode"] in ADAPTIVE_MODES:
         callbacks.append(
@@ -411,24 +436,3 @@ def _sources(recipe):
     if recipe["eval_split"]:
         test = pipeline.tfds_source(recipe["tfds_name"], recipe["eval_split"], recipe["data_dir"], recipe["seed"])
     return train, test
-
-
-def to_toml(recipe, name):
-    """The resolved recipe as TOML text (what ``recipe.toml`` in the run directory holds)."""
-
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
-        if isinstance(v, (np.floating, float)):
-            return repr(float(v))
-        return str(v)
-
-    lines = [f"# Resolved recipe {name!r}"]
-    lines += [f"{k} = {value(v)}" for k, v in recipe.items() if k != "base"]
-    return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ anything is built or trained.
 """
 
 import dataclasses
+import math
 import os
 
 from keras_mone.data.moving_digits import MOVING_TARGETS
@@ -38,10 +39,11 @@ class Key:
     choices: tuple = ()
     low: float | None = None  # inclusive bounds of numbers
     high: float | None = None
+    above: float | None = None  # exclusive lower bound
 
 
-def _k(default, kind, doc, choices=(), low=None, high=None):
-    return Key(default, kind, doc, tuple(choices), low, high)
+def _k(default, kind, doc, choices=(), low=None, high=None, above=None):
+    return Key(default, kind, doc, tuple(choices), low, high, above)
 
 
 KEYS = {
@@ -51,9 +53,9 @@ KEYS = {
     "architecture": _k("vit", str, "backbone family", ARCHITECTURES),
     "variant": _k("S/16", str, "size/patch from keras_mone.models.VIT_SIZES, e.g. B/16"),
     "model_args": _k({}, dict, "other backbone / classifier arguments (e.g. hidden_dim, depth)"),
-    "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", low=0.0, high=1.0),
+    "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", high=1.0, above=0.0),
     "router_type": _k("learned", str, "MoNE router", ("learned", "random")),
-    "width_fraction": _k(1.0, float, "MatViT width to evaluate at (1/8, 1/4, 1/2 or 1)", low=0.0, high=1.0),
+    "width_fraction": _k(1.0, float, "MatViT width to evaluate at (1/8, 1/4, 1/2 or 1)", high=1.0, above=0.0),
     "num_classes": _k(0, int, "head size; 0 = the dataset's class count", low=0),
     "pooling": _k("gap", str, "pooling before the head", ("gap", "token")),
     "head_bias_init": _k(0.0, float, "initial head bias (AugReg: -10 i21k, -6.9 i1k)"),
@@ -89,7 +91,7 @@ KEYS = {
     "epochs": _k(300, int, "training epochs (before isoFLOPs scaling)", low=1),
     "batch_size": _k(4096, int, "global batch size", low=1),
     "steps_per_epoch": _k(0, int, "0 = train examples // batch_size", low=0),
-    "learning_rate": _k(1e-3, float, "peak learning rate", low=0.0),
+    "learning_rate": _k(1e-3, float, "peak learning rate", above=0.0),
     "end_learning_rate": _k(0.0, float, "learning rate at the end of the cosine", low=0.0),
     "warmup_steps": _k(0, int, "linear warm-up steps (capped at the total)", low=0),
     "warmup_epochs": _k(0.0, float, "linear warm-up in epochs, if warmup_steps is 0 (ViViT: 2.5)", low=0.0),
@@ -107,7 +109,7 @@ KEYS = {
     # infrastructure
     "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
     "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),
-    "seed": _k(0, int, "seed of initialisation, shuffling and augmentation"),
+    "seed": _k(0, int, "seed of initialisation, shuffling and augmentation", low=0),
     "output_dir": _k("", str, "run directory; '' = runs/<recipe name>"),
     "checkpoint_steps": _k(1000, int, "steps between checkpoints (0 = epoch ends only)", low=0),
     "eval_batch_size": _k(0, int, "0 = batch_size", low=0),
@@ -116,6 +118,16 @@ KEYS = {
 
 def _type_name(kind):
     return kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+
+
+def _bounds(key):
+    """``be >= 0``, ``be > 0``, ``lie in (0.0, 1.0]`` ... for an error message."""
+    low = f"[{key.low}" if key.low is not None else (f"({key.above}" if key.above is not None else None)
+    if key.high is None:
+        return f"be >= {key.low}" if key.low is not None else f"be > {key.above}"
+    if low is None:
+        return f"be <= {key.high}"
+    return f"lie in {low}, {key.high}]"
 
 
 def check_value(name, value, recipe_name="recipe"):
@@ -131,18 +143,15 @@ def check_value(name, value, recipe_name="recipe"):
         raise RecipeError(
             f"{recipe_name}: key {name!r} must be a {_type_name(key.kind)} ({key.doc}), got {value!r}."
         )
+    if key.kind is float and not math.isfinite(value):
+        raise RecipeError(f"{recipe_name}: key {name!r} must be a finite number ({key.doc}), got {value!r}.")
     if key.choices and value not in key.choices:
         raise RecipeError(
             f"{recipe_name}: key {name!r} must be one of {list(key.choices)}, got {value!r}."
         )
-    if (key.low is not None and value < key.low) or (key.high is not None and value > key.high):
-        if key.high is None:
-            bounds = f"be >= {key.low}"
-        elif key.low is None:
-            bounds = f"be <= {key.high}"
-        else:
-            bounds = f"lie in [{key.low}, {key.high}]"
-        raise RecipeError(f"{recipe_name}: key {name!r} must {bounds} ({key.doc}), got {value!r}.")
+    too_low = (key.low is not None and value < key.low) or (key.above is not None and not value > key.above)
+    if too_low or (key.high is not None and value > key.high):
+        raise RecipeError(f"{recipe_name}: key {name!r} must {_bounds(key)} ({key.doc}), got {value!r}.")
     return value
 
 
@@ -178,8 +187,12 @@ def _check_cross_keys(recipe, recipe_name):
     if recipe["label_smoothing"] and recipe["loss"] != "softmax":
         fail("key 'label_smoothing' needs loss='softmax'.")
     _check_video_keys(recipe, fail)
+    bundled_classes = {"cluttered_digits": 10, "moving_digits": MOVING_TARGETS[recipe["digits_target"]]}
+    classes = bundled_classes.get(recipe["dataset"])
+    if classes and recipe["num_classes"] not in (0, classes):
+        fail(f"key 'num_classes' must be 0 or {classes} (the classes of dataset {recipe['dataset']!r}), got {recipe['num_classes']}.")
     for value in recipe["adaptive_capacities"]:
-        if not isinstance(value, (int, float)) or not 0 < value <= 1:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             fail(f"key 'adaptive_capacities' must hold numbers in (0, 1], got {recipe['adaptive_capacities']!r}.")
     from keras_mone.recipes.model import check_model_args
 
@@ -212,7 +225,7 @@ def _check_video_keys(recipe, fail):
     if recipe["preprocessing"] not in VIDEO_PREPROCESSINGS:
         fail(f"key 'preprocessing' must be one of {list(VIDEO_PREPROCESSINGS)} for video, got {recipe['preprocessing']!r}.")
     jitter = recipe["scale_jitter"]
-    if len(jitter) != 2 or not all(isinstance(v, (int, float)) for v in jitter) or not 0 < jitter[0] <= jitter[1]:
+    if len(jitter) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in jitter) or not 0 < jitter[0] <= jitter[1]:
         fail(f"key 'scale_jitter' must be [low, high] with 0 < low <= high, got {jitter!r}.")
     if recipe["dataset"] == "video_folder" and not recipe["data_dir"]:
         fail("dataset='video_folder' needs key 'data_dir' (the folder holding <split>/<class>/<clip>/ frames).")
