@@ -59,7 +59,7 @@ def test_every_preset_resolves(name):
         assert abs(expected_params(size, class_token=False) - described) / described < 0.005
     # Constructing (not building) the backbone validates every argument cheaply.
     backbone_cls = presets.ARCHITECTURES[spec["architecture"]]
-    meta = ("description", "architecture", "variant", "num_classes", "weights")
+    meta = ("description", "architecture", "variant", "num_classes", "weights", "pooling")
     arguments = {k: v for k, v in spec.items() if k not in meta}
     backbone_cls(**{**config, **arguments})
 

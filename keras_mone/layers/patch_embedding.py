@@ -1,8 +1,10 @@
 """Patch embedding of ViT: non-overlapping patches, optional class token, positions."""
 
 import keras
+import numpy as np
 from keras import ops
 
+from keras_mone.layers.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.token_sequence import (
     add_sequence_weights,
@@ -59,13 +61,15 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
 
 def validate_image_geometry(image_size, patch_size):
     """Returns ``image_size`` as ``(H, W)`` or raises naming the bad argument."""
-    if isinstance(image_size, int):
+    if isinstance(image_size, (int, np.integer)) and not isinstance(image_size, bool):
         image_size = (image_size, image_size)
-    image_size = tuple(int(s) for s in image_size)
-    if len(image_size) != 2 or min(image_size) <= 0:
-        raise ValueError(f"`image_size` must be a positive int or (height, width), got {image_size}.")
-    if not isinstance(patch_size, int) or patch_size <= 0:
-        raise ValueError(f"`patch_size` must be a positive int, got {patch_size!r}.")
+    if isinstance(image_size, (str, bytes)) or not hasattr(image_size, "__len__") or len(image_size) != 2:
+        raise ValueError(f"`image_size` must be a positive int or (height, width), got {image_size!r}.")
+    try:
+        image_size = tuple(integer("image_size", s) for s in image_size)
+    except ValueError:
+        raise ValueError(f"`image_size` must be a positive int or (height, width) of ints, got {image_size!r}.") from None
+    patch_size = integer("patch_size", patch_size)
     if image_size[0] % patch_size or image_size[1] % patch_size:
         raise ValueError(
             f"`image_size` {image_size} must be divisible by `patch_size` ({patch_size}); "

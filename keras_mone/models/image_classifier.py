@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_mone.layers.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.models.capacity_control import CapacityControlMixin
 
@@ -38,8 +39,7 @@ class ImageClassifier(CapacityControlMixin, ConfigMixin, keras.Model):
             raise ValueError(f"`pooling` must be one of {POOLINGS}, got {pooling!r}.")
         if pooling == "token" and not backbone.use_class_token:
             raise ValueError('`pooling="token"` needs a backbone built with use_class_token=True.')
-        if not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
+        num_classes = integer("num_classes", num_classes)
         self.backbone = backbone
         self.num_classes = num_classes
         self.pooling = pooling

@@ -2,6 +2,7 @@
 
 from keras import ops
 
+from keras_mone.layers import arguments
 from keras_mone.layers.config import register
 from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
 from keras_mone.models.vit_backbone import ViTBackbone
@@ -65,16 +66,19 @@ class MoNEViTBackbone(ViTBackbone):
         alpha_init=0.0,
         **kwargs,
     ):
-        depth = kwargs.get("depth", 12)
-        positions = sorted({int(p) for p in router_positions})
-        if not positions or positions[0] < 0 or positions[-1] >= depth:
+        depth = arguments.integer("depth", kwargs.get("depth", 12))
+        if isinstance(router_positions, (str, bytes)) or not hasattr(router_positions, "__iter__"):
+            raise ValueError(f"`router_positions` must be a list of block indices, got {router_positions!r}.")
+        positions = sorted({arguments.integer("router_positions", p, low=0) for p in router_positions})
+        if not positions or positions[-1] >= depth:
             raise ValueError(
                 f"`router_positions` must be block indices in [0, {depth - 1}], got {router_positions!r}."
             )
         if router_type not in ROUTER_TYPES:
             raise ValueError(f"`router_type` must be one of {ROUTER_TYPES}, got {router_type!r}.")
-        hidden_dim = kwargs.get("hidden_dim", 768)
-        if not isinstance(num_experts, int) or num_experts < 1 or hidden_dim % 2 ** (num_experts - 1):
+        hidden_dim = arguments.integer("hidden_dim", kwargs.get("hidden_dim", 768))
+        num_experts = arguments.integer("num_experts", num_experts)
+        if hidden_dim % 2 ** (num_experts - 1):
             raise ValueError(
                 f"`num_experts`={num_experts!r} needs `hidden_dim` ({hidden_dim}) divisible by "
                 f"2**(num_experts - 1) so that every nested width D/2**k is an integer."

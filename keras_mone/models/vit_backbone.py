@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_mone.layers import arguments
 from keras_mone.layers.block import block_stack
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.patch_embedding import PatchEmbedding
@@ -46,6 +47,12 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
         layer_norm_epsilon=1e-6,
         **kwargs,
     ):
+        hidden_dim, depth, num_heads, mlp_dim, num_channels = arguments.transformer_size(
+            hidden_dim, depth, num_heads, mlp_dim, num_channels
+        )
+        dropout_rate, drop_path_rate, layer_norm_epsilon = arguments.regularisation(
+            dropout_rate, drop_path_rate, layer_norm_epsilon
+        )
         kwargs.setdefault("name", self.default_name)
         super().__init__(**kwargs)
         self.patch_embedding = self._make_embedding(

@@ -38,6 +38,8 @@ def validate_effective_capacity(value, num_experts=None, name="capacity"):
     Allowed: a finite number in ``(0, 1]``; with ``num_experts`` given, also at
     least the smallest expert's width fraction ``2**-(num_experts - 1)``.
     """
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # float("0.5") or float(True) would pass
+        raise ValueError(f"`{name}` must be a number in (0, 1], got {value!r}.")
     try:
         value = float(value)
     except (TypeError, ValueError):
