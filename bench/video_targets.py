@@ -111,7 +111,7 @@ def main(argv=None):
     )
     text = markdown(records, command)
     if args.benchmarks != os.devnull:
-        write_section(text, args.benchmarks)
+        write_section(text, args.benchmarks, section=SECTION)
     print(text)
     return 0
 
