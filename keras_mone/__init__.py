@@ -4,9 +4,14 @@ Mixture of Nested Experts (Jain et al., NeurIPS 2024) and the dense ViTs it
 builds on, on the jax, tensorflow and torch backends.
 """
 
-from keras_mone import analysis, data, layers, models, presets, routing, training
-from keras_mone.analysis import flops
-from keras_mone.version import __version__
+from keras_mone.backend_choice import choose_backend
+
+choose_backend()
+
+# The backend is chosen before anything imports Keras.
+from keras_mone import analysis, data, layers, models, presets, routing, training  # noqa: E402
+from keras_mone.analysis import flops  # noqa: E402
+from keras_mone.version import __version__  # noqa: E402
 
 __all__ = [
     "__version__",

@@ -190,7 +190,8 @@ def token_counts(capacities, num_tokens):
 
 
 def expert_preferred_routing(router_probs, capacities):
-    """Algorithm 1 on each example; ties go to the lower token index.
+    """Algorithm 1 on each example; ties go to the lower token index and
+    non-finite probabilities (NaN, inf) rank below every finite one.
 
     Args:
         router_probs: (batch, N, E).
@@ -200,6 +201,7 @@ def expert_preferred_routing(router_probs, capacities):
         int (batch, N) expert index per token, ``-1`` for dropped tokens.
     """
     probs = np.asarray(router_probs, np.float64)
+    probs = np.where(np.isfinite(probs), probs, -1.0)
     batch, tokens, experts = probs.shape
     counts, _ = token_counts(capacities, tokens)
     assignment = np.full((batch, tokens), -1, dtype=np.int64)

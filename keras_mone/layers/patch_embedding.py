@@ -49,8 +49,12 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
         self.projection.build((None, *self.image_size, self.num_channels))
         add_sequence_weights(self, self.num_tokens, self.hidden_dim, self.use_class_token)
 
-    def call(self, images):
+    def check_inputs(self, images):
+        """Raises a ``ValueError`` if ``images`` (any array with a shape and dtype) do not fit."""
         check_images(images, self.image_size, self.num_channels)
+
+    def call(self, images):
+        self.check_inputs(images)
         tokens = self.projection(images)
         tokens = ops.reshape(tokens, (-1, tokens.shape[1] * tokens.shape[2], self.hidden_dim))
         return prepend_class_token_and_add_positions(tokens, self.class_token, self.position_embedding)
@@ -78,8 +82,19 @@ def validate_image_geometry(image_size, patch_size):
     return image_size
 
 
+def check_floating(name, inputs):
+    """Raises a ``ValueError`` naming ``name`` unless ``inputs`` are floating point."""
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            f"`{name}` must be floating point, got {dtype}: scale the pixels first "
+            "(AugReg and the bundled presets use pixels / 127.5 - 1, in [-1, 1])."
+        )
+
+
 def check_images(images, image_size, num_channels):
-    """Raises a ``ValueError`` naming ``images`` if its static shape does not fit."""
+    """Raises a ``ValueError`` naming ``images`` if its static shape or dtype does not fit."""
+    check_floating("images", images)
     shape = tuple(images.shape)
     if len(shape) != 4:
         raise ValueError(

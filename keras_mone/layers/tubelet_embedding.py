@@ -5,7 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.patch_embedding import validate_image_geometry
+from keras_mone.layers.patch_embedding import check_floating, validate_image_geometry
 from keras_mone.layers.token_sequence import (
     add_sequence_weights,
     prepend_class_token_and_add_positions,
@@ -78,8 +78,12 @@ class TubeletEmbedding(ConfigMixin, keras.layers.Layer):
         self.projection.build((None, self.num_frames, *self.image_size, self.num_channels))
         add_sequence_weights(self, self.num_tokens, self.hidden_dim, self.use_class_token)
 
-    def call(self, videos):
+    def check_inputs(self, videos):
+        """Raises a ``ValueError`` if ``videos`` (any array with a shape and dtype) do not fit."""
         check_videos(videos, self.num_frames, self.image_size, self.num_channels)
+
+    def call(self, videos):
+        self.check_inputs(videos)
         tokens = self.projection(videos)  # (batch, T/t, H/p, W/p, D)
         patches = self.grid_size[0] * self.grid_size[1]
         tokens = ops.reshape(tokens, (-1, patches, self.hidden_dim))
@@ -126,7 +130,8 @@ def validate_frame_geometry(num_frames, tubelet_size):
 
 
 def check_videos(videos, num_frames, image_size, num_channels):
-    """Raises a ``ValueError`` naming ``videos`` if its static shape does not fit."""
+    """Raises a ``ValueError`` naming ``videos`` if its static shape or dtype does not fit."""
+    check_floating("videos", videos)
     shape = tuple(videos.shape)
     if len(shape) != 5:
         raise ValueError(

@@ -6,12 +6,14 @@ from keras import ops
 from keras_mone.layers.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.models.capacity_control import CapacityControlMixin
+from keras_mone.models.loop_guard import LoopGuardMixin
+from keras_mone.models.weights_file import SafeLoadingMixin
 
 POOLINGS = ("gap", "token")
 
 
 @register
-class ImageClassifier(CapacityControlMixin, ConfigMixin, keras.Model):
+class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, keras.Model):
     """Logits from a ViT-family backbone.
 
     ``pooling="gap"`` averages all token features (the MoNE paper, Sec. 4.1);
@@ -60,6 +62,10 @@ class ImageClassifier(CapacityControlMixin, ConfigMixin, keras.Model):
         self.head.build((None, self.backbone.hidden_dim))
         self.built = True
 
+    def check_inputs(self, inputs):
+        """Raises a ``ValueError`` naming the argument if ``inputs`` do not fit the model."""
+        self.backbone.check_inputs(inputs)
+
     def pool(self, tokens):
         """Pooled features ``(batch, hidden_dim)`` from backbone tokens."""
         if self.pooling == "token":
@@ -76,6 +82,11 @@ class ImageClassifier(CapacityControlMixin, ConfigMixin, keras.Model):
     def capacity(self):
         """Effective capacity of the backbone (1.0 for a dense backbone)."""
         return getattr(self.backbone, "capacity", 1.0)
+
+    @property
+    def realised_capacity(self):
+        """Effective capacity the backbone's whole-token counts give (1.0 for a dense backbone)."""
+        return getattr(self.backbone, "realised_capacity", 1.0)
 
     def set_capacity(self, capacity):
         """Sets the backbone's effective capacity (MoNE backbones only)."""

@@ -7,10 +7,12 @@ from keras_mone.layers.block import block_stack
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.patch_embedding import PatchEmbedding
 from keras_mone.models.capacity_control import CapacityControlMixin
+from keras_mone.models.loop_guard import LoopGuardMixin
+from keras_mone.models.weights_file import SafeLoadingMixin
 
 
 @register
-class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
+class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, keras.Model):
     """Vision Transformer encoder: images to normalised token features.
 
     ``backbone(images)`` maps ``(batch, H, W, C)`` images to
@@ -89,6 +91,10 @@ class ViTBackbone(CapacityControlMixin, ConfigMixin, keras.Model):
     @property
     def input_shape_per_example(self):
         return (*self.image_size, self.num_channels)
+
+    def check_inputs(self, inputs):
+        """Raises a ``ValueError`` naming the argument if ``inputs`` do not fit the model."""
+        self.patch_embedding.check_inputs(inputs)
 
     def _make_embedding(self, image_size, patch_size, hidden_dim, num_channels, use_class_token):
         """The input embedding (sub-classes for other inputs, e.g. video, override it)."""

@@ -13,9 +13,9 @@ import os
 import tempfile
 import tomllib
 
-import keras
 import numpy as np
 
+from keras_mone.models.weights_file import load_saved_model
 from keras_mone.presets import registry
 from keras_mone.presets.weights import (
     MANIFEST,
@@ -107,7 +107,7 @@ def publish_run(run_dir, name, command="", zoo_folder=None):
         f.seek(0)
         recipe = tomllib.load(f)
     recipe_name = header.split("recipe", 1)[-1].strip().strip("'\"") if header.startswith("#") else ""
-    trained = keras.saving.load_model(os.path.join(run_dir, "model.keras"), compile=False)
+    trained = load_saved_model(os.path.join(run_dir, "model.keras"), compile=False)
     model = registry.from_preset(name, load_weights=False)
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "trained.weights.h5")

@@ -1,9 +1,5 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
-import os
-
-import keras
-
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.architectures import ARCHITECTURES, TASKS
 from keras_mone.models.variants import decode_variant
@@ -11,6 +7,7 @@ from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
+from keras_mone.models.weights_file import load_saved_model
 from keras_mone.recipes.schema import PRESET_PREFIX, VIDEO_ARCHITECTURES
 
 #: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
@@ -72,10 +69,8 @@ def _saved_model(path):
         from keras_mone.presets import from_preset
 
         return from_preset(path[len(PRESET_PREFIX):])
-    if not os.path.isfile(path):
-        raise ValueError(f"model file {path!r} does not exist.")
     try:
-        return keras.saving.load_model(path, compile=False)
+        return load_saved_model(path, compile=False)
     except Exception as error:  # any unreadable / foreign file
         raise ValueError(f"cannot read model {path!r}: {error}") from error
 

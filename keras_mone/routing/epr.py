@@ -13,6 +13,7 @@ DROPPED = -1
 """Expert index of a token that no expert processes (only with ``mod_greedy``)."""
 
 _NULLED = -1.0  # below every probability, so an assigned token is never re-picked
+_NON_FINITE = -0.5  # NaN / inf scores: below every probability, above _NULLED
 
 
 def expert_token_counts(capacities, num_tokens):
@@ -45,6 +46,9 @@ def route_tokens(router_probs, counts, num_dropped=0):
 
     From the largest expert to the smallest, expert ``j`` takes the ``k_j``
     still-unassigned tokens with the highest router probability for ``j``.
+    Ties go to the lower token index and non-finite probabilities (NaN, inf)
+    count as lower than every finite one, so the assignment is the same on
+    every backend and defined for every input.
 
     Args:
         router_probs: ``(batch, tokens, experts)``, non-negative.
@@ -58,6 +62,7 @@ def route_tokens(router_probs, counts, num_dropped=0):
         tensor of dropped tokens.
     """
     probs = ops.cast(router_probs, "float32")
+    probs = ops.where(ops.isfinite(probs), probs, _NON_FINITE)
     num_tokens, num_experts = probs.shape[1], probs.shape[2]
     if len(counts) != num_experts or sum(counts) + num_dropped != num_tokens:
         raise ValueError(
@@ -110,8 +115,8 @@ def expert_preferred_routing(router_probs, capacities):
         int32 ``(batch, tokens)``: the expert of every token, 0 = smallest,
         ``-1`` (``DROPPED``) for tokens no expert takes.
 
-    Ties are broken by the backend's ``top_k``; every per-example count per
-    expert is exact.
+    Ties go to the lower token index and non-finite probabilities rank last,
+    identically on every backend; every per-example count per expert is exact.
     """
     router_probs = ops.convert_to_tensor(router_probs)
     if len(router_probs.shape) != 3:
@@ -131,8 +136,24 @@ def expert_preferred_routing(router_probs, capacities):
 
 
 def _top_k_indices(scores, k):
-    _, indices = ops.top_k(scores, k, sorted=False)
-    return ops.cast(indices, "int32")
+    """Indices of the ``k`` highest scores per example, highest first.
+
+    A token's rank is the number of tokens that beat it: a higher score, or
+    the same score and a lower index. The ranks are a strict order built from
+    exact comparisons, so ties resolve identically on every backend (the
+    backends' ``top_k`` order tied values differently), and the one-hot of the
+    rank places each of the first ``k`` tokens in its slot without a sort. The
+    ``(batch, N, N)`` comparison is small next to a block's matmuls.
+    """
+    num_tokens = scores.shape[1]
+    index = ops.arange(num_tokens, dtype="int32")
+    lower_index = ops.expand_dims(index, 1) > ops.expand_dims(index, 0)  # [i, j]: j < i
+    mine, theirs = ops.expand_dims(scores, 2), ops.expand_dims(scores, 1)
+    beaten = ops.logical_or(theirs > mine, ops.logical_and(theirs == mine, lower_index))
+    rank = ops.sum(ops.cast(beaten, "int32"), axis=2)
+    slots = ops.one_hot(ops.minimum(rank, k), k + 1, dtype="float32")[..., :k]
+    positions = ops.arange(num_tokens, dtype="float32")
+    return ops.cast(ops.einsum("bnk,n->bk", slots, positions), "int32")
 
 
 def _unassigned_indices(taken, count):

@@ -1,0 +1,104 @@
+"""Weights and model files checked before anything is written into a model.
+
+Keras' ``load_weights`` assigns variable by variable and fails at the first
+mismatch, so a file from a model of another size leaves the model half
+changed, and a file from a deeper model loads into a shallower one without a
+word. ``SafeLoadingMixin.load_weights`` compares every stored variable's shape
+with the model's first, and refuses the file (naming it and the difference)
+before a single value is assigned. ``load_saved_model`` does the same service
+for ``.keras`` archives, which Keras reports as "File not found" when they are
+merely truncated or not a Keras file.
+"""
+
+import collections
+import os
+import zipfile
+
+import h5py
+import keras
+
+_NOT_MODEL_STATE = ("optimizer",)  # top-level groups of a .weights.h5 that are not model variables
+
+
+def stored_variable_shapes(path):
+    """Shapes of the model variables stored in a ``.weights.h5`` file (optimizer state excluded)."""
+    shapes = []
+    try:
+        with h5py.File(path, "r") as file:
+            for key in file:
+                if key in _NOT_MODEL_STATE:
+                    continue
+                item = file[key]
+                if isinstance(item, h5py.Dataset):
+                    shapes.append(tuple(item.shape))
+                else:
+                    item.visititems(
+                        lambda _, node: shapes.append(tuple(node.shape)) if isinstance(node, h5py.Dataset) else None
+                    )
+    except OSError as error:
+        raise ValueError(
+            f"Weights file {path!r} is not a readable HDF5 file (truncated or corrupt): {error}"
+        ) from error
+    return shapes
+
+
+def check_weights_file(model, path):
+    """Raises a ``ValueError`` unless ``path`` holds exactly the model's variable shapes."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Weights file {path!r} does not exist.")
+    stored = collections.Counter(stored_variable_shapes(path))
+    expected = collections.Counter(tuple(variable.shape) for variable in model.weights)
+    if stored == expected:
+        return
+    extra = sorted((stored - expected).elements())
+    missing = sorted((expected - stored).elements())
+    raise ValueError(
+        f"Weights file {path!r} does not fit {model.name!r}: it stores {sum(stored.values())} "
+        f"variables, the model has {sum(expected.values())}. Shapes only in the file: "
+        f"{_summary(extra)}; only in the model: {_summary(missing)}. Nothing was loaded; build the "
+        "model with the configuration the weights were saved from (depth, hidden_dim, image_size, "
+        "patch_size, num_classes, ...)."
+    )
+
+
+def _summary(shapes, limit=4):
+    if not shapes:
+        return "none"
+    text = ", ".join(str(shape) for shape in shapes[:limit])
+    return text + (f" and {len(shapes) - limit} more" if len(shapes) > limit else "")
+
+
+class SafeLoadingMixin:
+    def load_weights(self, filepath, skip_mismatch=False, **kwargs):
+        """``keras.Model.load_weights``; a ``.weights.h5`` file is checked first (shapes, count).
+
+        Nothing is assigned unless every stored variable fits; pass
+        ``skip_mismatch=True`` for Keras' own partial loading.
+        """
+        if not self.built:
+            self.build()
+        if str(filepath).endswith(".weights.h5") and not skip_mismatch:
+            check_weights_file(self, filepath)
+        return super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+
+
+def load_saved_model(path, compile=False):
+    """``keras.saving.load_model`` with clear errors for missing, truncated or foreign files."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Model file {path!r} does not exist.")
+    if path.endswith(".keras"):
+        if not zipfile.is_zipfile(path):
+            raise ValueError(
+                f"Model file {path!r} ({os.path.getsize(path)} bytes) is not a .keras archive: "
+                "it is truncated or not a Keras file."
+            )
+        with zipfile.ZipFile(path) as archive:
+            broken = archive.testzip()
+            names = set(archive.namelist())
+        if broken is not None:
+            raise ValueError(f"Model file {path!r} is corrupt: member {broken!r} fails its CRC check.")
+        if "config.json" not in names:
+            raise ValueError(f"Model file {path!r} is a zip archive but not a .keras model (no config.json).")
+    return keras.saving.load_model(path, compile=compile)
