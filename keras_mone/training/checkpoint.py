@@ -97,20 +97,44 @@ class StepCheckpoint(keras.callbacks.Callback):
         self.every_steps = int(every_steps)
         self.diverged_step = None
         self._step = 0
+        self._pending_metrics = None
 
     def on_train_begin(self, logs=None):
         self._step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         self.diverged_step = None
+        self._pending_metrics = recorded_metrics(self.directory, self._step)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._carry_on_metrics()
+
+    def _carry_on_metrics(self):
+        # A run resumed mid-epoch carries on the epoch's running metrics, so
+        # its history.csv row covers the whole epoch, as without the break.
+        # Metric states are sums (totals, counts), so the recorded values are
+        # added: at the epoch's start where the metrics exist already (jax,
+        # torch), else after its first step (tensorflow builds them there).
+        variables = self.model.metrics_variables
+        if self._pending_metrics is None or len(self._pending_metrics) != len(variables):
+            return
+        for variable, value in zip(variables, self._pending_metrics):
+            variable.assign(variable + np.asarray(value, dtype=keras.backend.standardize_dtype(variable.dtype)))
+        self._pending_metrics = None
 
     def on_train_batch_end(self, batch, logs=None):
         # Counted here: reading the model every step would sync jax state each step.
         self._step += 1
+        if self._pending_metrics is not None:
+            self._carry_on_metrics()
+            self._pending_metrics = None  # metrics of another shape: nothing to carry on
         loss = (logs or {}).get("loss")
         if loss is not None and not np.isfinite(float(loss)):
             self._diverged()
             return
-        if self.every_steps and self._step % self.every_steps == 0:
-            self.save()
+        last_of_epoch = batch + 1 == (self.params or {}).get("steps")
+        if self.every_steps and self._step % self.every_steps == 0 and not last_of_epoch:
+            # (the epoch's last step is saved by on_epoch_end, after its
+            # validation and history row, so a resume never skips those)
+            self.save(mid_epoch=True)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.diverged_step is None:
@@ -120,8 +144,12 @@ class StepCheckpoint(keras.callbacks.Callback):
         self.diverged_step = self._step
         self.model.stop_training = True
 
-    def save(self):
-        """Writes a checkpoint of the current step if every variable is finite."""
+    def save(self, mid_epoch=False):
+        """Writes a checkpoint of the current step if every variable is finite.
+
+        A mid-epoch checkpoint also records the epoch's running metrics
+        (``model.metrics_variables``), which a resumed run picks up.
+        """
         model = self.model
         if non_finite_variables(model):
             self._diverged()
@@ -133,8 +161,11 @@ class StepCheckpoint(keras.callbacks.Callback):
         model.save_weights(partial, overwrite=True)
         os.replace(partial, weights)
         state = os.path.join(self.directory, f"step_{step}.json")
+        record = {"step": step, "sha256": _sha256(weights)}
+        if mid_epoch:
+            record["metrics"] = [keras.ops.convert_to_numpy(v).tolist() for v in model.metrics_variables]
         with open(state + ".tmp", "w") as f:
-            json.dump({"step": step, "sha256": _sha256(weights)}, f)
+            json.dump(record, f)
         os.replace(state + ".tmp", state)
         self._prune(keep_step=step)
         return weights
@@ -146,6 +177,16 @@ class StepCheckpoint(keras.callbacks.Callback):
             for path in (weights, weights[: -len(".weights.h5")] + ".json"):
                 if os.path.exists(path):
                     os.remove(path)
+
+
+def recorded_metrics(directory, step):
+    """Running metric values recorded with the mid-epoch checkpoint of ``step``, else ``None``."""
+    record = os.path.join(directory, f"step_{step}.json")
+    try:
+        with open(record) as f:
+            return json.load(f).get("metrics")
+    except (OSError, ValueError):
+        return None
 
 
 def _verified(weights):
