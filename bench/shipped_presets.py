@@ -28,7 +28,7 @@ def rows():
         for value, accuracy in entry["eval"]["accuracy"].items():
             if setting == "width":
                 model.set_width(float(value))
-            elif hasattr(model.backbone, "set_capacity"):
+            elif model.backbone.routed:
                 model.set_capacity(float(value))
             table.append((name, setting, float(value), accuracy, flops(model).gmacs))
     return table

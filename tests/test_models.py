@@ -518,4 +518,9 @@ def test_other_constructor_errors():
         ImageClassifier(dense, num_classes=0)
     with pytest.raises(ValueError, match="capacity"):
         ImageClassifier(dense).set_capacity(0.5)
-    assert ImageClassifier(dense).capacity == 1.0
+    with pytest.raises(ValueError, match="fixed at 1.0"):
+        dense.set_capacity(0.5)  # issue 13: an AttributeError before
+    with pytest.raises(ValueError, match="capacity"):
+        dense.set_capacity("0.5")
+    dense.set_capacity(1.0)
+    assert ImageClassifier(dense).capacity == 1.0 and not dense.routed

@@ -81,7 +81,7 @@ class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Co
     @property
     def capacity(self):
         """Effective capacity of the backbone (1.0 for a dense backbone)."""
-        return getattr(self.backbone, "capacity", 1.0)
+        return self.backbone.capacity
 
     @property
     def realised_capacity(self):
@@ -89,12 +89,7 @@ class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Co
         return getattr(self.backbone, "realised_capacity", 1.0)
 
     def set_capacity(self, capacity):
-        """Sets the backbone's effective capacity (MoNE backbones only)."""
-        if not hasattr(self.backbone, "set_capacity"):
-            raise ValueError(
-                f"{type(self.backbone).__name__} has no routing, so its capacity is fixed at 1.0; "
-                "use a MoNE backbone to change `capacity`."
-            )
+        """Sets the backbone's effective capacity (MoNE backbones; dense ones accept only 1.0)."""
         self.backbone.set_capacity(capacity)
 
     def routing_key(self):

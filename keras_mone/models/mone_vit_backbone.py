@@ -123,6 +123,8 @@ class MoNEViTBackbone(ViTBackbone):
             router.build(token_shape)
 
     # -- capacity ---------------------------------------------------------
+    routed = True
+
     def set_capacity(self, capacity):
         """Runs the model at effective capacity ``capacity`` from now on.
 

@@ -9,6 +9,7 @@ from keras_mone.layers.patch_embedding import PatchEmbedding
 from keras_mone.models.capacity_control import CapacityControlMixin
 from keras_mone.models.loop_guard import LoopGuardMixin
 from keras_mone.models.weights_file import SafeLoadingMixin
+from keras_mone.routing import capacity as capacity_lib
 
 
 @register
@@ -91,6 +92,19 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
     @property
     def input_shape_per_example(self):
         return (*self.image_size, self.num_channels)
+
+    routed = False
+    """Whether tokens are routed (MoNE): only routed backbones change ``capacity``."""
+    capacity = 1.0
+
+    def set_capacity(self, capacity):
+        """A dense backbone runs at capacity 1.0 only; anything else is refused."""
+        capacity = capacity_lib.validate_effective_capacity(capacity, None, "capacity")
+        if capacity != 1.0:
+            raise ValueError(
+                f"{type(self).__name__} has no routing, so its `capacity` is fixed at 1.0 "
+                f"(got {capacity}); use a MoNE backbone to change it."
+            )
 
     def check_inputs(self, inputs):
         """Raises a ``ValueError`` naming the argument if ``inputs`` do not fit the model."""

@@ -35,7 +35,7 @@ def evaluation_settings(model):
     backbone = model.backbone
     if hasattr(backbone, "set_width"):
         return "width", MATVIT_WIDTHS
-    if hasattr(backbone, "set_capacity"):
+    if backbone.routed:
         return "capacity", MONE_CAPACITIES
     return "capacity", (1.0,)
 
@@ -80,7 +80,7 @@ def measure_accuracy(model, setting, values, test_split, dataset="cluttered_digi
     for value in values:
         if setting == "width":
             model.set_width(value)
-        elif hasattr(model.backbone, "set_capacity"):
+        elif model.backbone.routed:
             model.set_capacity(value)
         logits = model.predict(images, batch_size=EVAL_BATCH_SIZE, verbose=0)
         accuracy[str(value)] = float(np.mean(np.argmax(logits, axis=-1) == labels))
