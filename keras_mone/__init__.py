@@ -9,13 +9,14 @@ from keras_mone.backend_choice import choose_backend
 choose_backend()
 
 # The backend is chosen before anything imports Keras.
-from keras_mone import analysis, data, layers, models, presets, routing, training  # noqa: E402
+from keras_mone import analysis, convert, data, layers, models, presets, routing, training  # noqa: E402
 from keras_mone.analysis import flops  # noqa: E402
 from keras_mone.version import __version__  # noqa: E402
 
 __all__ = [
     "__version__",
     "analysis",
+    "convert",
     "data",
     "flops",
     "layers",

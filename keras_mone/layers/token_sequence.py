@@ -7,6 +7,7 @@ this module is the one place that does it.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -36,3 +37,23 @@ def prepend_class_token_and_add_positions(tokens, class_token, position_embeddin
         )
         tokens = ops.concatenate([cls, tokens], axis=1)
     return tokens + ops.cast(position_embedding, tokens.dtype)
+
+
+def layout_positions(source_positions, source_cls, source_grid, target_positions, target_cls, target_grid):
+    """Position embeddings ``(1, [1 +] h*w, D)`` of one grid laid out for another.
+
+    The grid part is resized bilinearly when the grids differ (AugReg / ViViT
+    practice when the image size changes); the class position is the
+    source's when both have a class token, the target's own when only the
+    target has one, and dropped when the target has none.
+    """
+    grid = source_positions[:, int(source_cls):]
+    if tuple(source_grid) != tuple(target_grid):
+        grid = grid.reshape(1, *source_grid, -1)
+        grid = ops.convert_to_numpy(
+            ops.image.resize(grid, target_grid, interpolation="bilinear", antialias=False)
+        ).reshape(1, target_grid[0] * target_grid[1], -1)
+    if not target_cls:
+        return grid
+    cls = source_positions[:, :1] if source_cls else target_positions[:, :1]
+    return np.concatenate([cls, grid], axis=1).astype(target_positions.dtype)

@@ -1,12 +1,12 @@
 """Initialising a ViViT from an image ViT (ViViT Sec. 3.4), dense or MoNE."""
 
-import numpy as np
 from keras import ops
 
 from keras_mone.layers.config import config_argument_names
 from keras_mone.layers.tubelet_embedding import inflate_patch_kernel
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
+from keras_mone.layers.token_sequence import layout_positions
 from keras_mone.models.weight_transfer import relative_weight_paths
 
 _IMAGE_EMBEDDING = "patch_embedding/"
@@ -91,7 +91,7 @@ def load_image_weights(video_backbone, image_backbone, inflation="central_frame"
             image[_IMAGE_EMBEDDING + "class_token"]
         )
     positions = ops.convert_to_numpy(image[_IMAGE_EMBEDDING + "position_embedding"])
-    values[_VIDEO_EMBEDDING + "position_embedding"] = _spatial_positions(
+    values[_VIDEO_EMBEDDING + "position_embedding"] = layout_positions(
         positions, image_cls, image_backbone.patch_embedding.grid_size,
         ops.convert_to_numpy(video[_VIDEO_EMBEDDING + "position_embedding"]), video_cls,
         video_backbone.patch_embedding.grid_size,
@@ -99,17 +99,3 @@ def load_image_weights(video_backbone, image_backbone, inflation="central_frame"
     for path, value in values.items():
         video[path].assign(value)
     return sorted(set(video) - set(values))
-
-
-def _spatial_positions(image_positions, image_cls, image_grid, video_positions, video_cls, video_grid):
-    """Image position embeddings laid out for the video's frame grid and class token."""
-    grid = image_positions[:, int(image_cls):]
-    if tuple(image_grid) != tuple(video_grid):
-        grid = grid.reshape(1, *image_grid, -1)
-        grid = ops.convert_to_numpy(
-            ops.image.resize(grid, video_grid, interpolation="bilinear", antialias=False)
-        ).reshape(1, video_grid[0] * video_grid[1], -1)
-    if not video_cls:
-        return grid
-    cls = image_positions[:, :1] if image_cls else video_positions[:, :1]
-    return np.concatenate([cls, grid], axis=1).astype(video_positions.dtype)
