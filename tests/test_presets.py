@@ -5,6 +5,7 @@ import re
 import pytest
 
 from keras_mone import presets
+from keras_mone.presets import registry
 from keras_mone.models import VIT_SIZES, ImageClassifier, MoNEViTBackbone, ViTBackbone, decode_variant
 
 # Published parameter counts (timm / the ViT and DeiT papers), 1000 classes, class token.
@@ -59,7 +60,7 @@ def test_every_preset_resolves(name):
         assert abs(expected_params(size, class_token=False) - described) / described < 0.005
     # Constructing (not building) the backbone validates every argument cheaply.
     backbone_cls = presets.ARCHITECTURES[spec["architecture"]]
-    meta = ("description", "architecture", "variant", "num_classes", "weights", "pooling")
+    meta = registry.META_KEYS + ("num_classes", "pooling")
     arguments = {k: v for k, v in spec.items() if k not in meta}
     backbone_cls(**{**config, **arguments})
 
@@ -129,7 +130,26 @@ def test_unknown_preset():
 
 def test_load_weights_without_published_weights():
     with pytest.raises(ValueError, match="no published weights.*load_weights=False"):
-        presets.from_preset("vit_ti16", load_weights=True)
+        presets.from_preset("vivit_fe_b16", load_weights=True)
+
+
+def test_dense_vit_presets_default_to_the_augreg_checkpoint(monkeypatch):
+    # No network in tests: the download is intercepted, its URL checked.
+    asked = []
+
+    def offline(url, sha256=None, cache_subdir=None):
+        asked.append(url)
+        raise OSError(f"Downloading {url} failed: offline")
+
+    monkeypatch.setattr("keras_mone.presets.tags.download", offline)
+    with pytest.raises(OSError, match="offline"):
+        presets.from_preset("vit_ti16")
+    assert asked == [
+        "https://storage.googleapis.com/vit_models/augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
+        "--imagenet2012-steps_20k-lr_0.03-res_224.npz"
+    ]
+    assert set(presets.weights_tags("mone_vit_ti16")) == {"augreg_in21k_ft_in1k", "augreg_in21k"}
+    assert set(presets.weights_tags("vit_b16")) == {"augreg_in21k_ft_in1k", "augreg_in21k", "keras_hub_imagenet"}
 
 
 def test_unknown_override_key():

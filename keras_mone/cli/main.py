@@ -45,7 +45,7 @@ def _train(args):
 
 
 def _presets(args):
-    from keras_mone.presets import get_preset, list_presets
+    from keras_mone.presets import get_preset, list_presets, weights_tags
 
     if args.action == "publish":
         return _publish(args)
@@ -55,6 +55,9 @@ def _presets(args):
         spec = get_preset(name)
         marker = "[weights]" if spec.get("weights") else ""
         print(f"{name:<26} {marker:<9} {spec['description']}")
+        default = spec.get("default_tag") or (get_preset(spec["tags_from"]).get("default_tag") if spec.get("tags_from") else None)
+        for tag, description in weights_tags(name).items():
+            print(f"{'':<26} {'weights=' + tag + (' (default)' if tag == default else ''):<36} {description}")
     return 0
 
 

@@ -21,7 +21,7 @@ _NOT_MODEL_STATE = ("optimizer",)  # top-level groups of a .weights.h5 that are 
 
 
 def stored_variable_shapes(path):
-    """Shapes of the model variables stored in a ``.weights.h5`` file (optimizer state excluded)."""
+    """``[(path in the file, shape)]`` of the model variables in a ``.weights.h5`` file (optimizer state excluded)."""
     shapes = []
     try:
         with h5py.File(path, "r") as file:
@@ -30,10 +30,11 @@ def stored_variable_shapes(path):
                     continue
                 item = file[key]
                 if isinstance(item, h5py.Dataset):
-                    shapes.append(tuple(item.shape))
+                    shapes.append((key, tuple(item.shape)))
                 else:
                     item.visititems(
-                        lambda _, node: shapes.append(tuple(node.shape)) if isinstance(node, h5py.Dataset) else None
+                        lambda name, node, key=key: shapes.append((f"{key}/{name}", tuple(node.shape)))
+                        if isinstance(node, h5py.Dataset) else None
                     )
     except OSError as error:
         raise ValueError(
@@ -47,18 +48,27 @@ def check_weights_file(model, path):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Weights file {path!r} does not exist.")
-    stored = collections.Counter(stored_variable_shapes(path))
+    in_file = stored_variable_shapes(path)
+    stored = collections.Counter(shape for _, shape in in_file)
     expected = collections.Counter(tuple(variable.shape) for variable in model.weights)
     if stored == expected:
         return
-    extra = sorted((stored - expected).elements())
-    missing = sorted((expected - stored).elements())
+    extra = stored - expected
+    missing = expected - stored
+    first = ""
+    file_path = next((name for name, shape in in_file if shape in extra), None)
+    variable = next((v for v in model.weights if tuple(v.shape) in missing), None)
+    if file_path and variable is not None:
+        first = (
+            f"First mismatch: {file_path!r} {dict(in_file)[file_path]} in the file, "
+            f"{variable.path!r} {tuple(variable.shape)} in the model. "
+        )
     raise ValueError(
         f"Weights file {path!r} does not fit {model.name!r}: it stores {sum(stored.values())} "
-        f"variables, the model has {sum(expected.values())}. Shapes only in the file: "
-        f"{_summary(extra)}; only in the model: {_summary(missing)}. Nothing was loaded; build the "
-        "model with the configuration the weights were saved from (depth, hidden_dim, image_size, "
-        "patch_size, num_classes, ...)."
+        f"variables, the model has {sum(expected.values())}. {first}Shapes only in the file: "
+        f"{_summary(sorted(extra.elements()))}; only in the model: {_summary(sorted(missing.elements()))}. "
+        "Nothing was loaded; build the model with the configuration the weights were saved from "
+        "(depth, hidden_dim, image_size, patch_size, num_classes, ...)."
     )
 
 

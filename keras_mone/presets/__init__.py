@@ -1,11 +1,15 @@
 """Named, ready-to-build models: ``from_preset("mone_vit_b16", capacity=0.3)``."""
 
+from keras_mone.presets.folder import save_to_preset
 from keras_mone.presets.registry import (
     ARCHITECTURES,
     from_preset,
     get_preset,
     list_presets,
     shipped_presets,
+    weights_tags,
 )
 
-__all__ = ["ARCHITECTURES", "from_preset", "get_preset", "list_presets", "shipped_presets"]
+__all__ = [
+    "ARCHITECTURES", "from_preset", "get_preset", "list_presets", "save_to_preset", "shipped_presets", "weights_tags",
+]

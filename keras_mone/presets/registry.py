@@ -11,9 +11,12 @@ import tomllib
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.architectures import ARCHITECTURES, TASKS
 from keras_mone.models.variants import decode_variant
+from keras_mone.presets.folder import is_preset_folder, load_preset_folder
+from keras_mone.presets.handles import URL_SCHEMES, fetch_preset_folder, is_remote, resolve_hub_handle
+from keras_mone.presets.tags import load_tagged_weights, preset_tags, tag_entry
 from keras_mone.presets.weights import MANIFEST, WEIGHTS_FOLDER, load_checked_weights, zoo_folders
 
-_META_KEYS = ("description", "architecture", "variant", "weights")
+META_KEYS = ("description", "architecture", "variant", "weights", "tags", "default_tag", "tags_from")
 
 
 @functools.lru_cache(maxsize=4)
@@ -63,23 +66,46 @@ def get_preset(name):
     return copy.deepcopy(presets[name])
 
 
-def from_preset(name, /, load_weights=True, **overrides):
-    """Builds the classifier of preset ``name``: ``ImageClassifier`` or
-    ``VideoClassifier``; ``MatViTClassifier`` / ``MatViViTClassifier`` for the
-    nested-width presets (``set_width`` picks the width).
+def weights_tags(name):
+    """``{tag: description}`` of the third-party weights preset ``name`` can load."""
+    spec = get_preset(name)
+    return {tag: entry.get("description", entry.get("url", entry.get("handle"))) for tag, entry in preset_tags(spec, _zoo()).items()}
+
+
+def from_preset(name, /, load_weights=True, weights=None, sha256=None, **overrides):
+    """Builds a model from a preset handle.
+
+    Handles: a built-in name (``list_presets()``); a local preset folder
+    (``save_to_preset``); an ``https://`` URL of a preset folder (``sha256``
+    pins its ``metadata.json``); ``hf://owner/repo``;
+    ``kaggle://owner/model/framework/variation[/version]``.
+
+    Built-in names give ``ImageClassifier`` or ``VideoClassifier``
+    (``MatViTClassifier`` / ``MatViViTClassifier`` for the nested-width
+    presets, whose ``set_width`` picks the width).
 
     Args:
-        name: a name from ``list_presets()``.
-        load_weights: load the weights that ship with the preset (see
-            ``shipped_presets()``), after checking their sha256; raises if the
-            preset has none (use ``load_weights=False`` for a randomly
-            initialised model).
+        name: the handle.
+        load_weights: load weights: the trained weights that ship with the
+            preset (sha256-checked), else its default weights tag; raises if
+            it has neither (``load_weights=False`` builds it randomly
+            initialised).
+        weights: a weights tag (``weights_tags(name)``), e.g.
+            ``"augreg_in21k_ft_in1k"``: a third-party checkpoint, downloaded
+            and converted on first use, then cached.
+        sha256: for ``https://`` handles, the expected sha256 of ``metadata.json``.
         **overrides: constructor arguments of the backbone or the classifier
             (``capacity``, ``image_size``, ``num_classes``, ``pooling``, ...);
             they override the preset's values.
     """
+    if isinstance(name, os.PathLike) or (isinstance(name, str) and (is_remote(name) or os.sep in name or is_preset_folder(name))):
+        return _from_handle(os.fspath(name), load_weights, sha256, overrides)
     spec = get_preset(name)
-    if load_weights and not spec.get("weights"):
+    tag = None
+    if weights is not None or (load_weights and not spec.get("weights") and (preset_tags(spec, _zoo()))):
+        tag, tag_spec = tag_entry(name, spec, _zoo(), weights)
+        overrides = {**tag_spec.get("config", {}), **overrides}
+    elif load_weights and not spec.get("weights"):
         raise ValueError(
             f"Preset {name!r} has no published weights yet (presets with weights: "
             f"{', '.join(shipped_presets()) or 'none'}). Pass load_weights=False to build "
@@ -88,7 +114,7 @@ def from_preset(name, /, load_weights=True, **overrides):
     backbone_cls = ARCHITECTURES[spec["architecture"]]
     task_cls = TASKS[spec["architecture"]]
     config = {**decode_variant(spec["variant"])}
-    config.update({k: v for k, v in spec.items() if k not in _META_KEYS})
+    config.update({k: v for k, v in spec.items() if k not in META_KEYS})
     config.update(overrides)
     task_keys = set(config_argument_names(task_cls)) - {"backbone"}
     backbone_keys = set(config_argument_names(backbone_cls)) | {"dtype", "name"}
@@ -106,6 +132,24 @@ def from_preset(name, /, load_weights=True, **overrides):
         task_config["dtype"] = config["dtype"]
     model = task_cls(backbone, name=config.get("name", name), **task_config)
     model.build()
-    if load_weights:
+    if tag is not None:
+        untrained = ["routers and the smaller experts (train with a MoNE recipe)"] if getattr(backbone, "routed", False) else []
+        load_tagged_weights(model, name, tag, tag_spec, untrained)
+    elif load_weights:
         load_checked_weights(model, name, spec["weights"])
     return model
+
+
+def _from_handle(handle, load_weights, sha256, overrides):
+    if handle.startswith(URL_SCHEMES):
+        folder = fetch_preset_folder(handle, sha256=sha256)
+    elif is_remote(handle):
+        folder = resolve_hub_handle(handle)
+    elif is_preset_folder(handle):
+        folder = handle
+    else:
+        raise ValueError(
+            f"{handle!r} is neither a preset name ({', '.join(list_presets())}) nor a preset folder "
+            "(config.json, model.weights.h5, metadata.json)."
+        )
+    return load_preset_folder(folder, load_weights=load_weights, **overrides)
