@@ -80,8 +80,11 @@ class MoNEAttention(ConfigMixin, keras.layers.Layer):
             outputs.append(self.dropout(self.out(part, out_width=width), training=training))
         return outputs[0] if single else outputs
 
-    def compute_output_shape(self, input_shape, widths=None):
+    def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, inputs, widths=None, training=None):
+        return same_structure(inputs, self.compute_dtype)
 
 
 def multi_head_attention(qkv):
@@ -115,6 +118,11 @@ def multi_head_attention(qkv):
     else:
         attended = ops.matmul(ops.cast(ops.softmax(scores, axis=-1), value.dtype), value)
     return ops.transpose(attended, (0, 2, 1, 3))
+
+
+def same_structure(inputs, dtype):
+    """KerasTensors shaped like ``inputs`` (a tensor or a list of token groups)."""
+    return keras.tree.map_structure(lambda x: keras.KerasTensor(x.shape, dtype=dtype), inputs)
 
 
 def as_groups(inputs, widths, hidden_dim):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_mone.layers.attention import MoNEAttention, as_groups
+from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
@@ -120,8 +120,11 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         outputs = [z + u for z, u in zip(mids, updates)]
         return outputs[0] if single else outputs
 
-    def compute_output_shape(self, input_shape, widths=None, gates=None):
+    def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, inputs, widths=None, gates=None, training=None):
+        return same_structure(inputs, self.compute_dtype)
 
 
 def block_stack(

@@ -49,9 +49,12 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         outputs = self.fc2(hidden, out_width=width, pad_output=pad_output)
         return self.dropout(outputs, training=training)
 
-    def compute_output_shape(self, input_shape, width=None, pad_output=True, **kwargs):
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.hidden_dim,)
+
+    def compute_output_spec(self, inputs, width=None, pad_output=True, training=None):
         last = self.hidden_dim if (pad_output or width is None) else width
-        return tuple(input_shape[:-1]) + (last,)
+        return keras.KerasTensor(tuple(inputs.shape[:-1]) + (last,), dtype=self.compute_dtype)
 
 
 def _small_normal():

@@ -75,9 +75,13 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
             outputs = pad_features(outputs, full_out)
         return outputs
 
-    def compute_output_shape(self, input_shape, out_width=None, pad_output=True, **kwargs):
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def compute_output_spec(self, inputs, in_width=None, out_width=None, pad_output=True):
+        # (compute_output_shape may only take the input's shape: Keras' rule)
         width = self.units if (pad_output or out_width is None) else out_width
-        return tuple(input_shape[:-1]) + (width,)
+        return keras.KerasTensor(tuple(inputs.shape[:-1]) + (width,), dtype=self.compute_dtype)
 
 
 def pad_features(x, width):

@@ -36,6 +36,9 @@ class Router(ConfigMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.num_experts,)
 
+    def compute_output_spec(self, inputs):
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype="float32")
+
 
 @register
 class RandomRouter(ConfigMixin, keras.layers.Layer):
