@@ -47,7 +47,7 @@ def test_quickstart_writes_results_and_figures(tmp_path):
 def test_quickstart_model_is_the_recipe_model(name, tmp_path):
     """Same architecture, initial weights and optimizer as `keras-mone train NAME`."""
     recipe = resolve_recipe(name, TINY_OVERRIDES)
-    stream = recipes.loader.digits_stream(recipe)
+    stream = recipes.data_sources.digits_stream(recipe)
     mine = build_and_compile(recipe, stream.steps_per_epoch)
     setup = recipes.load(name, resume=False, output_dir=str(tmp_path), **TINY_OVERRIDES)
     assert mine.get_config()["backbone"]["config"] == setup.model.get_config()["backbone"]["config"]

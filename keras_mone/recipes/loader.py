@@ -14,105 +14,22 @@ Run directory (``output_dir``, default ``runs/<recipe>``)::
 """
 
 import dataclasses
-import importlib.resources
 import json
 import os
-import tomllib
 
 import keras
 
 from keras_mone.data import pipeline, video_pipeline
-from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import schema
+from keras_mone.recipes.builders import checkpoint_dir, make_callbacks, make_loss, make_optimizer
+from keras_mone.recipes.data_sources import data_sources, digits_stream
+from keras_mone.recipes.files import resolve
 from keras_mone.recipes.model import build_classifier, init_from_saved_model
 from keras_mone.recipes.run_directory import claim, to_toml
 from keras_mone.training import checkpoint as checkpoint_lib
-from keras_mone.training.adaptive_capacity import AdaptiveCapacity
 from keras_mone.training.distribution import distribution_scope, num_replicas
-from keras_mone.training.losses import FullWidthAccuracy, SigmoidCrossEntropy, SumOverWidths
+from keras_mone.training.losses import FullWidthAccuracy
 from keras_mone.training.modes import ADAPTIVE_MODES, ISOFLOPS_MODES, isoflops_epochs
-from keras_mone.training.optimizers import adamw_kernels_only, sgd_kernels_only
-from keras_mone.training.router_monitor import RouterMonitor
-
-RECIPE_PACKAGE = "keras_mone.recipe_files"
-ROUTER_PROBE_SIZE = 256  # evaluation images on which RouterMonitor measures router entropy
-
-
-def list_recipes():
-    """``{name: description}`` of the bundled recipes (bases excluded), sorted."""
-    recipes = {}
-    for entry in importlib.resources.files(RECIPE_PACKAGE).iterdir():
-        if entry.name.endswith(".toml") and not entry.name.startswith("_"):
-            name = entry.name[: -len(".toml")]
-            recipes[name] = _read(name)[0].get("description", "")
-    return dict(sorted(recipes.items()))
-
-
-def _read(name_or_path, seen=()):
-    """Raw keys of a recipe (bases merged in) and its name."""
-    if name_or_path.endswith(".toml") or os.sep in name_or_path:
-        if not os.path.exists(name_or_path):
-            raise schema.RecipeError(f"Recipe file {name_or_path!r} does not exist.")
-        with open(name_or_path, "rb") as f:
-            raw = tomllib.load(f)
-        name, folder = os.path.basename(name_or_path)[: -len(".toml")], os.path.dirname(name_or_path)
-    else:
-        entry = importlib.resources.files(RECIPE_PACKAGE).joinpath(f"{name_or_path}.toml")
-        if not entry.is_file():
-            raise schema.RecipeError(
-                f"Unknown recipe {name_or_path!r}. Bundled recipes: {', '.join(list_recipes())}; "
-                "or pass the path of a .toml file."
-            )
-        raw, name, folder = tomllib.loads(entry.read_text()), name_or_path, None
-    base = raw.get("base")
-    if base:
-        if base in seen:
-            raise schema.RecipeError(f"Recipe {name!r}: circular `base` chain {seen + (base,)}.")
-        local = os.path.join(folder, f"{base}.toml") if folder else None
-        parent, _ = _read(local if local and os.path.exists(local) else base, seen + (name,))
-        raw = {**parent, **raw, "model_args": {**parent.get("model_args", {}), **raw.get("model_args", {})}}
-    return raw, name
-
-
-def parse_overrides(items):
-    """``["epochs=3", "model_args.depth=2", "dataset=image_folder"]`` -> dict.
-
-    Values are read as TOML (numbers, booleans, lists, quoted strings); anything
-    else is a string.
-    """
-    overrides = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise schema.RecipeError(f"Override {item!r} must look like key=value.")
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text
-        table, dot, sub = key.partition(".")
-        if dot:
-            overrides.setdefault(table, {})[sub] = value
-        else:
-            overrides[key] = value
-    return overrides
-
-
-def resolve(name_or_path, **overrides):
-    """The validated recipe (all keys) and its name; raises ``RecipeError``."""
-    raw, name = _read(name_or_path)
-    for source in (raw, overrides):
-        if not isinstance(source.get("model_args", {}), dict):
-            raise schema.RecipeError(
-                f"recipe {name!r}: key 'model_args' must be a table of backbone / classifier arguments "
-                f"(e.g. {{ depth = 4 }}), got {source['model_args']!r}."
-            )
-    model_args = {**raw.get("model_args", {}), **overrides.pop("model_args", {})}
-    raw = {**raw, **overrides, "model_args": model_args}
-    raw.pop("base", None)
-    recipe = schema.validate(raw, recipe_name=f"recipe {name!r}")
-    if not recipe["output_dir"]:
-        recipe["output_dir"] = os.path.join("runs", name)
-    return recipe, name
 
 
 @dataclasses.dataclass
@@ -224,7 +141,7 @@ def load(name_or_path, resume=True, **overrides):
     recipe, name = resolve(name_or_path, **overrides)
     claim(recipe, name, resume)  # refuses another recipe's checkpoints before anything is built
     keras.utils.set_random_seed(recipe["seed"])
-    train_source, eval_source = _sources(recipe)
+    train_source, eval_source = data_sources(recipe)
     stream = digits_stream(recipe) if train_source is None else None
     num_classes = recipe["num_classes"] or (stream or train_source).num_classes
     batch = recipe["batch_size"]
@@ -254,7 +171,7 @@ def load(name_or_path, resume=True, **overrides):
         model.compile(optimizer=optimizer, loss=loss, metrics=[FullWidthAccuracy()])
         optimizer.build(model.trainable_variables)
         try:
-            initial_step = checkpoint_lib.restore(model, _checkpoint_dir(recipe)) if resume else 0
+            initial_step = checkpoint_lib.restore(model, checkpoint_dir(recipe)) if resume else 0
         except ValueError as error:  # no checkpoint could be restored: files named, none deleted
             raise schema.RecipeError(f"recipe {name!r}: {error}") from error
 
@@ -295,144 +212,6 @@ def load(name_or_path, resume=True, **overrides):
     return TrainingSetup(
         name=name, recipe=recipe, model=model, optimizer=optimizer, loss=loss,
         train_data=make_train_data(initial_step), eval_data=eval_data,
-        callbacks=_callbacks(recipe, model, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
+        callbacks=make_callbacks(recipe, model, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
         initial_step=initial_step, make_train_data=make_train_data,
     )
-
-
-def make_optimizer(recipe, total_steps, steps_per_epoch):
-    """The recipe's optimizer (AdamW or SGD, kernels-only decay, warm-up + cosine
-    over ``total_steps``, global norm clip); the warm-up comes from
-    ``warmup_steps``, else ``warmup_epochs``, else ``warmup_fraction``."""
-    warmup = (
-        recipe["warmup_steps"] or round(recipe["warmup_epochs"] * steps_per_epoch)
-        or int(recipe["warmup_fraction"] * total_steps)
-    )
-    warmup = min(warmup, total_steps)
-    common = dict(
-        weight_decay=recipe["weight_decay"], clipnorm=recipe["grad_clip"] or None,
-        end_learning_rate=recipe["end_learning_rate"],
-    )
-    if recipe["optimizer"] == "sgd":
-        return sgd_kernels_only(recipe["learning_rate"], total_steps, warmup, momentum=recipe["momentum"], **common)
-    return adamw_kernels_only(recipe["learning_rate"], total_steps, warmup, beta_2=recipe["beta_2"], **common)
-
-
-def make_loss(recipe):
-    """The recipe's loss on one-hot labels: sigmoid or softmax cross-entropy
-    (with ``label_smoothing``), summed over the widths in MatViT joint training."""
-    if recipe["loss"] == "sigmoid":
-        loss = SigmoidCrossEntropy()
-    else:
-        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=recipe["label_smoothing"])
-    return SumOverWidths(loss) if recipe["mode"] == "joint" else loss
-
-
-def _checkpoint_dir(recipe):
-    return os.path.join(recipe["output_dir"], "checkpoint")
-
-
-def _callbacks(recipe, model, eval_data):
-    callbacks = []
-    if getattr(model.backbone, "router_type", None) == "learned" and eval_data is not None:
-        # alpha and router entropy per epoch, into history.csv (CSVLogger comes after it)
-        probe = keras.ops.convert_to_numpy(next(iter(eval_data))[0])[:ROUTER_PROBE_SIZE]
-        callbacks.append(RouterMonitor(probe))
-    callbacks += [
-        checkpoint_lib.StepCheckpoint(_checkpoint_dir(recipe), recipe["checkpoint_steps"]),
-        keras.callbacks.CSVLogger(os.path.join(recipe["output_dir"], "history.csv"), append=True),
-    ]
-    if recipe["mode"] in ADAPTIVE_MODES:
-        callbacks.append(
-            AdaptiveCapacity(recipe["adaptive_capacities"], eval_capacity=recipe["capacity"], seed=recipe["seed"])
-        )
-    return callbacks
-
-
-def _video_sources(recipe):
-    splits = [recipe["train_split"]] + ([recipe["eval_split"]] if recipe["eval_split"] else [])
-    if recipe["dataset"] == "video_folder":
-        root = recipe["data_dir"]
-        train = video_pipeline.video_folder_source(root, splits[0])
-        classes = sorted(d for d in os.listdir(os.path.join(root, splits[0])) if os.path.isdir(os.path.join(root, splits[0], d)))
-        test = video_pipeline.video_folder_source(root, splits[1], classes) if len(splits) > 1 else None
-        return train, test
-    train = None  # fresh renderings: the stream of ``digits_stream`` trains
-    if not recipe["fresh_renderings"]:
-        train = video_pipeline.moving_digits_source(**moving_digits_arguments(recipe, "train"))
-    test = None
-    if recipe["eval_split"]:
-        test = video_pipeline.moving_digits_source(**moving_digits_arguments(recipe, "test"))
-    return train, test
-
-
-def cluttered_digits_arguments(recipe, split):
-    """Arguments of ``load_cluttered_digits`` (and ``pipeline.cluttered_digits_source``)
-    for ``split`` ("train" or "test") of a digits recipe, also the part the video
-    task shares; the test split is rendered from ``test_seed``, the fixed
-    training set from ``seed``."""
-    train = split == "train"
-    return dict(
-        split=split, image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
-        clutter=recipe["clutter"], position_step=recipe["position_step"],
-        samples_per_digit=recipe["samples_per_digit"] if train else recipe["test_samples_per_digit"],
-        seed=recipe["seed"] if train else recipe["test_seed"],
-    )
-
-
-def moving_digits_arguments(recipe, split):
-    """Arguments of ``video_pipeline.moving_digits_source`` for ``split`` of a
-    moving-digits recipe: clips just long enough for ``num_frames`` frames
-    ``frame_stride`` apart."""
-    return dict(
-        cluttered_digits_arguments(recipe, split),
-        num_frames=(recipe["num_frames"] - 1) * recipe["frame_stride"] + 1,
-        target=recipe["digits_target"], speed_step=recipe["speed_step"],
-    )
-
-
-def digits_stream(recipe):
-    """The recipe's stream of fresh training renderings (``fresh_renderings = true``)
-    of cluttered digits or moving digits; one-hot labels ``num_classes`` wide
-    (0 = the task's classes)."""
-    from keras_mone.data.digit_stream import ClutteredDigitsStream, MovingDigitsStream
-
-    arguments = cluttered_digits_arguments(recipe, "train")
-    del arguments["split"]
-    batch, num_classes = recipe["batch_size"], recipe["num_classes"] or None
-    try:
-        if recipe["dataset"] == "moving_digits":
-            return MovingDigitsStream(
-                batch, num_classes=num_classes, num_frames=recipe["num_frames"],
-                frame_stride=recipe["frame_stride"], target=recipe["digits_target"],
-                speed_step=recipe["speed_step"], **arguments,
-            )
-        return ClutteredDigitsStream(batch, num_classes=num_classes or NUM_CLASSES, **arguments)
-    except ValueError as error:  # e.g. num_classes below the task's classes
-        raise schema.RecipeError(f"{recipe['dataset']} recipe: {error}") from error
-
-
-def _sources(recipe):
-    dataset = recipe["dataset"]
-    if dataset in schema.VIDEO_DATASETS:
-        return _video_sources(recipe)
-    if dataset == "cluttered_digits":
-        train = None  # fresh renderings: the stream of ``digits_stream`` trains
-        if not recipe["fresh_renderings"]:
-            train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "train"))
-        test = None
-        if recipe["eval_split"]:
-            test = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "test"))
-        return train, test
-    if dataset == "image_folder":
-        train = pipeline.image_folder_source(recipe["data_dir"], recipe["train_split"])
-        classes = sorted(os.listdir(os.path.join(recipe["data_dir"], recipe["train_split"])))
-        test = None
-        if recipe["eval_split"]:
-            test = pipeline.image_folder_source(recipe["data_dir"], recipe["eval_split"], classes)
-        return train, test
-    train = pipeline.tfds_source(recipe["tfds_name"], recipe["train_split"], recipe["data_dir"], recipe["seed"])
-    test = None
-    if recipe["eval_split"]:
-        test = pipeline.tfds_source(recipe["tfds_name"], recipe["eval_split"], recipe["data_dir"], recipe["seed"])
-    return train, test

@@ -1,6 +1,5 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
-from keras_mone.layers.config import config_argument_names
 from keras_mone.models.architectures import ARCHITECTURES, TASKS
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_init import load_image_weights
@@ -8,31 +7,7 @@ from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
 from keras_mone.models.weights_file import load_saved_model
-from keras_mone.recipes.schema import PRESET_PREFIX, VIDEO_ARCHITECTURES
-
-#: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
-VIDEO_KEYS = ("num_frames", "tubelet_size")
-
-
-def _allowed_args(architecture):
-    backbone = set(config_argument_names(ARCHITECTURES[architecture]))
-    task = set(config_argument_names(TASKS[architecture])) - {"backbone"}
-    return backbone, task
-
-
-def check_model_args(architecture, model_args):
-    """Raises ``ValueError`` if a ``model_args`` key is no constructor argument."""
-    backbone, task = _allowed_args(architecture)
-    unknown = sorted(set(model_args) - backbone - task)
-    clashes = sorted(set(model_args) & set(VIDEO_KEYS))
-    if clashes:
-        raise ValueError(f"set {clashes} as top-level recipe key(s), not in model_args.")
-    if unknown:
-        raise ValueError(
-            f"unknown argument(s) {unknown} for architecture {architecture!r}. "
-            f"Allowed: {sorted(backbone | task)}."
-        )
-
+from keras_mone.recipes.schema import PRESET_PREFIX, VIDEO_ARCHITECTURES, allowed_args
 
 def build_classifier(recipe, num_classes):
     """The recipe's (built) classifier with a ``num_classes`` head."""
@@ -57,7 +32,7 @@ def build_classifier(recipe, num_classes):
     config.update(recipe["model_args"])
     if recipe["pooling"] == "token":
         config.setdefault("use_class_token", True)
-    backbone_keys, task_keys = _allowed_args(architecture)
+    backbone_keys, task_keys = allowed_args(architecture)
     backbone = ARCHITECTURES[architecture](**{k: v for k, v in config.items() if k in backbone_keys})
     model = TASKS[architecture](backbone, **{k: v for k, v in config.items() if k in task_keys})
     model.build()

@@ -13,6 +13,9 @@ import os
 from keras_mone.data.moving_digits import MOVING_TARGETS
 from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
 from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
+from keras_mone.layers.config import config_argument_names
+from keras_mone.models.architectures import ARCHITECTURES as BACKBONE_CLASSES
+from keras_mone.models.architectures import TASKS as TASK_CLASSES
 from keras_mone.training.distribution import DISTRIBUTIONS
 from keras_mone.training.modes import ARCHITECTURE_MODES, MODES
 
@@ -194,8 +197,6 @@ def _check_cross_keys(recipe, recipe_name):
     for value in recipe["adaptive_capacities"]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             fail(f"key 'adaptive_capacities' must hold numbers in (0, 1], got {recipe['adaptive_capacities']!r}.")
-    from keras_mone.recipes.model import check_model_args
-
     try:
         check_model_args(recipe["architecture"], recipe["model_args"])
     except ValueError as error:
@@ -237,3 +238,28 @@ def _check_video_keys(recipe, fail):
             fail(f"key 'init_from': {source!r} names no preset with weights; choose from {shipped_presets()}.")
     elif source and not os.path.isfile(os.path.expanduser(source)):
         fail(f"key 'init_from': model file {source!r} does not exist.")
+
+
+#: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
+VIDEO_KEYS = ("num_frames", "tubelet_size")
+
+
+def allowed_args(architecture):
+    """``(backbone argument names, classifier argument names)`` of ``architecture``."""
+    backbone = set(config_argument_names(BACKBONE_CLASSES[architecture]))
+    task = set(config_argument_names(TASK_CLASSES[architecture])) - {"backbone"}
+    return backbone, task
+
+
+def check_model_args(architecture, model_args):
+    """Raises ``ValueError`` if a ``model_args`` key is no constructor argument."""
+    backbone, task = allowed_args(architecture)
+    unknown = sorted(set(model_args) - backbone - task)
+    clashes = sorted(set(model_args) & set(VIDEO_KEYS))
+    if clashes:
+        raise ValueError(f"set {clashes} as top-level recipe key(s), not in model_args.")
+    if unknown:
+        raise ValueError(
+            f"unknown argument(s) {unknown} for architecture {architecture!r}. "
+            f"Allowed: {sorted(backbone | task)}."
+        )

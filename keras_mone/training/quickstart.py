@@ -23,7 +23,8 @@ from keras_mone.analysis.throughput import images_per_second
 from keras_mone.data import load_cluttered_digits, patch_coverage
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.recipes import RecipeError, make_loss, make_optimizer, resolve
-from keras_mone.recipes.loader import ROUTER_PROBE_SIZE, cluttered_digits_arguments, digits_stream
+from keras_mone.recipes.builders import ROUTER_PROBE_SIZE
+from keras_mone.recipes.data_sources import cluttered_digits_arguments, digits_stream
 from keras_mone.models.variants import decode_variant
 from keras_mone.recipes.model import build_classifier
 from keras_mone.training.losses import FullWidthAccuracy

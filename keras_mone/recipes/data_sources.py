@@ -1,0 +1,97 @@
+"""Where a recipe's examples come from: bundled digits (fixed sets or fresh streams), folders, TFDS."""
+
+import os
+
+from keras_mone.data import pipeline, video_pipeline
+from keras_mone.data.cluttered_digits import NUM_CLASSES
+from keras_mone.recipes import schema
+
+
+def _video_sources(recipe):
+    splits = [recipe["train_split"]] + ([recipe["eval_split"]] if recipe["eval_split"] else [])
+    if recipe["dataset"] == "video_folder":
+        root = recipe["data_dir"]
+        train = video_pipeline.video_folder_source(root, splits[0])
+        classes = sorted(d for d in os.listdir(os.path.join(root, splits[0])) if os.path.isdir(os.path.join(root, splits[0], d)))
+        test = video_pipeline.video_folder_source(root, splits[1], classes) if len(splits) > 1 else None
+        return train, test
+    train = None  # fresh renderings: the stream of ``digits_stream`` trains
+    if not recipe["fresh_renderings"]:
+        train = video_pipeline.moving_digits_source(**moving_digits_arguments(recipe, "train"))
+    test = None
+    if recipe["eval_split"]:
+        test = video_pipeline.moving_digits_source(**moving_digits_arguments(recipe, "test"))
+    return train, test
+
+
+def cluttered_digits_arguments(recipe, split):
+    """Arguments of ``load_cluttered_digits`` (and ``pipeline.cluttered_digits_source``)
+    for ``split`` ("train" or "test") of a digits recipe, also the part the video
+    task shares; the test split is rendered from ``test_seed``, the fixed
+    training set from ``seed``."""
+    train = split == "train"
+    return dict(
+        split=split, image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
+        clutter=recipe["clutter"], position_step=recipe["position_step"],
+        samples_per_digit=recipe["samples_per_digit"] if train else recipe["test_samples_per_digit"],
+        seed=recipe["seed"] if train else recipe["test_seed"],
+    )
+
+
+def moving_digits_arguments(recipe, split):
+    """Arguments of ``video_pipeline.moving_digits_source`` for ``split`` of a
+    moving-digits recipe: clips just long enough for ``num_frames`` frames
+    ``frame_stride`` apart."""
+    return dict(
+        cluttered_digits_arguments(recipe, split),
+        num_frames=(recipe["num_frames"] - 1) * recipe["frame_stride"] + 1,
+        target=recipe["digits_target"], speed_step=recipe["speed_step"],
+    )
+
+
+def digits_stream(recipe):
+    """The recipe's stream of fresh training renderings (``fresh_renderings = true``)
+    of cluttered digits or moving digits; one-hot labels ``num_classes`` wide
+    (0 = the task's classes)."""
+    from keras_mone.data.digit_stream import ClutteredDigitsStream, MovingDigitsStream
+
+    arguments = cluttered_digits_arguments(recipe, "train")
+    del arguments["split"]
+    batch, num_classes = recipe["batch_size"], recipe["num_classes"] or None
+    try:
+        if recipe["dataset"] == "moving_digits":
+            return MovingDigitsStream(
+                batch, num_classes=num_classes, num_frames=recipe["num_frames"],
+                frame_stride=recipe["frame_stride"], target=recipe["digits_target"],
+                speed_step=recipe["speed_step"], **arguments,
+            )
+        return ClutteredDigitsStream(batch, num_classes=num_classes or NUM_CLASSES, **arguments)
+    except ValueError as error:  # e.g. num_classes below the task's classes
+        raise schema.RecipeError(f"{recipe['dataset']} recipe: {error}") from error
+
+
+def data_sources(recipe):
+    """``(train source or None when a digits stream trains, eval source or None)``."""
+    dataset = recipe["dataset"]
+    if dataset in schema.VIDEO_DATASETS:
+        return _video_sources(recipe)
+    if dataset == "cluttered_digits":
+        train = None  # fresh renderings: the stream of ``digits_stream`` trains
+        if not recipe["fresh_renderings"]:
+            train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "train"))
+        test = None
+        if recipe["eval_split"]:
+            test = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "test"))
+        return train, test
+    if dataset == "image_folder":
+        train = pipeline.image_folder_source(recipe["data_dir"], recipe["train_split"])
+        classes = sorted(os.listdir(os.path.join(recipe["data_dir"], recipe["train_split"])))
+        test = None
+        if recipe["eval_split"]:
+            test = pipeline.image_folder_source(recipe["data_dir"], recipe["eval_split"], classes)
+        return train, test
+    train = pipeline.tfds_source(recipe["tfds_name"], recipe["train_split"], recipe["data_dir"], recipe["seed"])
+    test = None
+    if recipe["eval_split"]:
+        test = pipeline.tfds_source(recipe["tfds_name"], recipe["eval_split"], recipe["data_dir"], recipe["seed"])
+    return train, test
