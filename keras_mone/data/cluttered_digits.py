@@ -323,9 +323,6 @@ def patch_coverage(masks, patch_size):
 
 
 def clear_cache():
-    """Drop all in-memory cached datasets (images and videos)."""
-    from keras_mone.data import moving_digits
-
+    """Drop the in-memory cached images (``keras_mone.data.clear_cache`` also drops the videos)."""
     _render_cluttered.cache_clear()
-    moving_digits._render_moving.cache_clear()
     _upscaled_digits.cache_clear()

@@ -203,3 +203,9 @@ def load_moving_digits(
         float(noise), speeds, target, int(seed), split, int(position_step),
     )
     return base._outputs(videos, labels, masks, info, return_masks, return_info)
+
+
+def clear_cache():
+    """Drop all in-memory cached datasets (images and videos)."""
+    base.clear_cache()
+    _render_moving.cache_clear()

@@ -9,7 +9,7 @@ import os
 import tomllib
 
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.architectures import ARCHITECTURES, TASKS
+from keras_mone.models.methods import ARCHITECTURES, TASKS
 from keras_mone.models.variants import decode_variant
 from keras_mone.presets.folder import is_preset_folder, load_preset_folder
 from keras_mone.presets.handles import URL_SCHEMES, fetch_preset_folder, is_remote, resolve_hub_handle

@@ -1,6 +1,6 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
-from keras_mone.models.architectures import ARCHITECTURES, TASKS
+from keras_mone.models.methods import ARCHITECTURES, TASKS, method_of
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
@@ -23,12 +23,7 @@ def build_classifier(recipe, num_classes):
     }
     if architecture in VIDEO_ARCHITECTURES:
         config.update(num_frames=recipe["num_frames"], tubelet_size=recipe["tubelet_size"])
-    if architecture in ("mone_vit", "mone_vivit"):
-        config.update(
-            capacity=recipe["capacity"], router_type=recipe["router_type"], router_seed=recipe["seed"]
-        )
-    if architecture in ("matvit", "matvivit"):
-        config.update(width_fraction=recipe["width_fraction"], joint_training=recipe["mode"] == "joint")
+    config.update(method_of(architecture).recipe_arguments(recipe))
     config.update(recipe["model_args"])
     if recipe["pooling"] == "token":
         config.setdefault("use_class_token", True)

@@ -14,13 +14,14 @@ from keras_mone.data.moving_digits import MOVING_TARGETS
 from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
 from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.architectures import ARCHITECTURES as BACKBONE_CLASSES
-from keras_mone.models.architectures import TASKS as TASK_CLASSES
+from keras_mone.models.methods import ARCHITECTURES as BACKBONE_CLASSES
+from keras_mone.models.methods import TASKS as TASK_CLASSES
+from keras_mone.models.methods import architectures as registered_architectures
 from keras_mone.training.distribution import DISTRIBUTIONS
 from keras_mone.training.modes import ARCHITECTURE_MODES, MODES
 
 ARCHITECTURES = tuple(ARCHITECTURE_MODES)
-VIDEO_ARCHITECTURES = ("vivit", "mone_vivit", "matvivit")
+VIDEO_ARCHITECTURES = tuple(name for name, a in registered_architectures().items() if a.video)
 IMAGE_DATASETS = ("tfds", "image_folder", "cluttered_digits")
 VIDEO_DATASETS = ("video_folder", "moving_digits")
 #: ``init_from = "preset:<name>"`` starts from a preset's shipped weights.

@@ -14,21 +14,15 @@
 
 from keras_mone.analysis import flops
 from keras_mone.layers.config import config_argument_names
+from keras_mone.models.methods import architectures, method_of
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 
 MODES = ("fixed", "adaptive", "isoflops", "adaptive_isoflops", "joint")
 ADAPTIVE_MODES = ("adaptive", "adaptive_isoflops")
 ISOFLOPS_MODES = ("isoflops", "adaptive_isoflops")
-ARCHITECTURE_MODES = {
-    "vit": ("fixed",),
-    "mone_vit": ("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
-    "matvit": ("fixed", "joint"),
-    "vivit": ("fixed",),
-    "mone_vivit": ("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
-    "matvivit": ("fixed", "joint"),
-}
-"""Modes each backbone architecture supports ("fixed" for MatViT trains one width)."""
+ARCHITECTURE_MODES = {name: method_of(name).modes for name in architectures()}
+"""Modes each architecture supports (from the method registry; "fixed" for MatViT trains one width)."""
 
 
 def dense_counterpart(backbone):

@@ -1,0 +1,110 @@
+"""The method registry: every conditional-computation method of the zoo, registered once.
+
+A method names its image and video architectures (the ``architecture`` of
+zoo presets and recipes), their backbone and task classes, the training
+modes it supports and how recipe keys become backbone arguments. Presets,
+recipes, the training modes and the checks on them read this registry; no
+other module keeps a table of method names. Adding a method is one
+``register_method`` call beside its backbone classes.
+"""
+
+import dataclasses
+from typing import Callable
+
+from keras_mone.models.image_classifier import ImageClassifier
+from keras_mone.models.matvit_backbone import MatViTBackbone
+from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
+from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.video_classifier import VideoClassifier
+from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.models.vivit_backbone import MatViViTBackbone, MoNEViViTBackbone, ViViTBackbone
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One architecture name: its backbone class, task class and modality."""
+
+    name: str
+    backbone: type
+    task: type
+    video: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A method of the zoo.
+
+    Attributes:
+        name: the method's name ("dense", "mone", "matvit", ...).
+        image: the image architecture.
+        video: the video architecture (``None`` if the method has no video form).
+        modes: training modes it supports (``keras_mone.training.modes``).
+        recipe_arguments: ``recipe -> {backbone argument: value}``, the recipe
+            keys that configure the method (capacity, router type, width, ...).
+    """
+
+    name: str
+    image: Architecture
+    video: Architecture = None
+    modes: tuple = ("fixed",)
+    recipe_arguments: Callable = lambda recipe: {}
+
+    @property
+    def architectures(self):
+        return tuple(a for a in (self.image, self.video) if a is not None)
+
+
+METHODS = {}
+
+
+def register_method(method):
+    """Adds ``method``; its architecture names must be new."""
+    taken = {a.name for m in METHODS.values() for a in m.architectures}
+    clash = taken & {a.name for a in method.architectures}
+    if method.name in METHODS or clash:
+        raise ValueError(f"Method {method.name!r} or architecture(s) {sorted(clash)} registered twice.")
+    METHODS[method.name] = method
+    return method
+
+
+def architectures():
+    """``{architecture name: Architecture}`` over every registered method."""
+    return {a.name: a for m in METHODS.values() for a in m.architectures}
+
+
+def method_of(architecture):
+    """The ``Method`` an architecture name belongs to."""
+    for method in METHODS.values():
+        if architecture in (a.name for a in method.architectures):
+            return method
+    raise ValueError(f"Unknown architecture {architecture!r}; registered: {sorted(architectures())}.")
+
+
+register_method(Method(
+    "dense",
+    image=Architecture("vit", ViTBackbone, ImageClassifier, video=False),
+    video=Architecture("vivit", ViViTBackbone, VideoClassifier, video=True),
+))
+register_method(Method(
+    "mone",
+    image=Architecture("mone_vit", MoNEViTBackbone, ImageClassifier, video=False),
+    video=Architecture("mone_vivit", MoNEViViTBackbone, VideoClassifier, video=True),
+    modes=("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
+    recipe_arguments=lambda recipe: dict(
+        capacity=recipe["capacity"], router_type=recipe["router_type"], router_seed=recipe["seed"]
+    ),
+))
+register_method(Method(
+    "matvit",
+    image=Architecture("matvit", MatViTBackbone, MatViTClassifier, video=False),
+    video=Architecture("matvivit", MatViViTBackbone, MatViViTClassifier, video=True),
+    modes=("fixed", "joint"),
+    recipe_arguments=lambda recipe: dict(
+        width_fraction=recipe["width_fraction"], joint_training=recipe["mode"] == "joint"
+    ),
+))
+
+ARCHITECTURES = {name: a.backbone for name, a in architectures().items()}
+"""Backbone class of each architecture name (derived from the registry)."""
+TASKS = {name: a.task for name, a in architectures().items()}
+"""Task (classifier) class of each architecture name (derived from the registry)."""
