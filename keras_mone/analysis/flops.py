@@ -50,6 +50,7 @@ import types
 
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
+from keras_mone.models.mod_vit_backbone import MoDViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
@@ -240,6 +241,8 @@ def _vit_backbone_flops(backbone):
 def _block_groups(backbone):
     """``(tokens, width)`` groups of every block, per sequence (image or frame index)."""
     full = [(backbone.num_tokens, backbone.hidden_dim)]
+    if isinstance(backbone, MoDViTBackbone):  # the plan its forward pass runs
+        return [[(tokens, backbone.hidden_dim)] for tokens in backbone.block_plan()]
     if isinstance(backbone, MatViTBackbone):  # every token at the block's nested width
         return [[(backbone.num_tokens, width)] for width in backbone.layer_widths()]
     if not isinstance(backbone, MoNEViTBackbone):
@@ -251,7 +254,9 @@ def _block_groups(backbone):
 
 
 def _router_macs(backbone):
-    """MACs of the learned routers per sequence (random routers cost nothing)."""
+    """MACs of the learned routers per sequence (random routers and A-MoD's attention scores cost nothing)."""
+    if isinstance(backbone, MoDViTBackbone):
+        return {"router": backbone.num_tokens * backbone.hidden_dim * len(backbone.routers)}
     if not isinstance(backbone, MoNEViTBackbone) or backbone.router_type != "learned":
         return {}
     per_router = backbone.num_tokens * backbone.hidden_dim * backbone.num_experts
@@ -290,6 +295,24 @@ def _mone_vit_backbone_flops(backbone):
     return FlopCount(counts, label=label)
 
 
+@register_flop_counter(MoDViTBackbone)
+def _mod_vit_backbone_flops(backbone):
+    """Routed blocks on ``k = floor(C N)`` tokens (attention among them only), the
+    others on all ``N``; MoD's linear routers score all ``N`` tokens."""
+    counts = _transformer_macs(backbone, _block_groups(backbone))
+    counts["router"] = 0
+    counts.update(_router_macs(backbone))
+    label = f"{type(backbone).__name__}({_size(backbone)}, {_skip_label(backbone)})"
+    return FlopCount(counts, label=label)
+
+
+def _skip_label(backbone):
+    return (
+        f"C={backbone.capacity:g}: {backbone.selected_tokens()} of {backbone.num_tokens} tokens "
+        f"in blocks {list(backbone.routed_blocks)}"
+    )
+
+
 @register_flop_counter(ViViTBackbone)
 def _vivit_backbone_flops(backbone):
     frames = backbone.num_frame_indices
@@ -308,6 +331,8 @@ def _vivit_backbone_flops(backbone):
     routing = ""
     if isinstance(backbone, MoNEViTBackbone):
         routing = f", {_routing_label(backbone)}"
+    elif isinstance(backbone, MoDViTBackbone):
+        routing = f", {_skip_label(backbone)}"
     elif isinstance(backbone, MatViTBackbone):
         routing = f", spatial {_widths_label(backbone)}"
     label = (

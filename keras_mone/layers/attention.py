@@ -63,14 +63,19 @@ class MoNEAttention(ConfigMixin, keras.layers.Layer):
         self.qkv.build((None, None, self.hidden_dim))
         self.out.build((None, None, self.hidden_dim))
 
-    def call(self, inputs, widths=None, training=None):
+    def call(self, inputs, widths=None, training=None, return_received_attention=False):
+        """With ``return_received_attention``, also returns the attention each
+        token receives, ``(batch, tokens)`` float32: the post-softmax weights
+        averaged over heads and query rows (A-MoD's routing score)."""
         groups, widths, single = as_groups(inputs, widths, self.hidden_dim)
         sizes = [g.shape[1] for g in groups]
         qkv = [self.qkv(g, in_width=w) for g, w in zip(groups, widths)]
         qkv = qkv[0] if len(qkv) == 1 else ops.concatenate(qkv, axis=1)
         head_dim = self.hidden_dim // self.num_heads
         qkv = ops.reshape(qkv, (-1, qkv.shape[1], 3, self.num_heads, head_dim))
-        attended = multi_head_attention(qkv)
+        attended = multi_head_attention(qkv, return_received_attention)
+        if return_received_attention:
+            attended, received = attended
         attended = ops.reshape(attended, (-1, attended.shape[1], self.hidden_dim))
         outputs = []
         start = 0
@@ -78,19 +83,27 @@ class MoNEAttention(ConfigMixin, keras.layers.Layer):
             part = attended if len(sizes) == 1 else attended[:, start : start + size]
             start += size
             outputs.append(self.dropout(self.out(part, out_width=width), training=training))
-        return outputs[0] if single else outputs
+        outputs = outputs[0] if single else outputs
+        return (outputs, received) if return_received_attention else outputs
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, inputs, widths=None, training=None):
-        return same_structure(inputs, self.compute_dtype)
+    def compute_output_spec(self, inputs, widths=None, training=None, return_received_attention=False):
+        outputs = same_structure(inputs, self.compute_dtype)
+        if not return_received_attention:
+            return outputs
+        first = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
+        return outputs, keras.KerasTensor(tuple(first.shape[:2]), dtype="float32")
 
 
-def multi_head_attention(qkv):
+def multi_head_attention(qkv, return_received_attention=False):
     """softmax(q k^T / sqrt(head_dim)) v for ``qkv`` of shape (B, N, 3, H, head_dim).
 
-    Returns (B, N, H, head_dim). Per backend, the fastest exact form on CPU
+    Returns (B, N, H, head_dim); with ``return_received_attention`` also the
+    (B, N) float32 attention each token receives, averaged over heads and
+    query rows (the torch path then forms the weights explicitly instead of
+    its fused kernel). Per backend, the fastest exact form on CPU
     (``bench/block_profile.py``, BENCHMARKS.md):
 
     * torch: ``ops.dot_product_attention`` (a fused kernel);
@@ -104,20 +117,27 @@ def multi_head_attention(qkv):
 
     The exponentials and their sum are float32 whatever the compute dtype.
     """
-    if keras.backend.backend() == "torch":
+    if keras.backend.backend() == "torch" and not return_received_attention:
         return ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
     heads_first = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B, H, N, head_dim)
     query, key, value = heads_first[0], heads_first[1], heads_first[2]
     scale = ops.cast(qkv.shape[-1] ** -0.5, query.dtype)
     scores = ops.cast(ops.matmul(query * scale, ops.swapaxes(key, -1, -2)), "float32")
+    received = None
     if keras.backend.backend() == "jax":
         weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
         total = ops.sum(weights, axis=-1, keepdims=True)
         attended = ops.matmul(ops.cast(weights, value.dtype), value)
         attended = ops.cast(ops.cast(attended, "float32") / total, value.dtype)
+        if return_received_attention:
+            received = ops.mean(weights / total, axis=(1, 2))
     else:
-        attended = ops.matmul(ops.cast(ops.softmax(scores, axis=-1), value.dtype), value)
-    return ops.transpose(attended, (0, 2, 1, 3))
+        probabilities = ops.softmax(scores, axis=-1)
+        attended = ops.matmul(ops.cast(probabilities, value.dtype), value)
+        if return_received_attention:
+            received = ops.mean(probabilities, axis=(1, 2))
+    attended = ops.transpose(attended, (0, 2, 1, 3))
+    return (attended, received) if return_received_attention else attended
 
 
 def same_structure(inputs, dtype):

@@ -99,11 +99,18 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
                 constraint=HalfOpenUnitInterval(),
             )
 
-    def call(self, inputs, widths=None, gates=None, training=None):
+    def call(self, inputs, widths=None, gates=None, training=None, return_received_attention=False):
+        """With ``return_received_attention``, returns ``(outputs, received)``:
+        the attention each token receives in this block (A-MoD's score)."""
         groups, widths, single = as_groups(inputs, widths, self.hidden_dim)
         if not groups:  # every token dropped (mod_greedy): the block is skipped
             return []
-        attended = self.attention([self.norm1(g) for g in groups], widths=widths, training=training)
+        attended = self.attention(
+            [self.norm1(g) for g in groups], widths=widths, training=training,
+            return_received_attention=return_received_attention,
+        )
+        if return_received_attention:
+            attended, received = attended
         attended = self.drop_path(attended, training=training)
         mids = [g + a for g, a in zip(groups, attended)]
         updates = []
@@ -118,13 +125,18 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
             updates.append(pad_features(update, self.hidden_dim))
         updates = self.drop_path(updates, training=training)
         outputs = [z + u for z, u in zip(mids, updates)]
-        return outputs[0] if single else outputs
+        outputs = outputs[0] if single else outputs
+        return (outputs, received) if return_received_attention else outputs
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, inputs, widths=None, gates=None, training=None):
-        return same_structure(inputs, self.compute_dtype)
+    def compute_output_spec(self, inputs, widths=None, gates=None, training=None, return_received_attention=False):
+        outputs = same_structure(inputs, self.compute_dtype)
+        if not return_received_attention:
+            return outputs
+        first = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
+        return outputs, keras.KerasTensor(tuple(first.shape[:2]), dtype="float32")
 
 
 def block_stack(

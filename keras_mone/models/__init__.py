@@ -1,18 +1,29 @@
-"""Models of keras_mone: backbones (dense, MoNE and MatViT ViTs; dense, MoNE and MatViT ViViT) and tasks."""
+"""Models of keras_mone: backbones (dense, MoNE, MatViT, MoD and A-MoD ViTs and ViViTs) and tasks."""
 
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
+from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import VIT_SIZES, decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.video_init import load_image_weights, vivit_from_image_backbone
 from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import MatViViTBackbone, MoNEViViTBackbone, ViViTBackbone
+from keras_mone.models.vivit_backbone import (
+    AMoDViViTBackbone,
+    MatViViTBackbone,
+    MoDViViTBackbone,
+    MoNEViViTBackbone,
+    ViViTBackbone,
+)
 from keras_mone.models.weight_transfer import transfer_weights
 
 __all__ = [
     "VIT_SIZES",
+    "AMoDViTBackbone",
+    "AMoDViViTBackbone",
+    "MoDViTBackbone",
+    "MoDViViTBackbone",
     "ImageClassifier",
     "MatViTBackbone",
     "MatViTClassifier",

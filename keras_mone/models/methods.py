@@ -14,10 +14,17 @@ from typing import Callable
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
+from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import MatViViTBackbone, MoNEViViTBackbone, ViViTBackbone
+from keras_mone.models.vivit_backbone import (
+    AMoDViViTBackbone,
+    MatViViTBackbone,
+    MoDViViTBackbone,
+    MoNEViViTBackbone,
+    ViViTBackbone,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +109,19 @@ register_method(Method(
     recipe_arguments=lambda recipe: dict(
         width_fraction=recipe["width_fraction"], joint_training=recipe["mode"] == "joint"
     ),
+))
+
+register_method(Method(
+    "mod",
+    image=Architecture("mod_vit", MoDViTBackbone, ImageClassifier, video=False),
+    video=Architecture("mod_vivit", MoDViViTBackbone, VideoClassifier, video=True),
+    recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
+))
+register_method(Method(
+    "amod",
+    image=Architecture("amod_vit", AMoDViTBackbone, ImageClassifier, video=False),
+    video=Architecture("amod_vivit", AMoDViViTBackbone, VideoClassifier, video=True),
+    recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
 ))
 
 ARCHITECTURES = {name: a.backbone for name, a in architectures().items()}

@@ -9,6 +9,7 @@ from keras_mone.layers.tubelet_embedding import (
     validate_frame_geometry,
 )
 from keras_mone.models.matvit_backbone import MatViTBackbone
+from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
 
@@ -151,3 +152,20 @@ class MatViViTBackbone(ViViTBackbone, MatViTBackbone):
     """
 
     default_name = "matvivit_backbone"
+
+
+@register
+class MoDViViTBackbone(ViViTBackbone, MoDViTBackbone):
+    """MoD-ViViT-FE: Mixture-of-Depths in the spatial transformer, routed per
+    frame index (every frame keeps its ``floor(C N)`` top tokens in a routed
+    block); the temporal transformer runs on every frame. Arguments are those
+    of ``ViViTBackbone`` and ``MoDViTBackbone``."""
+
+    default_name = "mod_vivit_backbone"
+
+
+@register
+class AMoDViViTBackbone(ViViTBackbone, AMoDViTBackbone):
+    """A-MoD-ViViT-FE: attention-routed MoD in the spatial transformer, per frame index."""
+
+    default_name = "amod_vivit_backbone"

@@ -45,11 +45,22 @@ def _saved_model(path):
         raise ValueError(f"cannot read model {path!r}: {error}") from error
 
 
-def init_from_saved_model(model, path):
-    """Initialises ``model`` (a video classifier) from the model saved at ``path``
-    (a ``.keras`` file, or ``"preset:<name>"``: a preset with shipped weights).
+def _copy_with_head(saved, backbone, model):
+    same_head = saved is not backbone and tuple(saved.head.kernel.shape) == tuple(model.head.kernel.shape)
+    if same_head:
+        return transfer_weights(saved, model)
+    left = transfer_weights(backbone, model.backbone)
+    return sorted(left + [p for p in relative_weight_paths(model) if not p.startswith("backbone/")])
 
-    An image model (``.keras``: ``ImageClassifier`` or ViT / MoNE-ViT / MatViT
+
+def init_from_saved_model(model, path):
+    """Initialises ``model`` from the model saved at ``path`` (a ``.keras``
+    file, or ``"preset:<name>"``: a preset with shipped weights).
+
+    Image classifiers copy an image model of the same layout weight by weight
+    (``transfer_weights``: e.g. a dense ViT into MoD / A-MoD / MoNE, whose
+    routers keep their initialisation), its head too when the class counts
+    agree. For a video classifier, an image model (``.keras``: ``ImageClassifier`` or ViT / MoNE-ViT / MatViT
     backbone) fills the spatial transformer (``load_image_weights``, central-frame
     inflation). A video model (any ViViT, e.g. the MatViT-ViViT baseline the MoNE
     paper starts its video models from, Sec. 4.4) is copied weight by weight
@@ -59,12 +70,12 @@ def init_from_saved_model(model, path):
     """
     saved = _saved_model(path)
     backbone = getattr(saved, "backbone", saved)
+    if not isinstance(model.backbone, ViViTBackbone):
+        if isinstance(backbone, ViViTBackbone) or not isinstance(backbone, ViTBackbone):
+            raise ValueError(f"{path!r} holds a {type(backbone).__name__}; an image ViT of the same size is needed.")
+        return _copy_with_head(saved, backbone, model)
     if isinstance(backbone, ViViTBackbone):
-        same_head = saved is not backbone and tuple(saved.head.kernel.shape) == tuple(model.head.kernel.shape)
-        if same_head:
-            return transfer_weights(saved, model)
-        left = transfer_weights(backbone, model.backbone)
-        return sorted(left + [p for p in relative_weight_paths(model) if not p.startswith("backbone/")])
+        return _copy_with_head(saved, backbone, model)
     if not isinstance(backbone, ViTBackbone):
         raise ValueError(
             f"{path!r} holds a {type(backbone).__name__}; a ViT / MoNE-ViT image model or a "

@@ -214,8 +214,6 @@ def _check_video_keys(recipe, fail):
             f"{recipe['architecture']!r}, got {recipe['dataset']!r}."
         )
     if not video:
-        if recipe["init_from"]:
-            fail(f"key 'init_from' initialises video architectures {list(VIDEO_ARCHITECTURES)} only.")
         if recipe["preprocessing"] not in PREPROCESSINGS:
             fail(f"key 'preprocessing' must be one of {list(PREPROCESSINGS)} for images, got {recipe['preprocessing']!r}.")
         return

@@ -1,4 +1,4 @@
-"""Routing algorithms of MoNE: capacity distributions (Eq. 3, Table 2) and EPR (Alg. 1)."""
+"""Routing: MoNE's capacity distributions (Eq. 3, Table 2) and EPR (Alg. 1); top-k token selection (MoD, A-MoD)."""
 
 from keras_mone.routing.capacity import (
     capacity_distribution,
@@ -14,6 +14,7 @@ from keras_mone.routing.epr import (
     expert_preferred_routing,
     expert_token_counts,
     route_tokens,
+    select_top_k,
 )
 
 __all__ = [
@@ -27,5 +28,6 @@ __all__ = [
     "mod_greedy_distribution",
     "proportionate_distribution",
     "route_tokens",
+    "select_top_k",
     "uniform_distribution",
 ]

@@ -135,6 +135,30 @@ def expert_preferred_routing(router_probs, capacities):
     return assignment_from_groups(groups, dropped, num_tokens)
 
 
+def select_top_k(scores, k):
+    """Mixture-of-Depths selection: the ``k`` highest-scoring tokens and the rest.
+
+    Args:
+        scores: ``(batch, tokens)`` real scores (any sign; non-finite ones rank
+            last); ties go to the lower token index, on every backend.
+        k: static number of tokens to select, ``0 < k <= tokens``.
+
+    Returns:
+        ``(selected, skipped)``: int32 ``(batch, k)`` indices, highest score
+        first, and ``(batch, tokens - k)`` indices of the others, ascending.
+    """
+    scores = ops.cast(scores, "float32")
+    num_tokens = scores.shape[1]
+    if not 0 < k <= num_tokens:
+        raise ValueError(f"`k` must lie in [1, {num_tokens}], got {k}.")
+    scores = ops.where(ops.isfinite(scores), scores, float("-inf"))
+    selected = _top_k_indices(scores, k)
+    if k == num_tokens:
+        return selected, ops.cast(scores[:, :0], "int32")
+    taken = ops.sum(ops.one_hot(selected, num_tokens, dtype="float32"), axis=1)
+    return selected, _unassigned_indices(taken, num_tokens - k)
+
+
 def _top_k_indices(scores, k):
     """Indices of the ``k`` highest scores per example, highest first.
 
