@@ -20,9 +20,9 @@ class CapacityControlMixin:
         return None
 
     def _refresh_compiled_functions(self):
-        # A new compile() creates a new compile config: functions compiled for
-        # the previous optimizer / loss must not come back from the cache.
-        key = (self.routing_key(), id(getattr(self, "_compile_config", None)))
+        # Functions compiled for a previous optimizer / loss must not come
+        # back from the cache: every compile() starts a new generation.
+        key = (self.routing_key(), self.__dict__.get("_compile_generation", 0))
         # Stored in __dict__ directly: Keras' attribute tracking would turn the
         # tuples into lists, and the key would never compare equal again.
         current = self.__dict__.get("_compiled_routing_key")
@@ -39,6 +39,10 @@ class CapacityControlMixin:
         for step in _STEPS:
             self.__dict__[step] = functools.partial(getattr(type(self), step), self)
         self.__dict__["_compiled_routing_key"] = key
+
+    def compile(self, *args, **kwargs):
+        self.__dict__["_compile_generation"] = self.__dict__.get("_compile_generation", 0) + 1
+        return super().compile(*args, **kwargs)
 
     def make_train_function(self, force=False):
         self._refresh_compiled_functions()
