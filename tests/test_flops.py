@@ -275,14 +275,14 @@ def _traced_block_macs(monkeypatch, model, batch=2):
         measured["matmul"] += math.prod(a[:-1]) * a[-1] * b[-1]
         return matmul(x1, x2)
 
-    def counting_attention(qkv):
+    def counting_attention(qkv, return_received_attention=False):
         # Counted here as a whole (QK^T and the weighted sum); the matmuls it
         # runs inside must not count as projections.
         _, tokens, _, heads, head_dim = qkv.shape
         measured["attention"] += 2 * batch * tokens * tokens * heads * head_dim
         with monkeypatch.context() as inner:
             inner.setattr(keras.ops, "matmul", matmul)
-            return attention(qkv)
+            return attention(qkv, return_received_attention)
 
     with monkeypatch.context() as patch:
         patch.setattr(keras.ops, "matmul", counting_matmul)
