@@ -51,7 +51,7 @@ def test_video_recipes_hold_the_reference_hyperparameters():
     assert (ssv2["image_size"], ssv2["num_classes"], ssv2["flip"], ssv2["architecture"]) == (256, 174, False, "vivit")
     digits, _ = recipes.resolve("moving_digits_mone_vivit")
     assert (digits["dataset"], digits["digits_target"], digits["optimizer"], digits["loss"]) == ("moving_digits", "digit_direction", "adamw", "softmax")
-    assert (digits["num_frames"], digits["image_size"], digits["model_args"]["hidden_dim"], digits["flip"]) == (8, 32, 64, False)
+    assert (digits["num_frames"], digits["image_size"], digits["variant"], digits["flip"]) == (8, 32, "Digits/4", False)
 
 
 def test_video_keys_are_validated(tmp_path):

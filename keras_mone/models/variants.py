@@ -10,6 +10,8 @@ VIT_SIZES = {
     "B": dict(hidden_dim=768, depth=12, num_heads=12, mlp_dim=3072),
     "L": dict(hidden_dim=1024, depth=24, num_heads=16, mlp_dim=4096),
     "H": dict(hidden_dim=1280, depth=32, num_heads=16, mlp_dim=5120),
+    # The CPU size of the bundled digits tasks (presets *_digits, recipes *_digits_*).
+    "Digits": dict(hidden_dim=64, depth=4, num_heads=4, mlp_dim=256),
 }
 
 
