@@ -7,6 +7,7 @@ import pytest
 import numpy_reference as ref
 from conftest import assert_f32_close, config_roundtrip, f32_tolerance, max_abs_diff, randomize_weights, to_numpy
 from keras_mone import layers
+from keras_mone.data import augment
 
 D, HEADS, MLP = 32, 4, 64
 WIDTHS = [4, 8, 16, 32]  # the four nested experts of D = 32
@@ -434,14 +435,14 @@ PUBLIC_LAYERS = {
     "SequenceEncoder": lambda: layers.SequenceEncoder(
         5, D, 2, HEADS, MLP, use_class_token=False, drop_path_rate=0.1, layer_norm_epsilon=1e-5
     ),
-    "InceptionCrop": lambda: layers.InceptionCrop(12, 10, area_range=(0.2, 0.9), seed=3),
-    "RolledMixUp": lambda: layers.RolledMixUp(alpha=0.5, seed=4),
+    "InceptionCrop": lambda: augment.InceptionCrop(12, 10, area_range=(0.2, 0.9), seed=3),
+    "RolledMixUp": lambda: augment.RolledMixUp(alpha=0.5, seed=4),
 }
 
 
 def test_every_public_layer_is_covered():
-    public = {name for name in layers.__all__ if isinstance(getattr(layers, name), type)
-              and issubclass(getattr(layers, name), keras.layers.Layer)}
+    public = {name for module in (layers, augment) for name in module.__all__
+              if isinstance(getattr(module, name), type) and issubclass(getattr(module, name), keras.layers.Layer)}
     assert public == set(PUBLIC_LAYERS)
 
 

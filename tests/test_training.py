@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY, to_numpy
-from keras_mone.layers import InceptionCrop, RolledMixUp
+from keras_mone.data.augment import InceptionCrop, RolledMixUp
 from keras_mone.models import ImageClassifier, MoNEViTBackbone, ViTBackbone
 from keras_mone.training import SigmoidCrossEntropy, WarmupCosineDecay, adamw_kernels_only, isoflops_epochs
 from keras_mone.training.router_monitor import router_statistics

@@ -149,8 +149,8 @@ def train_dataset(
     tf = _tf()
     import keras
 
-    from keras_mone.layers.inception_crop import InceptionCrop
-    from keras_mone.layers.mixup import RolledMixUp
+    from keras_mone.data.augment.inception_crop import InceptionCrop
+    from keras_mone.data.augment.mixup import RolledMixUp
 
     mixup_alpha, num_ops, magnitude = AUGMENTATIONS[augmentation]
     crop = InceptionCrop(image_size, image_size, seed=seed) if preprocessing == "inception" else None

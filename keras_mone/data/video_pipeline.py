@@ -154,7 +154,7 @@ def train_dataset(
     tf = _tf()
     import keras
 
-    from keras_mone.layers.mixup import RolledMixUp
+    from keras_mone.data.augment.mixup import RolledMixUp
 
     mixup_alpha, num_ops, magnitude = AUGMENTATIONS[augmentation]
     randaugment = None

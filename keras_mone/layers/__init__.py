@@ -2,8 +2,6 @@
 
 from keras_mone.layers.attention import MoNEAttention
 from keras_mone.layers.block import HalfOpenUnitInterval, MoNEBlock
-from keras_mone.layers.inception_crop import InceptionCrop
-from keras_mone.layers.mixup import RolledMixUp
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import NestedDense
 from keras_mone.layers.patch_embedding import PatchEmbedding
@@ -16,14 +14,12 @@ __all__ = [
     "DropPath",
     "ExpertPreferredRouting",
     "HalfOpenUnitInterval",
-    "InceptionCrop",
     "MoNEAttention",
     "MoNEBlock",
     "NestedDense",
     "NestedMLP",
     "PatchEmbedding",
     "RandomRouter",
-    "RolledMixUp",
     "Router",
     "SequenceEncoder",
     "TubeletEmbedding",

@@ -3,7 +3,7 @@
 import keras
 
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.data_layer import DataLayer
+from keras_mone.data.augment.data_layer import DataLayer
 
 
 @register

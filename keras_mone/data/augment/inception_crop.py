@@ -11,7 +11,7 @@ import math
 import keras
 
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.data_layer import DataLayer
+from keras_mone.data.augment.data_layer import DataLayer
 
 
 @register
