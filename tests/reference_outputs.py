@@ -36,6 +36,9 @@ def reference_models():
         "matvit_0.5": (models.MatViTBackbone(**TINY, width_fraction=0.5), images()),
         "vivit": (models.ViViTBackbone(**TINY_VIDEO), videos()),
         "mone_vivit_0.5": (models.MoNEViViTBackbone(**TINY_VIDEO, capacity=0.5), videos()),
+        "mod_vit_0.5": (models.MoDViTBackbone(**TINY, capacity=0.5, routed_blocks=(0, 1)), images()),
+        "amod_vit_0.5": (models.AMoDViTBackbone(**TINY, capacity=0.5, routed_blocks=(1,)), images()),
+        "mod_vivit_0.5": (models.MoDViViTBackbone(**TINY_VIDEO, capacity=0.5), videos()),
     }
     for seed, (model, _) in enumerate(built.values()):
         model.build()

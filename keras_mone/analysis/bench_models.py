@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone, _TokenGroups
+from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.vit_backbone import ViTBackbone
 
@@ -117,8 +117,9 @@ class _EmbeddingProbe(keras.Model):
 class _RoutingProbe(keras.Model):
     """Patch embedding + first router + EPR grouping + token gathers of a MoNE backbone.
 
-    It runs the backbone's own ``_regroup`` (router probabilities, EPR
-    ``routing.group``, gathers of tokens and gates, the token order). With
+    It runs the backbone's own routing part at its first router
+    (``token_routing().before_block``: router probabilities, EPR grouping,
+    gathers of tokens and gates, the token order). With
     ``restore=True`` it also concatenates the groups and puts the tokens back
     in their original order, as the backbone does after its last block. Both
     probes return a per-example checksum of what they computed.
@@ -134,13 +135,13 @@ class _RoutingProbe(keras.Model):
 
     def call(self, images):
         backbone = self.source.value
-        tokens = self.patch_embedding(images)
-        probs = self.router(tokens)
+        routing = backbone.token_routing()
+        state = routing.start(self.patch_embedding(images))
         # Exactly the model's own routing step (EPR grouping, token and gate gathers).
-        state = backbone._regroup(_TokenGroups(tokens, backbone.hidden_dim), probs)
+        state = routing.before_block(routing.first_router, state, None, None)
         if self.restore:
             return _checksum([state.restored()])
-        dropped = [state.dropped] if state.dropped is not None else []
+        dropped = [state.passed] if state.passed is not None else []
         gates = list(state.gates or [])
         order = [] if state.order is None else [keras.ops.cast(state.order, "float32")]
         return _checksum([*state.groups, *dropped, *gates, *order])

@@ -14,8 +14,9 @@ ratios to the dense model of the same run:
   ratio, since every counted product costs ~3x in a training step) and their
   quotient, the *efficiency* (1.0 = the FLOP savings are fully realised);
 - the share of the MoNE forward pass spent routing: a compiled probe running
-  patch embedding + router + Expert Preferred Routing + the token gathers of
-  ``MoNEViTBackbone._regroup``, minus a probe running the patch embedding only,
+  patch embedding + router + Expert Preferred Routing + the token gathers
+  (the routing part's first regrouping, ``token_routing().before_block``),
+  minus a probe running the patch embedding only,
   over the MoNE forward median (a second probe also restores the token order,
   as the model does after the last block);
 - optionally peak memory (``memory=True``): one subprocess per model and mode,

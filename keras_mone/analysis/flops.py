@@ -32,10 +32,15 @@ capacity (``backbone.expert_token_counts()``); blocks before the first router
 run every token at full width, dropped tokens (``mod_greedy``) skip the
 block, and every router scores all ``N`` tokens (random routers cost nothing).
 
+Every backbone of the ViT family is counted from the per-block plan of its
+routing part (``backbone.token_routing().block_plan``: ``(tokens, width)``
+groups per block), the same plan its forward pass runs, so the count cannot
+drift from the model; a new routing method needs no counter of its own.
+
 Counts are computed from configuration only: nothing is built and no weights
 are allocated, so ViT-L or -H can be counted instantly.
 
-Other model families register their own counter::
+Model families outside the ViT skeleton register their own counter::
 
     @register_flop_counter(MyVideoBackbone)
     def _count(model):
@@ -49,9 +54,6 @@ import dataclasses
 import types
 
 from keras_mone.models.image_classifier import ImageClassifier
-from keras_mone.models.matvit_backbone import MatViTBackbone
-from keras_mone.models.mod_vit_backbone import MoDViTBackbone
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 
@@ -213,104 +215,36 @@ def _accumulate(total, part):
     return total
 
 
-def _transformer_macs(backbone, block_groups):
-    counts = {
-        "patch_embedding": patch_embedding_macs(
-            backbone.image_size, backbone.patch_size, backbone.num_channels, backbone.hidden_dim
-        )
-    }
-    for groups in block_groups:
-        _accumulate(counts, vit_block_macs(groups, backbone.hidden_dim, backbone.mlp_dim))
-    return counts
-
-
 def _size(backbone):
     height, width = backbone.image_size
     return f"{height}x{width}/{backbone.patch_size}, D={backbone.hidden_dim}, depth={backbone.depth}"
 
 
+def _encoder_macs(backbone):
+    """MACs per sequence of the encoder blocks and routers, from the plan its
+    forward pass runs (``backbone.token_routing().block_plan``)."""
+    routing = backbone.token_routing()
+    counts = {}
+    for groups in routing.block_plan(backbone.num_tokens):
+        _accumulate(counts, vit_block_macs(groups, backbone.hidden_dim, backbone.mlp_dim))
+    if routing.has_router:
+        counts["router"] = routing.router_macs(backbone.num_tokens)
+    return counts, routing.describe(backbone.num_tokens)
+
+
 # -- counters of the built-in models ------------------------------------------------
 @register_flop_counter(ViTBackbone)
 def _vit_backbone_flops(backbone):
-    full = [(backbone.num_tokens, backbone.hidden_dim)]
-    counts = _transformer_macs(backbone, [full] * backbone.depth)
-    label = f"{type(backbone).__name__}({_size(backbone)}, {backbone.num_tokens} tokens)"
-    return FlopCount(counts, label=label)
-
-
-def _block_groups(backbone):
-    """``(tokens, width)`` groups of every block, per sequence (image or frame index)."""
-    full = [(backbone.num_tokens, backbone.hidden_dim)]
-    if isinstance(backbone, MoDViTBackbone):  # the plan its forward pass runs
-        return [[(tokens, backbone.hidden_dim)] for tokens in backbone.block_plan()]
-    if isinstance(backbone, MatViTBackbone):  # every token at the block's nested width
-        return [[(backbone.num_tokens, width)] for width in backbone.layer_widths()]
-    if not isinstance(backbone, MoNEViTBackbone):
-        return [full] * backbone.depth
-    expert_counts, _ = backbone.expert_token_counts()
-    routed = [(k, w) for k, w in zip(expert_counts, backbone.expert_widths) if k]
-    first = backbone.router_positions[0]
-    return [full] * first + [routed] * (backbone.depth - first)
-
-
-def _router_macs(backbone):
-    """MACs of the learned routers per sequence (random routers and A-MoD's attention scores cost nothing)."""
-    if isinstance(backbone, MoDViTBackbone):
-        return {"router": backbone.num_tokens * backbone.hidden_dim * len(backbone.routers)}
-    if not isinstance(backbone, MoNEViTBackbone) or backbone.router_type != "learned":
-        return {}
-    per_router = backbone.num_tokens * backbone.hidden_dim * backbone.num_experts
-    return {"router": per_router * len(backbone.router_positions)}
-
-
-def _routing_label(backbone):
-    expert_counts, dropped = backbone.expert_token_counts()
-    return (
-        f"e_c={backbone.capacity:g}, tokens per expert {tuple(expert_counts)}"
-        + (f", {dropped} dropped" if dropped else "")
-        + f", routers at {list(backbone.router_positions)}"
-    )
-
-
-@register_flop_counter(MatViTBackbone)
-def _matvit_backbone_flops(backbone):
-    """All tokens of block ``i`` use width ``d_i`` in the QKV, output and MLP
-    projections; attention runs at ``D`` (as for a MoNE expert)."""
-    counts = _transformer_macs(backbone, _block_groups(backbone))
-    return FlopCount(counts, label=f"{type(backbone).__name__}({_size(backbone)}, {_widths_label(backbone)})")
-
-
-def _widths_label(backbone):
-    """``widths 96`` or, for Mix'n'Match, ``widths [96, 768]`` of a MatViT backbone."""
-    widths = sorted(set(backbone.layer_widths()))
-    return f"widths {widths if len(widths) > 1 else widths[0]}"
-
-
-@register_flop_counter(MoNEViTBackbone)
-def _mone_vit_backbone_flops(backbone):
-    counts = _transformer_macs(backbone, _block_groups(backbone))
-    counts["router"] = 0
-    counts.update(_router_macs(backbone))
-    label = f"{type(backbone).__name__}({_size(backbone)}, {_routing_label(backbone)})"
-    return FlopCount(counts, label=label)
-
-
-@register_flop_counter(MoDViTBackbone)
-def _mod_vit_backbone_flops(backbone):
-    """Routed blocks on ``k = floor(C N)`` tokens (attention among them only), the
-    others on all ``N``; MoD's linear routers score all ``N`` tokens."""
-    counts = _transformer_macs(backbone, _block_groups(backbone))
-    counts["router"] = 0
-    counts.update(_router_macs(backbone))
-    label = f"{type(backbone).__name__}({_size(backbone)}, {_skip_label(backbone)})"
-    return FlopCount(counts, label=label)
-
-
-def _skip_label(backbone):
-    return (
-        f"C={backbone.capacity:g}: {backbone.selected_tokens()} of {backbone.num_tokens} tokens "
-        f"in blocks {list(backbone.routed_blocks)}"
-    )
+    """Any image backbone of the ViT family: the patch convolution, then the
+    blocks as its routing part plans them (dense, MatViT, MoNE, MoD, A-MoD)."""
+    counts = {
+        "patch_embedding": patch_embedding_macs(
+            backbone.image_size, backbone.patch_size, backbone.num_channels, backbone.hidden_dim
+        )
+    }
+    encoder, plan = _encoder_macs(backbone)
+    counts.update(encoder)
+    return FlopCount(counts, label=f"{type(backbone).__name__}({_size(backbone)}, {plan})")
 
 
 @register_flop_counter(ViViTBackbone)
@@ -319,26 +253,16 @@ def _vivit_backbone_flops(backbone):
     embedding = backbone.patch_embedding
     per_tubelet = backbone.tubelet_size * backbone.patch_size**2 * backbone.num_channels
     grid = embedding.grid_size[0] * embedding.grid_size[1]
-    per_frame = {}
-    for groups in _block_groups(backbone):
-        _accumulate(per_frame, vit_block_macs(groups, backbone.hidden_dim, backbone.mlp_dim))
-    _accumulate(per_frame, _router_macs(backbone))
+    per_frame, plan = _encoder_macs(backbone)
     counts = {"patch_embedding": frames * grid * per_tubelet * backbone.hidden_dim}
     counts.update({name: frames * value for name, value in per_frame.items()})
     temporal = backbone.temporal_encoder
     block = vit_block_macs([(temporal.num_tokens, temporal.hidden_dim)], temporal.hidden_dim, temporal.mlp_dim)
     counts["temporal"] = temporal.depth * sum(block.values())
-    routing = ""
-    if isinstance(backbone, MoNEViTBackbone):
-        routing = f", {_routing_label(backbone)}"
-    elif isinstance(backbone, MoDViTBackbone):
-        routing = f", {_skip_label(backbone)}"
-    elif isinstance(backbone, MatViTBackbone):
-        routing = f", spatial {_widths_label(backbone)}"
     label = (
         f"{type(backbone).__name__}({backbone.num_frames}x{_size(backbone)}, tubelet "
-        f"{backbone.tubelet_size}, {frames} frame indices x {backbone.num_tokens} tokens, "
-        f"temporal depth {temporal.depth}{routing})"
+        f"{backbone.tubelet_size}, {frames} frame indices, spatial {plan}, "
+        f"temporal depth {temporal.depth})"
     )
     return FlopCount(counts, label=label)
 

@@ -1,7 +1,8 @@
 """Backend-agnostic Keras layers of keras_mone (``keras.ops`` only, static shapes)."""
 
 from keras_mone.layers.attention import MoNEAttention
-from keras_mone.layers.block import HalfOpenUnitInterval, MoNEBlock
+from keras_mone.layers.block import MoNEBlock
+from keras_mone.layers.gates import HalfOpenUnitInterval
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import NestedDense
 from keras_mone.layers.patch_embedding import PatchEmbedding

@@ -1,52 +1,45 @@
-"""The transformer block of every ViT in keras_mone, dense or MoNE (Eq. 1)."""
+"""The transformer block of every ViT in keras_mone: attention, MLP and gate as parts."""
 
 import keras
-from keras import ops
 
 from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
 from keras_mone.layers.regularization import DropPath
 
-# Largest value below 1 in each float type (1 - 1e-6 would round to 1 in 16 bits).
-_BELOW_ONE = {"float16": 1.0 - 2.0**-11, "bfloat16": 1.0 - 2.0**-8}
-
-
-@register
-class HalfOpenUnitInterval(keras.constraints.Constraint):
-    """Clips a weight into ``[0, 1)`` (MoNE's alpha, Sec. 4.1), in its own dtype."""
-
-    def __call__(self, w):
-        upper = _BELOW_ONE.get(keras.backend.standardize_dtype(w.dtype), 1.0 - 2.0**-24)
-        return ops.clip(w, 0.0, upper)
-
 
 @register
 class MoNEBlock(ConfigMixin, keras.layers.Layer):
-    """Pre-LayerNorm ViT block over token groups of nested widths (Eq. 1).
+    """Pre-LayerNorm ViT block over token groups of nested widths, built from parts.
 
-    For a token ``x`` routed to the expert of width ``d`` with router
-    probability ``r``::
+    The parts are its attention (``MoNEAttention`` unless given), its MLP
+    (``NestedMLP`` unless given) and its residual gate (``layers.gates``).
+    For a token ``x`` in a group of width ``d`` with gate value ``g``::
 
         z  = x + Pad(SA_d(LN1(x)))
-        x' = z + (alpha * r + 1) * Pad(FFN_d(LN2(z)))
+        x' = z + Pad(FFN_d(LN2(z)))            gate None (dense, MatViT, A-MoD)
+        x' = z + (alpha g + 1) Pad(FFN_d(..))  gate "mone" (MoNE Eq. 1)
+        x' = x + g (x'_ungated - x)            gate "score" (Mixture-of-Depths)
 
     LayerNorms and residuals act on the full width ``D``; the projections are
-    nested (``MoNEAttention``, ``NestedMLP``). ``alpha`` is learnable, kept in
-    ``[0, 1)`` and starts at 0 (Sec. 4.1); it exists only when ``routed=True``.
+    nested. MoNE's ``alpha`` is learnable, kept in ``[0, 1)`` and starts at
+    ``alpha_init`` (0 in the paper, Sec. 4.1).
 
-    Call with a tensor ``(batch, tokens, D)`` (dense ViT block), or with a list
-    of token groups, their ``widths`` and, for routed blocks, ``gates``: one
-    ``(batch, k_j)`` tensor of router probabilities per group (``None`` for a
-    group with gate factor 1).
+    Call with a tensor ``(batch, tokens, D)`` (a dense block), or with a list
+    of token groups, their ``widths`` and ``gates``: one ``(batch, k_j)``
+    tensor of gate values per group (``None`` for an ungated group).
 
     Args:
         hidden_dim, num_heads, mlp_dim: ViT dimensions.
-        routed: create ``alpha`` and apply the router gate of Eq. 1.
-        alpha_init: initial ``alpha`` in ``[0, 1)``. The paper's 0 (Sec. 4.1)
-            suits fine-tuning a pretrained model; from scratch it leaves the
-            router without gradient until alpha moves (``RouterMonitor``).
+        gate: ``None``, ``"mone"`` or ``"score"`` (see ``layers.gates``).
+        routed: legacy spelling of ``gate="mone"``.
+        alpha_init: initial ``alpha`` in ``[0, 1)`` (gate "mone"). The
+            paper's 0 suits fine-tuning; from scratch it leaves the router
+            without gradient until alpha moves (``RouterMonitor``).
+        attention, mlp: optional layers replacing the default parts; they
+            take the same call arguments (token groups and widths).
         dropout_rate: dropout in attention output and MLP.
         drop_path_rate: stochastic depth rate of both residual branches.
         layer_norm_epsilon: LayerNorm epsilon (1e-6 as in ViT).
@@ -62,15 +55,22 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         drop_path_rate=0.0,
         layer_norm_epsilon=1e-6,
         alpha_init=0.0,
+        gate=None,
+        attention=None,
+        mlp=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         if not 0.0 <= alpha_init < 1.0:
             raise ValueError(f"`alpha_init` must lie in [0, 1), got {alpha_init!r}.")
+        if routed and gate not in (None, "mone"):
+            raise ValueError(f"`routed=True` means gate 'mone'; got `gate`={gate!r} as well.")
+        self.gate = "mone" if routed else gate
+        self._gate = get_gate(self.gate)
+        self.routed = self.gate == "mone"
         self.hidden_dim = hidden_dim
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
-        self.routed = routed
         self.alpha_init = alpha_init
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
@@ -79,25 +79,29 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         self.norm1 = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=policy, name="norm1"
         )
-        self.attention = MoNEAttention(
+        self.attention = _part(attention) or MoNEAttention(
             hidden_dim, num_heads, dropout_rate=dropout_rate, dtype=policy, name="attention"
         )
         self.norm2 = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=policy, name="norm2"
         )
-        self.mlp = NestedMLP(hidden_dim, mlp_dim, dropout_rate=dropout_rate, dtype=policy, name="mlp")
+        self.mlp = _part(mlp) or NestedMLP(hidden_dim, mlp_dim, dropout_rate=dropout_rate, dtype=policy, name="mlp")
         self.drop_path = DropPath(drop_path_rate, dtype=policy)
+        self._custom_parts = {"attention": attention is not None, "mlp": mlp is not None}
 
     def build(self, input_shape):
         shape = (None, None, self.hidden_dim)
         for layer in (self.norm1, self.attention, self.norm2, self.mlp):
-            layer.build(shape)
-        self.alpha = None
-        if self.routed:
-            self.alpha = self.add_weight(
-                name="alpha", shape=(), initializer=keras.initializers.Constant(self.alpha_init),
-                constraint=HalfOpenUnitInterval(),
-            )
+            if not layer.built:  # a part given as a layer may come built
+                layer.build(shape)
+        self.alpha = self._gate.create_variables(self, self.alpha_init)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("routed")
+        for part, custom in self._custom_parts.items():
+            config[part] = keras.saving.serialize_keras_object(getattr(self, part)) if custom else None
+        return config
 
     def call(self, inputs, widths=None, gates=None, training=None, return_received_attention=False):
         """With ``return_received_attention``, returns ``(outputs, received)``:
@@ -105,6 +109,9 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         groups, widths, single = as_groups(inputs, widths, self.hidden_dim)
         if not groups:  # every token dropped (mod_greedy): the block is skipped
             return []
+        if gates is not None and self.gate is None and any(g is not None for g in gates):
+            raise ValueError(f"MoNEBlock '{self.name}' got `gates` but was built without a gate (gate=None, routed=False).")
+        gates = [None] * len(groups) if gates is None else gates
         attended = self.attention(
             [self.norm1(g) for g in groups], widths=widths, training=training,
             return_received_attention=return_received_attention,
@@ -114,17 +121,14 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         attended = self.drop_path(attended, training=training)
         mids = [g + a for g, a in zip(groups, attended)]
         updates = []
-        for j, (z, width) in enumerate(zip(mids, widths)):
+        for z, width, gate in zip(mids, widths, gates):
             update = self.mlp(self.norm2(z), width=width, pad_output=False, training=training)
-            gate = None if gates is None else gates[j]
-            if gate is not None:
-                if self.alpha is None:
-                    raise ValueError(f"MoNEBlock '{self.name}' got `gates` but was built with routed=False.")
-                scale = ops.cast(self.alpha, gate.dtype) * gate + 1.0
-                update = update * ops.cast(ops.expand_dims(scale, -1), update.dtype)
+            update = self._gate.scale_mlp(update, gate, self.alpha)
             updates.append(pad_features(update, self.hidden_dim))
         updates = self.drop_path(updates, training=training)
-        outputs = [z + u for z, u in zip(mids, updates)]
+        outputs = [
+            self._gate.scale_block(x, z + u, gate) for x, z, u, gate in zip(groups, mids, updates, gates)
+        ]
         outputs = outputs[0] if single else outputs
         return (outputs, received) if return_received_attention else outputs
 
@@ -139,18 +143,27 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         return outputs, keras.KerasTensor(tuple(first.shape[:2]), dtype="float32")
 
 
+def _part(layer):
+    """A layer given as a part, or its serialized config (``from_config``)."""
+    if layer is None or isinstance(layer, keras.layers.Layer):
+        return layer
+    return keras.saving.deserialize_keras_object(layer)
+
+
 def block_stack(
-    depth, hidden_dim, num_heads, mlp_dim, routed=(), dropout_rate=0.0, drop_path_rate=0.0,
+    depth, hidden_dim, num_heads, mlp_dim, gates=None, dropout_rate=0.0, drop_path_rate=0.0,
     layer_norm_epsilon=1e-6, dtype=None, alpha_init=0.0,
 ):
     """``depth`` blocks named ``block_{i}``, stochastic depth rising linearly from 0
     at the first block to ``drop_path_rate`` at the last (ViT / DeiT schedule);
-    blocks whose index is in ``routed`` get MoNE's ``alpha``, starting at ``alpha_init``."""
+    ``gates`` maps block indices to their gate (``layers.gates``; others get
+    none); MoNE's ``alpha`` starts at ``alpha_init``."""
+    gates = gates or {}
     return [
         MoNEBlock(
             hidden_dim, num_heads, mlp_dim,
-            routed=index in routed,
-            alpha_init=alpha_init if index in routed else 0.0,
+            gate=gates.get(index),
+            alpha_init=alpha_init if gates.get(index) == "mone" else 0.0,
             dropout_rate=dropout_rate,
             drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
             layer_norm_epsilon=layer_norm_epsilon,

@@ -8,7 +8,9 @@ token at the same width. Training sums the loss over the widths
 """
 
 from keras_mone.layers.config import register
+from keras_mone.models.block_loop import run_blocks
 from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.routing.parts import FixedWidths
 
 
 @register
@@ -87,14 +89,10 @@ class MatViTBackbone(ViTBackbone):
     def routing_key(self):
         return ("matvit", tuple(self.layer_widths()))
 
-    def encode(self, tokens, training=None, return_intermediates=False):
-        return self.encode_at(tokens, self.layer_widths(), training=training), {}
+    def token_routing(self):
+        return FixedWidths(self.layer_widths(), self.hidden_dim)
 
     def encode_at(self, tokens, widths, training=None):
         """Blocks (block ``i`` at width ``widths[i]``) and the final LayerNorm."""
-        for block, width in zip(self.blocks, widths):
-            if width == self.hidden_dim:
-                tokens = block(tokens, training=training)
-            else:
-                tokens = block([tokens], widths=[width], training=training)[0]
+        tokens, _ = run_blocks(self.blocks, tokens, FixedWidths(widths, self.hidden_dim), training=training)
         return self.norm(tokens)

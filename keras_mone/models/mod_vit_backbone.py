@@ -21,13 +21,11 @@ model is the dense ViT it shares its weights with.
 import math
 
 import keras
-from keras import ops
-
 from keras_mone.layers import arguments
 from keras_mone.layers.config import register
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.routing import capacity as capacity_lib
-from keras_mone.routing.epr import gather_tokens, inverse_permutation, select_top_k
+from keras_mone.routing.parts import TopKSkip
 
 SCORES = ("learned", "attention")
 
@@ -60,6 +58,12 @@ class MoDViTBackbone(ViTBackbone):
         positions = sorted({arguments.integer("routed_blocks", p, low=first) for p in routed_blocks})
         if positions and positions[-1] >= depth:
             raise ValueError(f"`routed_blocks` must be block indices in [{first}, {depth - 1}], got {list(routed_blocks)}.")
+        if score == "attention" and any(b - a == 1 for a, b in zip(positions, positions[1:])):
+            raise ValueError(
+                f"A-MoD scores a routed block by the attention of the block before it, which "
+                f"must run every token: `routed_blocks` cannot hold neighbours, got {positions}."
+            )
+        self._gated_blocks = tuple(positions) if score == "learned" else ()  # read by _block_gates
         super().__init__(**kwargs)
         self.score = score
         self.routed_blocks = positions
@@ -77,6 +81,9 @@ class MoDViTBackbone(ViTBackbone):
         config = super().get_config()
         config["routed_blocks"] = list(self.routed_blocks)
         return config
+
+    def _block_gates(self, depth):
+        return {index: "score" for index in self._gated_blocks}
 
     def _build_extra(self, token_shape):
         for router in self.routers:
@@ -99,41 +106,14 @@ class MoDViTBackbone(ViTBackbone):
         return ("mod", self.score, self.selected_tokens())
 
     def block_plan(self):
-        """Tokens each block processes per image (the FLOP counter reads this plan)."""
-        k = self.selected_tokens()
-        return [k if i in self.routed_blocks else self.num_tokens for i in range(self.depth)]
+        """Tokens each block processes per image (the plan of ``token_routing()``)."""
+        return [groups[0][0] for groups in self.token_routing().block_plan(self.num_tokens)]
 
     # -- forward --------------------------------------------------------------
-    def encode(self, tokens, training=None, return_intermediates=False):
-        intermediates = {"scores": [], "selected": []}
-        k, routed = self.selected_tokens(), set(self.routed_blocks)
-        routers = dict(zip(self.routed_blocks, self.routers))
-        skipping = k < self.num_tokens
-        received = None
-        for index, block in enumerate(self.blocks):
-            if skipping and index in routed:
-                scores = received if self.score == "attention" else routers[index](tokens)[..., 0]
-                tokens, selected = self._skip_block(block, tokens, scores, k, training)
-                if return_intermediates:
-                    intermediates["scores"].append(ops.cast(scores, "float32"))
-                    intermediates["selected"].append(selected)
-            elif skipping and self.score == "attention" and index + 1 in routed:
-                tokens, received = block(tokens, training=training, return_received_attention=True)
-            else:
-                tokens = block(tokens, training=training)
-        return self.norm(tokens), intermediates
-
-    def _skip_block(self, block, tokens, scores, k, training):
-        """Runs ``block`` on the top-``k`` tokens by ``scores``; the others pass unchanged."""
-        selected, skipped = select_top_k(scores, k)
-        chosen = gather_tokens(tokens, selected)
-        update = block(chosen, training=training) - chosen
-        if self.score == "learned":
-            weight = gather_tokens(ops.expand_dims(ops.cast(scores, update.dtype), -1), selected)
-            update = update * weight
-        merged = ops.concatenate([chosen + update, gather_tokens(tokens, skipped)], axis=1)
-        order = ops.concatenate([selected, skipped], axis=1)
-        return gather_tokens(merged, inverse_permutation(order)), selected
+    def token_routing(self):
+        """``TopKSkip`` at the current capacity (``keras_mone.routing.parts``)."""
+        routers = dict(zip(self.routed_blocks, self.routers)) if self.score == "learned" else None
+        return TopKSkip(self.depth, self.hidden_dim, self.selected_tokens(), self.routed_blocks, routers)
 
 
 @register

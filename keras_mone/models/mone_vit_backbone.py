@@ -3,14 +3,13 @@
 import warnings
 
 import numpy as np
-from keras import ops
 
 from keras_mone.layers import arguments
 from keras_mone.layers.config import register
 from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.routing import capacity as capacity_lib
-from keras_mone.routing.epr import DROPPED, gather_tokens, inverse_permutation
+from keras_mone.routing.parts import NestedExperts
 
 ROUTER_TYPES = ("learned", "random")
 REALISED_CAPACITY_TOLERANCE = 0.02
@@ -112,8 +111,8 @@ class MoNEViTBackbone(ViTBackbone):
                 RandomRouter(num_experts, seed=router_seed, name=f"router_{p}") for p in positions
             ]
 
-    def _is_routed_block(self, index):
-        return index >= self._first_router
+    def _block_gates(self, depth):
+        return {index: "mone" for index in range(self._first_router, depth)}
 
     def _block_options(self):
         return {"alpha_init": self.alpha_init}
@@ -169,112 +168,10 @@ class MoNEViTBackbone(ViTBackbone):
         return (self.capacity_method, self.routing.capacities)
 
     # -- forward ------------------------------------------------------------
-    def encode(self, tokens, training=None, return_intermediates=False):
-        state = _TokenGroups(tokens, self.hidden_dim)
-        intermediates = {"router_probs": [], "expert_index": []}
-        routers = dict(zip(self.router_positions, self.routers))
-        for index, block in enumerate(self.blocks):
-            if index in routers:
-                probs = routers[index](state.merged())
-                state = self._regroup(state, probs)
-                if return_intermediates:  # probs are laid out in the previous order
-                    intermediates["router_probs"].append(_to_original(probs, state.previous_order))
-                    intermediates["expert_index"].append(_to_original(state.labels(probs), state.order))
-            state.groups = block(
-                state.groups, widths=state.widths, gates=state.gates, training=training
-            )
-        return self.norm(state.restored()), intermediates
-
-    def _regroup(self, state, probs):
-        """Assigns the current tokens to experts (EPR) and groups them.
-
-        When one expert takes every token (e.g. ``capacity=1.0``), EPR's
-        assignment is the same for any order of the tokens, and a block is
-        equivariant to token order (positions are already embedded), so the
-        tokens stay where they are: no gather now, no restoring permutation
-        at the end.
-        """
-        current = state.merged()
-        counts, dropped_count = self.routing.token_counts(probs.shape[1])
-        if dropped_count == 0 and max(counts) == probs.shape[1]:
-            expert = counts.index(probs.shape[1])
-            new = _TokenGroups(current, self.hidden_dim)
-            new.widths, new.experts = [self.expert_widths[expert]], [expert]
-            new.gates = [probs[..., expert]] if self.router_type == "learned" else None
-            new.order = new.previous_order = state.order
-            return new
-        index_groups, dropped = self.routing.group(self._routing_scores(probs, state.order))
-        new = _TokenGroups(None, self.hidden_dim)
-        positions = []
-        for expert, indices in enumerate(index_groups):
-            if indices.shape[1] == 0:
-                continue
-            new.groups.append(gather_tokens(current, indices))
-            new.widths.append(self.expert_widths[expert])
-            new.experts.append(expert)
-            if self.router_type == "learned":
-                new.gates.append(gather_tokens(probs[..., expert], indices))
-            positions.append(indices)
-        if dropped.shape[1]:
-            new.dropped = gather_tokens(current, dropped)
-            positions.append(dropped)
-        if self.router_type != "learned":
-            new.gates = None
-        order = ops.concatenate(positions, axis=1) if len(positions) > 1 else positions[0]
-        new.previous_order = state.order
-        new.order = order if state.order is None else gather_tokens(state.order, order)
-        return new
-
-    def _routing_scores(self, probs, order):
-        """Router probabilities, with the class token lifted above every other
-        token for every expert when ``class_token_to_full_expert`` is set; EPR
-        serves the largest expert first, so that expert takes it."""
-        if not (self.class_token_to_full_expert and self.use_class_token):
-            return probs
-        num_tokens = probs.shape[1]
-        if order is None:
-            is_class = ops.arange(num_tokens) == 0
-            is_class = ops.broadcast_to(is_class, ops.shape(probs)[:2])
-        else:
-            is_class = order == 0
-        return probs + 2.0 * ops.expand_dims(ops.cast(is_class, probs.dtype), -1)
-
-
-class _TokenGroups:
-    """Token features grouped by expert, with the permutation that undoes it.
-
-    ``order[b, p]`` is the original index of the token now at position ``p`` of
-    the concatenation ``groups + [dropped]``.
-    """
-
-    def __init__(self, tokens, hidden_dim):
-        self.groups = [] if tokens is None else [tokens]
-        self.widths = [] if tokens is None else [hidden_dim]
-        self.experts = [] if tokens is None else [None]
-        self.gates = [] if tokens is None else None
-        self.dropped = None
-        self.order = None
-        self.previous_order = None
-
-    def merged(self):
-        parts = self.groups + ([self.dropped] if self.dropped is not None else [])
-        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
-
-    def restored(self):
-        return _to_original(self.merged(), self.order)
-
-    def labels(self, probs):
-        """Expert index of each position of ``merged()`` (``DROPPED`` = -1)."""
-        labels = []
-        for expert, group in zip(self.experts, self.groups):
-            labels.append(ops.full((group.shape[1],), expert, dtype="int32"))
-        if self.dropped is not None:
-            labels.append(ops.full((self.dropped.shape[1],), DROPPED, dtype="int32"))
-        labels = ops.concatenate(labels) if len(labels) > 1 else labels[0]
-        return ops.broadcast_to(labels, ops.shape(probs)[:2])
-
-
-def _to_original(x, order):
-    """``x`` (batch, tokens, ...) laid out in ``order`` (``order[b, p]`` = original index of
-    position ``p``; ``None`` = original order already), back in the original order."""
-    return x if order is None else gather_tokens(x, inverse_permutation(order))
+    def token_routing(self):
+        """``NestedExperts`` at the current capacity (``keras_mone.routing.parts``)."""
+        return NestedExperts(
+            self.depth, self.hidden_dim, self.routing, dict(zip(self.router_positions, self.routers)),
+            self.expert_widths, gated=self.router_type == "learned",
+            class_token_first=self.class_token_to_full_expert and self.use_class_token,
+        )

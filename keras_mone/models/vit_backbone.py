@@ -6,10 +6,12 @@ from keras_mone.layers import arguments
 from keras_mone.layers.block import block_stack
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.patch_embedding import PatchEmbedding
+from keras_mone.models.block_loop import run_blocks
 from keras_mone.models.capacity_control import CapacityControlMixin
 from keras_mone.models.loop_guard import LoopGuardMixin
 from keras_mone.models.weights_file import SafeLoadingMixin
 from keras_mone.routing import capacity as capacity_lib
+from keras_mone.routing.parts import TokenRouting
 
 
 @register
@@ -74,7 +76,7 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
         self.layer_norm_epsilon = layer_norm_epsilon
         self.blocks = block_stack(
             depth, hidden_dim, num_heads, mlp_dim,
-            routed=[i for i in range(depth) if self._is_routed_block(i)],
+            gates=self._block_gates(depth),
             dropout_rate=dropout_rate, drop_path_rate=drop_path_rate,
             layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy, **self._block_options(),
         )
@@ -117,8 +119,10 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
             use_class_token=use_class_token, dtype=self.dtype_policy, name="patch_embedding",
         )
 
-    def _is_routed_block(self, index):
-        return False
+    def _block_gates(self, depth):
+        """``{block index: gate}`` (``keras_mone.layers.gates``) of sub-classes whose
+        router scores gate a block's update (MoNE, MoD); dense blocks have none."""
+        return {}
 
     def _block_options(self):
         """Extra ``block_stack`` arguments of sub-classes (MoNE: ``alpha_init``)."""
@@ -144,16 +148,23 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
         tokens = self.output_tokens(tokens, training=training)
         return (tokens, intermediates) if return_intermediates else tokens
 
-    def encode(self, tokens, training=None, return_intermediates=False):
-        """Runs the blocks and the final LayerNorm on embedded ``tokens``.
+    def token_routing(self):
+        """The routing part (``keras_mone.routing.parts``) that plans which tokens
+        each block runs and at what width, at the current settings. Sub-classes
+        that route tokens (MoNE, MoD) or change widths (MatViT) override this
+        method only: the encoder loop, the FLOP count and the intermediates
+        follow it."""
+        return TokenRouting(self.depth, self.hidden_dim)
 
-        Returns ``(tokens, intermediates)``; sub-classes that route tokens
-        (MoNE) or change their width (MatViT) override this method only, so
-        every model built on the encoder (images, video frames) inherits it.
-        """
-        for block in self.blocks:
-            tokens = block(tokens, training=training)
-        return self.norm(tokens), {}
+    def encode(self, tokens, training=None, return_intermediates=False):
+        """Runs the blocks (as ``token_routing()`` plans) and the final LayerNorm
+        on embedded ``tokens``; returns ``(tokens, intermediates)`` (see
+        ``keras_mone.models.block_loop.BlockRecord``)."""
+        tokens, intermediates = run_blocks(
+            self.blocks, tokens, self.token_routing(), training=training,
+            return_intermediates=return_intermediates,
+        )
+        return self.norm(tokens), intermediates
 
     def output_tokens(self, encoded, training=None):
         """The backbone's output from the encoder's tokens: the tokens themselves
