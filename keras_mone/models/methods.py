@@ -1,11 +1,18 @@
 """The method registry: every conditional-computation method of the zoo, registered once.
 
 A method names its image and video architectures (the ``architecture`` of
-zoo presets and recipes), their backbone and task classes, the training
-modes it supports and how recipe keys become backbone arguments. Presets,
-recipes, the training modes and the checks on them read this registry; no
-other module keeps a table of method names. Adding a method is one
-``register_method`` call beside its backbone classes.
+zoo presets and recipes), their backbone and task classes, the backbone
+arguments the method fixes, the training modes it supports and how recipe
+keys become backbone arguments. Presets, recipes, the training modes and the
+checks on them read this registry; no other module keeps a table of method
+names. A method's cost plan is its backbone's routing part
+(``backbone.token_routing()``, ``keras_mone.routing.parts``), which the
+forward pass and ``keras_mone.flops`` both follow.
+
+Adding a method is a routing part and a block gate (when the existing ones
+do not serve), one ``register_method`` call, and its zoo and recipe files.
+The random router (MoNE Fig. 7c) shows the smallest case: a registry entry
+alone, reusing MoNE's backbone with ``router_type="random"`` fixed.
 """
 
 import dataclasses
@@ -35,6 +42,12 @@ class Architecture:
     backbone: type
     task: type
     video: bool
+    defaults: dict = dataclasses.field(default_factory=dict)
+    """Backbone arguments the architecture fixes (they win over presets and recipes)."""
+
+    def build_backbone(self, **config):
+        """The backbone of this architecture from ``config`` plus its ``defaults``."""
+        return self.backbone(**{**config, **self.defaults})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +124,14 @@ register_method(Method(
     ),
 ))
 
+register_method(Method(
+    "random_router",
+    image=Architecture("random_mone_vit", MoNEViTBackbone, ImageClassifier, video=False,
+                       defaults={"router_type": "random"}),
+    video=Architecture("random_mone_vivit", MoNEViViTBackbone, VideoClassifier, video=True,
+                       defaults={"router_type": "random"}),
+    recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"], router_seed=recipe["seed"]),
+))
 register_method(Method(
     "mod",
     image=Architecture("mod_vit", MoDViTBackbone, ImageClassifier, video=False),

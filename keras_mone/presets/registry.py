@@ -9,7 +9,7 @@ import os
 import tomllib
 
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.methods import ARCHITECTURES, TASKS
+from keras_mone.models.methods import ARCHITECTURES, TASKS, architectures
 from keras_mone.models.variants import decode_variant
 from keras_mone.presets.folder import is_preset_folder, load_preset_folder
 from keras_mone.presets.handles import URL_SCHEMES, fetch_preset_folder, is_remote, resolve_hub_handle
@@ -124,7 +124,7 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, **overrid
             f"Unknown argument(s) {unknown} for preset {name!r}. Allowed: "
             f"{sorted((task_keys | backbone_keys) - {'dtype', 'name'})}."
         )
-    backbone = backbone_cls(
+    backbone = architectures()[spec["architecture"]].build_backbone(
         **{k: v for k, v in config.items() if k in backbone_keys and k != "name"}
     )
     task_config = {k: v for k, v in config.items() if k in task_keys}

@@ -1,6 +1,6 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
-from keras_mone.models.methods import ARCHITECTURES, TASKS, method_of
+from keras_mone.models.methods import TASKS, architectures, method_of
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
@@ -8,6 +8,7 @@ from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
 from keras_mone.models.weights_file import load_saved_model
 from keras_mone.recipes.schema import PRESET_PREFIX, VIDEO_ARCHITECTURES, allowed_args
+
 
 def build_classifier(recipe, num_classes):
     """The recipe's (built) classifier with a ``num_classes`` head."""
@@ -28,7 +29,7 @@ def build_classifier(recipe, num_classes):
     if recipe["pooling"] == "token":
         config.setdefault("use_class_token", True)
     backbone_keys, task_keys = allowed_args(architecture)
-    backbone = ARCHITECTURES[architecture](**{k: v for k, v in config.items() if k in backbone_keys})
+    backbone = architectures()[architecture].build_backbone(**{k: v for k, v in config.items() if k in backbone_keys})
     model = TASKS[architecture](backbone, **{k: v for k, v in config.items() if k in task_keys})
     model.build()
     return model
