@@ -206,5 +206,13 @@ def test_parse_model_override():
     assert benchmark.parse_model_override("router_positions=[0,1]") == ("router_positions", [0, 1])
     assert benchmark.parse_model_override("use_class_token=true") == ("use_class_token", True)
     assert benchmark.parse_model_override("pooling=token") == ("pooling", "token")
-    with pytest.raises(ValueError, match="KEY=VALUE"):
+    with pytest.raises(ValueError, match="model-override.*key=value"):
         benchmark.parse_model_override("depth")
+
+
+def test_one_override_parser_for_bench_and_recipes():
+    from keras_mone.recipes import parse_overrides
+
+    for text in ("depth=2", "router_positions=[0, 1]", "use_class_token=true", "pooling=token", "lr=1e-3"):
+        key, value = benchmark.parse_model_override(text)
+        assert parse_overrides([text]) == {key: value}

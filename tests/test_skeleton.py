@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import BATCH, NUM_TOKENS, TINY, assert_f32_close, images, randomize_weights, to_numpy
+from conftest import BATCH, NUM_TOKENS, TINY, TINY_VIDEO, assert_f32_close, images, randomize_weights, to_numpy, videos
 
 from keras_mone import analysis, layers, models
 from keras_mone.routing import parts
@@ -97,6 +97,16 @@ def test_bad_gate_names_the_argument():
         layers.MoNEBlock(D, HEADS, MLP, gate="sigmoid")
 
 
+def test_video_forms_are_derived_from_the_image_classes():
+    assert models.video_form(models.MoNEViTBackbone) is models.MoNEViViTBackbone
+    assert models.video_form(models.ViTBackbone) is models.ViViTBackbone
+    assert models.video_form(models.MoNEViViTBackbone) is models.MoNEViViTBackbone
+    assert keras.saving.get_registered_name(models.MoDViViTBackbone) == "keras_mone>MoDViViTBackbone"
+    assert models.MoDViViTBackbone.default_name == "mod_vivit_backbone"
+    with pytest.raises(TypeError, match="image_backbone"):
+        models.video_form(keras.layers.Dense)
+
+
 def test_amod_refuses_neighbouring_routed_blocks():
     with pytest.raises(ValueError, match="neighbours"):
         models.AMoDViTBackbone(**dict(TINY, depth=4), routed_blocks=(1, 2))
@@ -108,12 +118,13 @@ def test_a_routing_part_is_all_a_new_method_needs():
 
     class EveryOtherToken(parts.TokenRouting):
         def block_plan(self, num_tokens):
-            return [[(num_tokens // 2, self.hidden_dim)]] * self.depth
+            return [[((num_tokens + 1) // 2, self.hidden_dim)]] * self.depth
 
         def before_block(self, index, state, received, record):
             tokens = state.restored()
-            kept = keras.ops.broadcast_to(keras.ops.arange(0, tokens.shape[1], 2), (BATCH, tokens.shape[1] // 2))
-            other = keras.ops.broadcast_to(keras.ops.arange(1, tokens.shape[1], 2), (BATCH, tokens.shape[1] // 2))
+            batch, n = keras.ops.shape(tokens)[0], tokens.shape[1]
+            kept = keras.ops.broadcast_to(keras.ops.arange(0, n, 2), (batch, (n + 1) // 2))
+            other = keras.ops.broadcast_to(keras.ops.arange(1, n, 2), (batch, n // 2))
             new = parts.TokenGroups()
             new.add_group(parts.gather_tokens(tokens, kept), self.hidden_dim, 0)
             new.passed = parts.gather_tokens(tokens, other)
@@ -123,6 +134,14 @@ def test_a_routing_part_is_all_a_new_method_needs():
     class HalfViT(models.ViTBackbone):
         def token_routing(self):
             return EveryOtherToken(self.depth, self.hidden_dim)
+
+    # Its video form comes with it: the same routing per frame index.
+    video = models.video_form(HalfViT)(**TINY_VIDEO)
+    assert type(video).__name__ == "HalfViViT" and models.video_form(HalfViT) is type(video)
+    assert tuple(video(videos()).shape) == (BATCH, video.num_output_tokens, D)
+    dense_video = models.ViViTBackbone(**TINY_VIDEO)
+    tokens = dense_video.num_tokens  # per frame index: 3 of 5 tokens run the blocks
+    assert analysis.flops(video).breakdown["mlp"] == analysis.flops(dense_video).breakdown["mlp"] * ((tokens + 1) // 2) // tokens
 
     model = built(HalfViT(**TINY))
     dense = built(models.ViTBackbone(**TINY))

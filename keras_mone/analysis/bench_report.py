@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from keras_mone.analysis.bench_models import PROBE_CALLS
+from keras_mone.overrides import parse_assignment
 
 def _jsonable(value):
     if isinstance(value, dict):
@@ -243,12 +244,6 @@ def append_to_benchmarks(result, path):
 
 
 def parse_model_override(text):
-    """``"key=value"`` -> ``(key, value)`` with JSON values (ints, floats, lists, true/false), else strings."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise ValueError(f"`--model-override` must look like KEY=VALUE, got {text!r}.")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key.strip(), value
+    """``"key=value"`` -> ``(key, value)``, values as every keras_mone override
+    (``keras_mone.overrides``: TOML values, else strings)."""
+    return parse_assignment(text, "`--model-override`")

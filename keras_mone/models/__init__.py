@@ -15,6 +15,7 @@ from keras_mone.models.vivit_backbone import (
     MoDViViTBackbone,
     MoNEViViTBackbone,
     ViViTBackbone,
+    video_form,
 )
 from keras_mone.models.weight_transfer import transfer_weights
 
@@ -37,5 +38,6 @@ __all__ = [
     "decode_variant",
     "load_image_weights",
     "transfer_weights",
+    "video_form",
     "vivit_from_image_backbone",
 ]

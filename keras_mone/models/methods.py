@@ -25,13 +25,7 @@ from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import (
-    AMoDViViTBackbone,
-    MatViViTBackbone,
-    MoDViViTBackbone,
-    MoNEViViTBackbone,
-    ViViTBackbone,
-)
+from keras_mone.models.vivit_backbone import video_form
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,12 +97,12 @@ def method_of(architecture):
 register_method(Method(
     "dense",
     image=Architecture("vit", ViTBackbone, ImageClassifier, video=False),
-    video=Architecture("vivit", ViViTBackbone, VideoClassifier, video=True),
+    video=Architecture("vivit", video_form(ViTBackbone), VideoClassifier, video=True),
 ))
 register_method(Method(
     "mone",
     image=Architecture("mone_vit", MoNEViTBackbone, ImageClassifier, video=False),
-    video=Architecture("mone_vivit", MoNEViViTBackbone, VideoClassifier, video=True),
+    video=Architecture("mone_vivit", video_form(MoNEViTBackbone), VideoClassifier, video=True),
     modes=("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
     recipe_arguments=lambda recipe: dict(
         capacity=recipe["capacity"], router_type=recipe["router_type"], router_seed=recipe["seed"]
@@ -117,7 +111,7 @@ register_method(Method(
 register_method(Method(
     "matvit",
     image=Architecture("matvit", MatViTBackbone, MatViTClassifier, video=False),
-    video=Architecture("matvivit", MatViViTBackbone, MatViViTClassifier, video=True),
+    video=Architecture("matvivit", video_form(MatViTBackbone), MatViViTClassifier, video=True),
     modes=("fixed", "joint"),
     recipe_arguments=lambda recipe: dict(
         width_fraction=recipe["width_fraction"], joint_training=recipe["mode"] == "joint"
@@ -128,20 +122,20 @@ register_method(Method(
     "random_router",
     image=Architecture("random_mone_vit", MoNEViTBackbone, ImageClassifier, video=False,
                        defaults={"router_type": "random"}),
-    video=Architecture("random_mone_vivit", MoNEViViTBackbone, VideoClassifier, video=True,
+    video=Architecture("random_mone_vivit", video_form(MoNEViTBackbone), VideoClassifier, video=True,
                        defaults={"router_type": "random"}),
     recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"], router_seed=recipe["seed"]),
 ))
 register_method(Method(
     "mod",
     image=Architecture("mod_vit", MoDViTBackbone, ImageClassifier, video=False),
-    video=Architecture("mod_vivit", MoDViViTBackbone, VideoClassifier, video=True),
+    video=Architecture("mod_vivit", video_form(MoDViTBackbone), VideoClassifier, video=True),
     recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
 ))
 register_method(Method(
     "amod",
     image=Architecture("amod_vit", AMoDViTBackbone, ImageClassifier, video=False),
-    video=Architecture("amod_vivit", AMoDViViTBackbone, VideoClassifier, video=True),
+    video=Architecture("amod_vivit", video_form(AMoDViTBackbone), VideoClassifier, video=True),
     recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
 ))
 

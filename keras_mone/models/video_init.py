@@ -4,8 +4,7 @@ from keras import ops
 
 from keras_mone.layers.config import config_argument_names
 from keras_mone.layers.tubelet_embedding import inflate_patch_kernel
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
-from keras_mone.models.vivit_backbone import MoNEViViTBackbone, ViViTBackbone
+from keras_mone.models.vivit_backbone import video_form
 from keras_mone.layers.token_sequence import layout_positions
 from keras_mone.models.weight_transfer import relative_weight_paths
 
@@ -18,8 +17,10 @@ def vivit_from_image_backbone(
 ):
     """A ViViT-FE that starts from ``image_backbone``'s weights.
 
-    Builds a ``MoNEViViTBackbone`` from a ``MoNEViTBackbone`` (same experts,
-    capacity and routers) or a ``ViViTBackbone`` from a ``ViTBackbone``, with
+    Builds the video form of the image backbone's class (``video_form``:
+    ``MoNEViViTBackbone`` from a ``MoNEViTBackbone`` with the same experts,
+    capacity and routers, ``ViViTBackbone`` from a ``ViTBackbone``, and so on
+    for every method), with
     the image model's configuration plus ``num_frames`` / ``tubelet_size`` /
     ``overrides`` (e.g. ``temporal_depth``, ``image_size``,
     ``use_class_token``), then copies the weights with
@@ -29,7 +30,7 @@ def vivit_from_image_backbone(
         The built video backbone. Its temporal transformer keeps its fresh
         initialisation, as in ViViT.
     """
-    video_cls = MoNEViViTBackbone if isinstance(image_backbone, MoNEViTBackbone) else ViViTBackbone
+    video_cls = video_form(type(image_backbone))
     image_config = image_backbone.get_config()
     names = set(config_argument_names(video_cls)) | {"dtype"}
     config = {k: v for k, v in image_config.items() if k in names}

@@ -1,4 +1,4 @@
-"""ViViT factorised encoder (Arnab et al. 2021, Model 3): dense, MoNE and MatViT (nested widths)."""
+"""ViViT factorised encoder (Arnab et al. 2021, Model 3), and the video form of any image backbone."""
 
 from keras import ops
 
@@ -121,9 +121,43 @@ class ViViTBackbone(ViTBackbone):
         return (input_shape[0], self.num_output_tokens, self.hidden_dim)
 
 
-@register
-class MoNEViViTBackbone(ViViTBackbone, MoNEViTBackbone):
-    """MoNE-ViViT-FE (MoNE paper, Sec. 4.4): nested experts in the spatial transformer.
+def video_form(image_backbone):
+    """The ViViT-FE form of any image backbone class of the ViT family.
+
+    Video is one wrapper around the image encoder, whatever the method: the
+    tubelet embedding, the image encoder run with each frame index as an
+    example (its blocks, routing part and norm unchanged, so routing happens
+    per frame index), and the temporal transformer (``ViViTBackbone``). The
+    class is derived once per image class and registered for ``.keras``
+    saving under the image class's name with ``ViT`` -> ``ViViT``
+    (``MoNEViTBackbone`` -> ``MoNEViViTBackbone``); its weights sit at the
+    same paths as the image backbone's, so image weights load into it
+    (``vivit_from_image_backbone``). Arguments are those of
+    ``ViViTBackbone`` and of the image backbone.
+    """
+    if issubclass(image_backbone, ViViTBackbone):
+        return image_backbone
+    if image_backbone is ViTBackbone:
+        return ViViTBackbone
+    if not issubclass(image_backbone, ViTBackbone):
+        raise TypeError(f"`image_backbone` must be a ViTBackbone class, got {image_backbone!r}.")
+    if image_backbone not in _VIDEO_FORMS:
+        name = image_backbone.__name__
+        name = name.replace("ViT", "ViViT", 1) if "ViT" in name else f"{name}Video"
+        attributes = {
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": f"``{image_backbone.__name__}`` as a ViViT-FE (``video_form``): routed per frame index.",
+            "default_name": image_backbone.default_name.replace("vit", "vivit", 1),
+        }
+        _VIDEO_FORMS[image_backbone] = register(type(name, (ViViTBackbone, image_backbone), attributes))
+    return _VIDEO_FORMS[image_backbone]
+
+
+_VIDEO_FORMS = {}
+
+MoNEViViTBackbone = video_form(MoNEViTBackbone)
+MoNEViViTBackbone.__doc__ = """MoNE-ViViT-FE (MoNE paper, Sec. 4.4): nested experts in the spatial transformer.
 
     The spatial transformer is a ``MoNEViTBackbone`` encoder: since frame
     indices are sequences of their own, the router scores every frame
@@ -134,12 +168,8 @@ class MoNEViViTBackbone(ViViTBackbone, MoNEViTBackbone):
     images; arguments are those of ``ViViTBackbone`` and ``MoNEViTBackbone``.
     """
 
-    default_name = "mone_vivit_backbone"
-
-
-@register
-class MatViViTBackbone(ViViTBackbone, MatViTBackbone):
-    """MatViT-ViViT-FE: the spatial transformer at a settable nested width (MatFormer).
+MatViViTBackbone = video_form(MatViTBackbone)
+MatViViTBackbone.__doc__ = """MatViT-ViViT-FE: the spatial transformer at a settable nested width (MatFormer).
 
     The MoNE paper starts its video models from "a baseline model with nested
     structure" trained jointly on all widths (Sec. 4.4 and 5): this backbone,
@@ -148,24 +178,12 @@ class MatViViTBackbone(ViViTBackbone, MatViTBackbone):
     (``keras_mone.models.transfer_weights``). ``set_width`` nests the spatial
     blocks; the temporal transformer stays at full width, as in MoNE-ViViT.
     At ``width_fraction=1`` it equals ``ViViTBackbone`` with the same weights.
-    Arguments are those of ``ViViTBackbone`` and ``MatViTBackbone``.
     """
 
-    default_name = "matvivit_backbone"
-
-
-@register
-class MoDViViTBackbone(ViViTBackbone, MoDViTBackbone):
-    """MoD-ViViT-FE: Mixture-of-Depths in the spatial transformer, routed per
+MoDViViTBackbone = video_form(MoDViTBackbone)
+MoDViViTBackbone.__doc__ = """MoD-ViViT-FE: Mixture-of-Depths in the spatial transformer, routed per
     frame index (every frame keeps its ``floor(C N)`` top tokens in a routed
-    block); the temporal transformer runs on every frame. Arguments are those
-    of ``ViViTBackbone`` and ``MoDViTBackbone``."""
+    block); the temporal transformer runs on every frame."""
 
-    default_name = "mod_vivit_backbone"
-
-
-@register
-class AMoDViViTBackbone(ViViTBackbone, AMoDViTBackbone):
-    """A-MoD-ViViT-FE: attention-routed MoD in the spatial transformer, per frame index."""
-
-    default_name = "amod_vivit_backbone"
+AMoDViViTBackbone = video_form(AMoDViTBackbone)
+AMoDViViTBackbone.__doc__ = """A-MoD-ViViT-FE: attention-routed MoD in the spatial transformer, per frame index."""

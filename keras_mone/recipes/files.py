@@ -7,6 +7,7 @@ import importlib.resources
 import os
 import tomllib
 
+from keras_mone.overrides import parse_assignment
 from keras_mone.recipes import schema
 
 RECIPE_PACKAGE = "keras_mone.recipe_files"
@@ -51,18 +52,15 @@ def _read(name_or_path, seen=()):
 def parse_overrides(items):
     """``["epochs=3", "model_args.depth=2", "dataset=image_folder"]`` -> dict.
 
-    Values are read as TOML (numbers, booleans, lists, quoted strings); anything
-    else is a string.
+    Values are read by ``keras_mone.overrides.parse_value`` (TOML values; anything
+    else is a string).
     """
     overrides = {}
     for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise schema.RecipeError(f"Override {item!r} must look like key=value.")
         try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text
+            key, value = parse_assignment(item, "Override")
+        except ValueError as error:
+            raise schema.RecipeError(str(error)) from None
         table, dot, sub = key.partition(".")
         if dot:
             overrides.setdefault(table, {})[sub] = value
