@@ -11,7 +11,6 @@ from keras_mone.cli.main import main
 from keras_mone.training.quickstart import (
     DENSE_RECIPE,
     MONE_RECIPE,
-    build_and_compile,
     format_results,
     load_test_data,
     resolve_recipe,
@@ -43,25 +42,32 @@ def test_quickstart_writes_results_and_figures(tmp_path):
     assert "MoNE-ViT" in format_results(results) and "dense ViT" in format_results(results)
 
 
-@pytest.mark.parametrize("name", [DENSE_RECIPE, MONE_RECIPE])
-def test_quickstart_model_is_the_recipe_model(name, tmp_path):
-    """Same architecture, initial weights and optimizer as `keras-mone train NAME`."""
-    recipe = resolve_recipe(name, TINY_OVERRIDES)
-    stream = recipes.data_sources.digits_stream(recipe)
-    mine = build_and_compile(recipe, stream.steps_per_epoch)
-    setup = recipes.load(name, resume=False, output_dir=str(tmp_path), **TINY_OVERRIDES)
-    assert mine.get_config()["backbone"]["config"] == setup.model.get_config()["backbone"]["config"]
-    for a, b in zip(mine.weights, setup.model.weights, strict=True):
-        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()), err_msg=a.path)
-    ours, theirs = mine.optimizer.get_config(), setup.optimizer.get_config()
-    ours.pop("name"), theirs.pop("name")
-    assert ours == theirs  # schedule (and its step count) included
-    assert type(mine.loss) is type(setup.loss)
-    # Same training batches: the recipe's stream of fresh renderings.
-    images, labels = next(setup.train_data)
-    np.testing.assert_array_equal(images, stream.batch(0)[0])
-    np.testing.assert_array_equal(labels, stream.batch(0)[1])
+def test_quickstart_trains_through_the_recipe_loop(tmp_path):
+    """The quickstart's models are `keras-mone train NAME` runs: one run directory per
+    recipe (recipe.toml, history.csv, checkpoints, model.keras), and a second call
+    resumes them (nothing retrains) and reports the same figures."""
+    first = run_quickstart(str(tmp_path), TINY_OVERRIDES, eval_capacities=(0.5,), verbose=0)
+    for sub, name in (("dense", DENSE_RECIPE), ("mone", MONE_RECIPE)):
+        recipe = resolve_recipe(name, {**TINY_OVERRIDES, "output_dir": str(tmp_path / sub)})
+        saved, _ = recipes.resolve(str(tmp_path / sub / "recipe.toml"))
+        assert {k: v for k, v in saved.items() if k != "description"} == {k: v for k, v in recipe.items() if k != "description"}
+        assert os.path.getsize(tmp_path / sub / "model.keras") > 0
+    assert len(first["dense_history"]["loss"]) == TINY_OVERRIDES["epochs"]
+    assert "val_accuracy" in first["dense_history"] and "alpha_0" in first["mone_history"]
+    again = run_quickstart(str(tmp_path), TINY_OVERRIDES, eval_capacities=(0.5,), verbose=0)
+    assert again["dense"]["accuracy"] == first["dense"]["accuracy"]
+    assert again["mone"][0]["accuracy"] == first["mone"][0]["accuracy"]
+
+
+def test_in_memory_test_split_is_the_pipeline_split():
+    """The recipe's eval data (in memory, no tf.data) holds the quickstart's test split."""
+    recipe = resolve_recipe(DENSE_RECIPE, TINY_OVERRIDES)
+    batches = recipes.data_sources.in_memory_eval_data(recipe, 10)
+    images = np.concatenate([b[0] for b in batches])
+    labels = np.concatenate([b[1] for b in batches])
     (test_images, test_labels), digit_tokens = load_test_data(recipe)
+    np.testing.assert_allclose(images, test_images, atol=1e-6)
+    np.testing.assert_array_equal(labels, test_labels)
     assert test_images.min() >= -1.0 and test_images.max() <= 1.0 and test_labels.shape == (len(test_images), 10)
     assert digit_tokens.shape == (len(test_images), (16 // 8) ** 2) and digit_tokens.any(axis=1).all()
 
@@ -76,3 +82,29 @@ def test_quickstart_rejects_bad_overrides_before_training(tmp_path, capsys):
     assert main(["quickstart", "--output", str(tmp_path / "d"), "nonsense_key=1"]) == 2
     assert "nonsense_key" in capsys.readouterr().err
     assert not any(os.path.exists(tmp_path / d) for d in "abcd")
+
+
+NO_TENSORFLOW = """
+import importlib.abc, json, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Hide())
+from keras_mone import recipes
+setup = recipes.load("cluttered_digits_mone", resume=False, **json.loads(sys.argv[1]))
+print("RESULT", json.dumps(setup.fit(verbose=0)))
+"""
+
+
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "jax") == "tensorflow", reason="the point is a machine without tensorflow")
+def test_digits_recipes_train_and_evaluate_without_tensorflow(tmp_path):
+    """As after `pip install -e ".[jax]"`: the one training loop runs the digits recipes with no tf.data."""
+    import subprocess
+    import sys
+
+    overrides = json.dumps({**TINY_OVERRIDES, "output_dir": str(tmp_path / "run")})
+    result = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, overrides], capture_output=True, text=True, timeout=600)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, result.stderr[-3000:]
+    assert 0.0 <= json.loads(lines[-1][len("RESULT "):])["accuracy"] <= 1.0

@@ -70,8 +70,35 @@ def digits_stream(recipe):
         raise schema.RecipeError(f"{recipe['dataset']} recipe: {error}") from error
 
 
+def evaluates_in_memory(recipe):
+    """Whether the recipe's eval split is held in memory (cluttered digits, plain
+    preprocessing, one device) rather than read through tf.data."""
+    return (
+        recipe["dataset"] == "cluttered_digits" and recipe["preprocessing"] == "plain"
+        and bool(recipe["eval_split"]) and recipe["distribution"] == "none"
+    )
+
+
+def in_memory_eval_data(recipe, num_classes):
+    """The eval split of a cluttered-digits recipe with plain preprocessing as
+    ``ArrayBatches`` in memory (no tf.data), the values the tf.data pipeline
+    gives (``x * 255 / 127.5 - 1``, one-hot labels); ``None`` for other recipes."""
+    if not evaluates_in_memory(recipe):
+        return None
+    import numpy as np
+
+    from keras_mone.data.cluttered_digits import load_cluttered_digits
+    from keras_mone.data.in_memory import ArrayBatches
+
+    images, labels = load_cluttered_digits(**cluttered_digits_arguments(recipe, "test"))
+    images = images.astype("float32") * np.float32(255.0) / np.float32(127.5) - np.float32(1.0)
+    targets = np.eye(num_classes, dtype="float32")[labels]
+    return ArrayBatches(images, targets, recipe["eval_batch_size"] or recipe["batch_size"])
+
+
 def data_sources(recipe):
-    """``(train source or None when a digits stream trains, eval source or None)``."""
+    """``(train source or None when a digits stream trains, eval source or None when
+    there is none or it is held in memory, ``in_memory_eval_data``)``."""
     dataset = recipe["dataset"]
     if dataset in schema.VIDEO_DATASETS:
         return _video_sources(recipe)
@@ -80,7 +107,7 @@ def data_sources(recipe):
         if not recipe["fresh_renderings"]:
             train = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "train"))
         test = None
-        if recipe["eval_split"]:
+        if recipe["eval_split"] and not evaluates_in_memory(recipe):
             test = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "test"))
         return train, test
     if dataset == "image_folder":

@@ -22,7 +22,7 @@ import keras
 from keras_mone.data import pipeline, video_pipeline
 from keras_mone.recipes import schema
 from keras_mone.recipes.builders import checkpoint_dir, make_callbacks, make_loss, make_optimizer
-from keras_mone.recipes.data_sources import data_sources, digits_stream
+from keras_mone.recipes.data_sources import data_sources, digits_stream, in_memory_eval_data
 from keras_mone.recipes.files import resolve
 from keras_mone.recipes.model import build_classifier, init_from_saved_model
 from keras_mone.recipes.run_directory import claim, to_toml
@@ -197,14 +197,16 @@ def load(name_or_path, resume=True, **overrides):
             shuffle_buffer=recipe["shuffle_buffer"], start_step=start_step, seed=recipe["seed"],
         )
 
-    eval_data = None
-    if eval_source is not None and video:
+    eval_data = in_memory_eval_data(recipe, num_classes)
+    if eval_data is not None or eval_source is None:
+        pass
+    elif video:
         eval_data = video_pipeline.eval_dataset(
             eval_source, recipe["num_frames"], recipe["image_size"], recipe["eval_batch_size"] or batch,
             num_classes, frame_stride=recipe["frame_stride"], preprocessing=recipe["preprocessing"],
             drop_remainder=recipe["distribution"] != "none",
         )
-    elif eval_source is not None:
+    else:
         eval_data = pipeline.eval_dataset(
             eval_source, recipe["image_size"], recipe["eval_batch_size"] or batch, num_classes,
             preprocessing=recipe["preprocessing"], drop_remainder=recipe["distribution"] != "none",

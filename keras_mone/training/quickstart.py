@@ -1,16 +1,19 @@
 """The CPU quickstart: MoNE vs dense ViT on cluttered digits, in a few minutes.
 
 Trains the recipes ``cluttered_digits_vit`` (dense ViT) and
-``cluttered_digits_mone`` (MoNE-ViT of the same size at e_c 0.5): the same
-model, initial weights, optimizer, schedule, loss and training batches (the
-recipe's stream of fresh renderings, :class:`keras_mone.data.ClutteredDigitsStream`)
-as ``keras-mone train`` gives them, without tf.data (so a jax or torch install
-is enough). Then evaluates MoNE at several effective capacities on the 5026-image
+``cluttered_digits_mone`` (MoNE-ViT of the same size at e_c 0.5) through the
+one training loop of keras_mone (``keras_mone.recipes.load(...).fit()``, as
+``keras-mone train`` does), each in its own run directory under the output
+(``dense/``, ``mone/``: checkpoints, ``history.csv``, ``model.keras``; an
+interrupted quickstart resumes where it stopped). Digits recipes need no
+tf.data (fresh renderings from :class:`keras_mone.data.ClutteredDigitsStream`,
+the test split in memory), so a jax or torch install is enough. Then evaluates MoNE at several effective capacities on the 5026-image
 test split and writes ``results.json`` (with per-epoch histories: loss,
 accuracy, MoNE's alpha and router entropy), ``accuracy_vs_gmacs.png`` and
 ``routing.png`` (tokens sent to the full expert, as in Fig. 1 and 8 of the MoNE
 paper)."""
 
+import csv
 import json
 import os
 import time
@@ -22,13 +25,9 @@ from keras_mone.analysis import expert_share_of_tokens, flops
 from keras_mone.analysis.throughput import images_per_second
 from keras_mone.data import load_cluttered_digits, patch_coverage
 from keras_mone.data.cluttered_digits import NUM_CLASSES
-from keras_mone.recipes import RecipeError, make_loss, make_optimizer, resolve
-from keras_mone.recipes.builders import ROUTER_PROBE_SIZE
-from keras_mone.recipes.data_sources import cluttered_digits_arguments, digits_stream
 from keras_mone.models.variants import decode_variant
-from keras_mone.recipes.model import build_classifier
-from keras_mone.training.losses import FullWidthAccuracy
-from keras_mone.training.router_monitor import RouterMonitor
+from keras_mone.recipes import RecipeError, load, resolve
+from keras_mone.recipes.data_sources import cluttered_digits_arguments, digits_stream
 
 DENSE_RECIPE = "cluttered_digits_vit"
 MONE_RECIPE = "cluttered_digits_mone"
@@ -60,28 +59,17 @@ def resolve_recipe(name, overrides):
     return recipe
 
 
-def build_and_compile(recipe, steps_per_epoch):
-    """The recipe's classifier, seeded as ``keras_mone.recipes.load`` seeds it, compiled
-    with its optimizer and loss for ``epochs`` x ``steps_per_epoch`` steps."""
-    keras.utils.set_random_seed(recipe["seed"])
-    model = build_classifier(recipe, NUM_CLASSES)
-    model.compile(
-        optimizer=make_optimizer(recipe, recipe["epochs"] * steps_per_epoch, steps_per_epoch),
-        loss=make_loss(recipe),
-        metrics=[FullWidthAccuracy()],
-    )
-    return model
-
-
-def train(model, recipe, stream, probe_images, verbose="auto"):
-    """``epochs`` epochs of fresh renderings from ``stream`` (the recipe's own
-    stream); returns the per-epoch history, with alpha and router entropy for
-    MoNE (:class:`RouterMonitor` on ``probe_images``)."""
-    history = model.fit(
-        stream.iterate(0), steps_per_epoch=stream.steps_per_epoch, epochs=recipe["epochs"],
-        callbacks=[RouterMonitor(probe_images)], verbose=verbose, shuffle=False,  # the stream is shuffled
-    )
-    return {key: [float(v) for v in values] for key, values in history.history.items()}
+def train_recipe(name, output_dir, overrides, verbose="auto"):
+    """Trains recipe ``name`` with ``overrides`` in ``output_dir`` (resuming a run
+    of the same recipe there) through ``keras_mone.recipes.load(...).fit()``;
+    returns the trained model and its per-epoch history (``history.csv``: loss,
+    accuracy, validation metrics, MoNE's alpha and router entropy)."""
+    setup = load(name, resume=True, **{**overrides, "output_dir": output_dir})
+    setup.fit(verbose=verbose)
+    with open(os.path.join(output_dir, "history.csv")) as f:
+        rows = list(csv.DictReader(f))
+    history = {key: [float(row[key]) for row in rows if row[key] != ""] for key in (rows[0] if rows else {}) if key != "epoch"}
+    return setup.model, history
 
 
 def evaluate(model, test_data, digit_tokens=None, batch_size=256):
@@ -135,14 +123,11 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         f"Training the dense ViT ({DENSE_RECIPE}: {dense_recipe['epochs']} epochs of "
         f"{stream.steps_per_epoch * stream.batch_size} fresh images; test split {len(test_data[0])} images)"
     )
-    probe = test_data[0][:ROUTER_PROBE_SIZE]
-    dense = build_and_compile(dense_recipe, stream.steps_per_epoch)
-    results["dense_history"] = train(dense, dense_recipe, stream, probe, verbose)
+    dense, results["dense_history"] = train_recipe(DENSE_RECIPE, os.path.join(output_dir, "dense"), overrides, verbose)
     results["dense"] = evaluate(dense, test_data)
 
     print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
-    mone = build_and_compile(mone_recipe, stream.steps_per_epoch)
-    results["mone_history"] = train(mone, mone_recipe, digits_stream(mone_recipe), probe, verbose)
+    mone, results["mone_history"] = train_recipe(MONE_RECIPE, os.path.join(output_dir, "mone"), overrides, verbose)
     results["train_capacity"] = mone_recipe["capacity"]
     results["mone"] = []
     for capacity in eval_capacities:
