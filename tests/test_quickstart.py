@@ -85,12 +85,8 @@ def test_quickstart_rejects_bad_overrides_before_training(tmp_path, capsys):
 
 
 NO_TENSORFLOW = """
-import importlib.abc, json, sys
-class Hide(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, Hide())
+import json, sys
+sys.modules["tensorflow"] = sys.modules["tensorflow_datasets"] = None  # import fails, find_spec is None
 from keras_mone import recipes
 setup = recipes.load("cluttered_digits_mone", resume=False, **json.loads(sys.argv[1]))
 print("RESULT", json.dumps(setup.fit(verbose=0)))
