@@ -216,3 +216,15 @@ def test_one_override_parser_for_bench_and_recipes():
     for text in ("depth=2", "router_positions=[0, 1]", "use_class_token=true", "pooling=token", "lr=1e-3"):
         key, value = benchmark.parse_model_override(text)
         assert parse_overrides([text]) == {key: value}
+
+
+def test_unbuilt_layers_are_found_at_any_depth():
+    from keras_mone.analysis.bench_models import _unbuilt_layers
+    from keras_mone.models import MoNEViTBackbone
+
+    backbone = MoNEViTBackbone(capacity=0.5, **TINY)
+    unbuilt = _unbuilt_layers(backbone)
+    # the blocks' parts sit two containers deep (a list of blocks, then attributes)
+    assert len(unbuilt) > 3 * TINY["depth"] and any("attention" in path for path in unbuilt)
+    backbone(keras.ops.zeros((1, TINY["image_size"], TINY["image_size"], 3)))
+    assert _unbuilt_layers(backbone) == []

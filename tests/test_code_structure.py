@@ -10,10 +10,6 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "keras_mone"
 MAX_LINES = 400
-#: ``keras.src`` imports with no public equivalent, and why.
-PRIVATE_KERAS_ALLOWED = {
-    "data/augment/data_layer.py": "Keras exposes no public base class for tf.data-safe preprocessing layers",
-}
 
 
 def modules():
@@ -64,6 +60,4 @@ def test_no_import_loops():
 def test_module_is_small_and_imports_no_private_keras(name, path):
     text = path.read_text()
     assert len(text.splitlines()) <= MAX_LINES, f"{name} has {len(text.splitlines())} lines (at most {MAX_LINES})"
-    relative = str(path.relative_to(PACKAGE))
-    if relative not in PRIVATE_KERAS_ALLOWED:
-        assert "keras.src" not in text, f"{name} imports keras.src"
+    assert "keras.src" not in text, f"{name} imports keras.src"

@@ -84,6 +84,25 @@ def test_inception_crop_in_tf_data():
     np.testing.assert_allclose(batch, 1.0)
 
 
+def test_augmentation_in_tf_data_draws_fresh_randomness_per_element():
+    # Under jax and torch the layers compute with TensorFlow inside tf.data
+    # (their own tf.random stream); the draws must still differ per call.
+    tf = pytest.importorskip("tensorflow")
+    x = np.arange(4 * 2 * 2 * 1, dtype="float32").reshape(4, 2, 2, 1)
+    y = np.eye(4, dtype="float32")
+    mixup = RolledMixUp(alpha=0.8, seed=1)
+    batches = list(tf.data.Dataset.from_tensors({"images": x, "labels": y}).repeat(3).map(mixup))
+    weights = [float(b["labels"].numpy()[0, 0]) for b in batches]
+    assert len(set(weights)) == 3 and all(0.5 <= w <= 1.0 for w in weights)
+    for w, batch in zip(weights, batches):
+        np.testing.assert_allclose(batch["labels"].numpy(), w * y + (1 - w) * np.roll(y, 1, axis=0), rtol=1e-6)
+    ramp = np.tile(np.arange(32, dtype="float32")[None, :, None], (32, 1, 3))
+    crop = InceptionCrop(8, 8, seed=0)
+    crops = np.stack([c.numpy() for c in tf.data.Dataset.from_tensors(ramp).repeat(4).map(crop)])
+    assert crops.shape == (4, 8, 8, 3) and crops.min() >= 0 and crops.max() <= 31
+    assert len({c.tobytes() for c in crops}) == 4
+
+
 def test_rolled_mixup_big_vision_semantics():
     layer = RolledMixUp(alpha=0.8, seed=1)
     x = np.arange(4 * 2 * 2 * 1, dtype="float32").reshape(4, 2, 2, 1)

@@ -167,9 +167,24 @@ class _Untracked:
         self.value = value
 
 
+def _sublayers(layer):
+    """``layer`` and every layer it holds, at any depth, in attributes or in
+    lists / tuples / dicts of them (Keras has no public recursive listing)."""
+    found, stack = {}, [layer]
+    while stack:
+        current = stack.pop()
+        if id(current) in found:
+            continue
+        found[id(current)] = current
+        for value in vars(current).values():
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            stack.extend(item for item in items if isinstance(item, keras.layers.Layer))
+    return list(found.values())
+
+
 def _unbuilt_layers(model):
     """Paths of the layers of ``model`` (itself included) whose ``built`` is False."""
-    return [getattr(layer, "path", None) or layer.name for layer in model._flatten_layers() if not layer.built]
+    return [getattr(layer, "path", None) or layer.name for layer in _sublayers(model) if not layer.built]
 
 
 def _probe(probe):

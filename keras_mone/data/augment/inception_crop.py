@@ -8,8 +8,6 @@ size.
 
 import math
 
-import keras
-
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.data.augment.data_layer import DataLayer
 
@@ -26,9 +24,9 @@ class InceptionCrop(ConfigMixin, DataLayer):
     centres and no antialiasing, and every output value is a convex
     combination of input values, so the value range is kept.
 
-    It is a Keras data layer: it runs on numpy or backend tensors on every
-    backend, and inside ``tf.data`` pipelines whatever the backend (math is
-    ``self.backend`` ops, i.e. ``keras.ops`` of the running backend). Input is
+    It is a keras_mone data layer: it runs on numpy or backend tensors on every
+    backend, and inside ``tf.data`` pipelines whatever the backend (its math
+    is ``self.ops``: ``keras.ops``, or TensorFlow's inside ``tf.data``). Input is
     one image ``(H, W, C)`` or a batch ``(B, H, W, C)``, channels last; each
     image gets its own box. With ``training=False`` the whole image is resized.
 
@@ -50,7 +48,7 @@ class InceptionCrop(ConfigMixin, DataLayer):
         seed=None,
         **kwargs,
     ):
-        super().__init__(**kwargs)
+        super().__init__(seed=seed, **kwargs)
         area_range, aspect_ratio_range = tuple(area_range), tuple(aspect_ratio_range)
         if not 0 < area_range[0] <= area_range[1] <= 1:
             raise ValueError(f"`area_range` must satisfy 0 < low <= high <= 1, got {area_range}.")
@@ -61,19 +59,16 @@ class InceptionCrop(ConfigMixin, DataLayer):
         self.area_range = area_range
         self.aspect_ratio_range = aspect_ratio_range
         self.max_attempts = int(max_attempts)
-        self.seed = seed
-        self.generator = keras.random.SeedGenerator(seed)
 
     def sample_boxes(self, batch_size, image_height, image_width):
         """``(top, left, box_height, box_width)``, each ``(batch_size,)`` float32 pixels."""
-        b = self.backend
-        seed = self._get_seed_generator(b._backend)
+        b = self.ops
         image_height = b.cast(image_height, "float32")
         image_width = b.cast(image_width, "float32")
         shape = (batch_size, self.max_attempts)
-        area = b.random.uniform(shape, *self.area_range, seed=seed) * image_height * image_width
+        area = b.random.uniform(shape, *self.area_range) * image_height * image_width
         log_low, log_high = (math.log(r) for r in self.aspect_ratio_range)
-        ratio = b.numpy.exp(b.random.uniform(shape, log_low, log_high, seed=seed))
+        ratio = b.numpy.exp(b.random.uniform(shape, log_low, log_high))
         box_w = b.numpy.sqrt(area * ratio)
         box_h = b.numpy.sqrt(area / ratio)
         fits = b.numpy.logical_and(box_w <= image_width, box_h <= image_height)
@@ -81,12 +76,12 @@ class InceptionCrop(ConfigMixin, DataLayer):
         found = b.numpy.any(fits, axis=1)
         box_h = b.numpy.where(found, b.numpy.take_along_axis(box_h, first, axis=1)[:, 0], image_height)
         box_w = b.numpy.where(found, b.numpy.take_along_axis(box_w, first, axis=1)[:, 0], image_width)
-        top = b.random.uniform((batch_size,), seed=seed) * (image_height - box_h)
-        left = b.random.uniform((batch_size,), seed=seed) * (image_width - box_w)
+        top = b.random.uniform((batch_size,)) * (image_height - box_h)
+        left = b.random.uniform((batch_size,)) * (image_width - box_w)
         return top, left, box_h, box_w
 
     def call(self, images, training=True):
-        b = self.backend
+        b = self.ops
         images = b.cast(images, self.compute_dtype)
         unbatched = len(images.shape) == 3
         if unbatched:

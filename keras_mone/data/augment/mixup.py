@@ -1,7 +1,5 @@
 """MixUp as in the AugReg recipes (big_vision), a batch-level data layer."""
 
-import keras
-
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.data.augment.data_layer import DataLayer
 
@@ -29,24 +27,21 @@ class RolledMixUp(ConfigMixin, DataLayer):
     """
 
     def __init__(self, alpha=0.2, seed=None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(seed=seed, **kwargs)
         if alpha < 0:
             raise ValueError(f"`alpha` must be >= 0, got {alpha}.")
         self.alpha = float(alpha)
-        self.seed = seed
-        self.generator = keras.random.SeedGenerator(seed)
 
     def sample_weight(self):
         """The folded mixing weight ``max(lambda, 1 - lambda)`` of one batch."""
-        b = self.backend
-        seed = self._get_seed_generator(b._backend)
-        weight = b.random.beta((), self.alpha, self.alpha, seed=seed)
+        b = self.ops
+        weight = b.random.beta((), self.alpha, self.alpha)
         return b.numpy.maximum(weight, 1.0 - weight)
 
     def call(self, data, training=True):
         if not training or self.alpha == 0:
             return data
-        b = self.backend
+        b = self.ops
         weight = self.sample_weight()
         mixed = {}
         for key, value in data.items():
