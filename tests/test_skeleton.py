@@ -157,3 +157,40 @@ def test_a_routing_part_is_all_a_new_method_needs():
     assert_f32_close(out, to_numpy(dense.norm(keras.ops.convert_to_tensor(expected))))
     full = analysis.flops(dense).breakdown["mlp"]
     assert analysis.flops(model).breakdown["mlp"] == full // 2
+
+
+def test_a_method_registered_at_runtime_is_seen_everywhere(monkeypatch, tmp_path):
+    # A plug-in registers a method after keras_mone was imported: the registry
+    # views that presets, recipes, training modes and FLOPs read see it at once.
+    from keras_mone import flops, recipes
+    from keras_mone.models import methods
+    from keras_mone.models.image_classifier import ImageClassifier
+    from keras_mone.recipes.schema import ARCHITECTURES, VIDEO_ARCHITECTURES, RecipeError
+    from keras_mone.training.modes import ARCHITECTURE_MODES
+    from recipe_helpers import tiny_overrides
+
+    monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
+    assert "two_expert_mone_vit" not in ARCHITECTURES
+    with pytest.raises(RecipeError, match="architecture"):
+        recipes.load("cluttered_digits_mone", **tiny_overrides(tmp_path / "a", architecture="two_expert_mone_vit"))
+    methods.register_method(methods.Method(
+        "two_expert_mone",
+        image=methods.Architecture("two_expert_mone_vit", models.MoNEViTBackbone, ImageClassifier, video=False,
+                                   defaults={"num_experts": 2}),
+        modes=("fixed", "adaptive"),
+        recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"], router_seed=recipe["seed"]),
+    ))
+    assert methods.ARCHITECTURES["two_expert_mone_vit"] is models.MoNEViTBackbone
+    assert methods.TASKS["two_expert_mone_vit"] is ImageClassifier
+    assert ARCHITECTURE_MODES["two_expert_mone_vit"] == ("fixed", "adaptive")
+    assert "two_expert_mone_vit" in ARCHITECTURES and "two_expert_mone_vit" not in VIDEO_ARCHITECTURES
+    setup = recipes.load("cluttered_digits_mone", **tiny_overrides(tmp_path / "b", architecture="two_expert_mone_vit"))
+    backbone = setup.model.backbone
+    assert backbone.num_experts == 2 and backbone.capacity == setup.recipe["capacity"]
+    assert len(backbone.expert_widths) == 2 and flops(setup.model).total > 0
+    with pytest.raises(RecipeError, match="mode"):  # modes come from the entry too
+        recipes.load("cluttered_digits_mone", **tiny_overrides(tmp_path / "c", architecture="two_expert_mone_vit",
+                                                              mode="isoflops"))
+    with pytest.raises(ValueError, match="registered twice"):
+        methods.register_method(methods.Method("other", image=methods.Architecture(
+            "two_expert_mone_vit", models.ViTBackbone, ImageClassifier, video=False)))

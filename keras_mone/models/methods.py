@@ -16,6 +16,7 @@ alone, reusing MoNE's backbone with ``router_type="random"`` fixed.
 """
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Callable
 
 from keras_mone.models.image_classifier import ImageClassifier
@@ -86,6 +87,36 @@ def architectures():
     return {a.name: a for m in METHODS.values() for a in m.architectures}
 
 
+class RegistryView(Mapping):
+    """A read-only, always-current table over the registry:
+    ``{architecture name: value(method, architecture)}`` for the architectures
+    ``where(method, architecture)`` keeps. A method registered later (a
+    plug-in, a test) shows up in every view at once."""
+
+    def __init__(self, value, where=lambda method, architecture: True):
+        self._value, self._where = value, where
+
+    def _table(self):
+        return {
+            a.name: self._value(m, a) for m in METHODS.values() for a in m.architectures if self._where(m, a)
+        }
+
+    def __getitem__(self, name):
+        table = self._table()
+        if name not in table:
+            raise KeyError(f"Unknown architecture {name!r}; registered: {sorted(table)}.")
+        return table[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+    def __repr__(self):
+        return f"RegistryView({self._table()!r})"
+
+
 def method_of(architecture):
     """The ``Method`` an architecture name belongs to."""
     for method in METHODS.values():
@@ -139,7 +170,7 @@ register_method(Method(
     recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
 ))
 
-ARCHITECTURES = {name: a.backbone for name, a in architectures().items()}
-"""Backbone class of each architecture name (derived from the registry)."""
-TASKS = {name: a.task for name, a in architectures().items()}
-"""Task (classifier) class of each architecture name (derived from the registry)."""
+ARCHITECTURES = RegistryView(lambda method, a: a.backbone)
+"""Backbone class of each architecture name (a live view of the registry)."""
+TASKS = RegistryView(lambda method, a: a.task)
+"""Task (classifier) class of each architecture name (a live view of the registry)."""

@@ -9,6 +9,7 @@ anything is built or trained.
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 
 from keras_mone.data.moving_digits import MOVING_TARGETS
 from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
@@ -16,12 +17,13 @@ from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.methods import ARCHITECTURES as BACKBONE_CLASSES
 from keras_mone.models.methods import TASKS as TASK_CLASSES
-from keras_mone.models.methods import architectures as registered_architectures
+from keras_mone.models.methods import RegistryView
 from keras_mone.training.distribution import DISTRIBUTIONS
 from keras_mone.training.modes import ARCHITECTURE_MODES, MODES
 
-ARCHITECTURES = tuple(ARCHITECTURE_MODES)
-VIDEO_ARCHITECTURES = tuple(name for name, a in registered_architectures().items() if a.video)
+#: Live views of the method registry (a method registered later is accepted too).
+ARCHITECTURES = ARCHITECTURE_MODES
+VIDEO_ARCHITECTURES = RegistryView(lambda method, a: a, where=lambda method, a: a.video)
 IMAGE_DATASETS = ("tfds", "image_folder", "cluttered_digits")
 VIDEO_DATASETS = ("video_folder", "moving_digits")
 #: ``init_from = "preset:<name>"`` starts from a preset's shipped weights.
@@ -40,14 +42,14 @@ class Key:
     default: object
     kind: type | tuple
     doc: str
-    choices: tuple = ()
+    choices: tuple | Mapping = ()  # a Mapping (registry view) offers its keys
     low: float | None = None  # inclusive bounds of numbers
     high: float | None = None
     above: float | None = None  # exclusive lower bound
 
 
 def _k(default, kind, doc, choices=(), low=None, high=None, above=None):
-    return Key(default, kind, doc, tuple(choices), low, high, above)
+    return Key(default, kind, doc, choices if isinstance(choices, Mapping) else tuple(choices), low, high, above)
 
 
 KEYS = {

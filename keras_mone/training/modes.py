@@ -14,15 +14,15 @@
 
 from keras_mone.analysis import flops
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.methods import architectures, method_of
+from keras_mone.models.methods import RegistryView
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 
 MODES = ("fixed", "adaptive", "isoflops", "adaptive_isoflops", "joint")
 ADAPTIVE_MODES = ("adaptive", "adaptive_isoflops")
 ISOFLOPS_MODES = ("isoflops", "adaptive_isoflops")
-ARCHITECTURE_MODES = {name: method_of(name).modes for name in architectures()}
-"""Modes each architecture supports (from the method registry; "fixed" for MatViT trains one width)."""
+ARCHITECTURE_MODES = RegistryView(lambda method, architecture: method.modes)
+"""Modes each architecture supports (a live view of the method registry; "fixed" for MatViT trains one width)."""
 
 
 def dense_counterpart(backbone):
