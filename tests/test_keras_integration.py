@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import BACKEND, TINY, images, to_numpy
+from conftest import BACKEND, TINY, TINY_VIDEO, images, randomize_weights, to_numpy, videos
 from keras_mone import layers, models
 
 D = TINY["hidden_dim"]
@@ -47,13 +47,57 @@ def test_layer_under_mixed_precision(name):
     assert np.isfinite(to_numpy(keras.ops.cast(out, "float32"))).all()
 
 
+def _served_model(capacity, video=False):
+    """A classifier built (not called, as from_preset or load_model leave it) with random weights."""
+    if video:
+        model = models.VideoClassifier(models.MoNEViViTBackbone(**TINY_VIDEO, capacity=capacity), num_classes=5)
+    else:
+        model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=capacity), num_classes=5)
+    model.build()
+    randomize_weights(model)  # the head starts at zero: outputs would be all zeros
+    return model
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="Keras exports torch models with torch.export, not to a TF SavedModel")
-@pytest.mark.parametrize("capacity", [0.5, 1.0])
-def test_exported_classifier_serves_the_same_outputs(capacity, tmp_path):
+@pytest.mark.parametrize("capacity, video", [(0.5, False), (1.0, False), (0.5, True)])
+def test_exported_classifier_serves_the_same_outputs(capacity, video, tmp_path):
     tf = pytest.importorskip("tensorflow")
-    model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=capacity), num_classes=5)
-    x = images()
+    model = _served_model(capacity, video)
+    x = videos() if video else images()
+    model.export(str(tmp_path / "served"), format="tf_saved_model", verbose=False)  # no call before
     expected = model.predict(x, verbose=0)
-    model.export(str(tmp_path / "served"), format="tf_saved_model", verbose=False)
+    assert np.abs(expected).max() > 1e-2
     served = tf.saved_model.load(str(tmp_path / "served"))
     np.testing.assert_allclose(np.asarray(served.serve(tf.constant(x))), expected, atol=1e-5)
+    # a backbone exports too
+    model.backbone.export(str(tmp_path / "backbone"), format="tf_saved_model", verbose=False)
+    served_backbone = tf.saved_model.load(str(tmp_path / "backbone"))  # keep it: it owns the variables
+    features = served_backbone.serve(tf.constant(x))
+    np.testing.assert_allclose(np.asarray(features), to_numpy(model.backbone(x)), atol=1e-5)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="ONNX export needs tf2onnx (jax, tensorflow), which the test extras "
+                    "do not install: its pins clash with tensorflow's, and TF's exact GELU has no ONNX op")
+@pytest.mark.parametrize("capacity", [0.5, 1.0])
+def test_onnx_export_serves_the_same_outputs(capacity, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model = _served_model(1.0)
+    model.backbone.set_capacity(capacity)  # exported at the capacity the model runs at
+    x = images()
+    expected = model.predict(x, verbose=0)
+    assert np.abs(expected).max() > 1e-2
+    path = str(tmp_path / "served.onnx")
+    # A static batch: torch's dynamo exporter (a dynamic batch falls back to TorchScript tracing)
+    model.export(path, format="onnx", verbose=False, input_signature=[keras.InputSpec(shape=x.shape, dtype="float32")])
+    session = ort.InferenceSession(path)
+    served = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(served, expected, atol=1e-5)
+    if capacity < 1.0:  # the served graph is not the full-capacity one
+        model.backbone.set_capacity(1.0)
+        assert np.abs(model.predict(x, verbose=0) - served).max() > 1e-4
+    # without a signature: one example per call
+    model.backbone.set_capacity(capacity)
+    model.export(path, format="onnx", verbose=False)
+    session = ort.InferenceSession(path)
+    assert session.get_inputs()[0].shape == [1, *model.backbone.input_shape_per_example]
+    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x[:1]})[0], expected[:1], atol=1e-5)

@@ -7,13 +7,14 @@ from keras_mone.layers.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.models.capacity_control import CapacityControlMixin
 from keras_mone.models.loop_guard import LoopGuardMixin
+from keras_mone.models.serving import ServingMixin
 from keras_mone.models.weights_file import SafeLoadingMixin
 
 POOLINGS = ("gap", "token")
 
 
 @register
-class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, keras.Model):
+class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, ServingMixin, keras.Model):
     """Logits from a ViT-family backbone.
 
     ``pooling="gap"`` averages all token features (the MoNE paper, Sec. 4.1);

@@ -9,13 +9,14 @@ from keras_mone.layers.patch_embedding import PatchEmbedding
 from keras_mone.models.block_loop import run_blocks
 from keras_mone.models.capacity_control import CapacityControlMixin
 from keras_mone.models.loop_guard import LoopGuardMixin
+from keras_mone.models.serving import ServingMixin
 from keras_mone.models.weights_file import SafeLoadingMixin
 from keras_mone.routing import capacity as capacity_lib
 from keras_mone.routing.parts import TokenRouting
 
 
 @register
-class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, keras.Model):
+class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, ServingMixin, keras.Model):
     """Vision Transformer encoder: images to normalised token features.
 
     ``backbone(images)`` maps ``(batch, H, W, C)`` images to

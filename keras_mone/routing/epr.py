@@ -16,6 +16,14 @@ _NULLED = -1.0  # below every probability, so an assigned token is never re-pick
 _NON_FINITE = -0.5  # NaN / inf scores: below every probability, above _NULLED
 
 
+def one_hot(indices, depth, dtype):
+    """``ops.one_hot`` as a comparison with ``arange(depth)`` (an index outside
+    ``[0, depth)`` gives a zero row on every backend). Unlike torch's
+    ``one_hot`` it checks no values at run time, so ``torch.export`` (and with
+    it ONNX export) can trace it."""
+    return ops.cast(ops.expand_dims(indices, -1) == ops.arange(depth, dtype=indices.dtype), dtype)
+
+
 def expert_token_counts(capacities, num_tokens):
     """Static per-expert token counts ``k_j`` for ``num_tokens`` tokens.
 
@@ -84,7 +92,7 @@ def route_tokens(router_probs, counts, num_dropped=0):
             groups[j] = _top_k_indices(scores, counts[j])
         remaining -= counts[j]
         if remaining:
-            taken = taken + ops.sum(ops.one_hot(groups[j], num_tokens, dtype="float32"), axis=1)
+            taken = taken + ops.sum(one_hot(groups[j], num_tokens, dtype="float32"), axis=1)
     dropped = empty
     if num_dropped:
         dropped = _unassigned_indices(taken, num_dropped)
@@ -98,7 +106,7 @@ def assignment_from_groups(groups, dropped, num_tokens):
         if indices.shape[1] == 0:
             continue
         label = DROPPED if expert == len(groups) else expert
-        hits = ops.sum(ops.one_hot(indices, num_tokens, dtype="int32"), axis=1) * label
+        hits = ops.sum(one_hot(indices, num_tokens, dtype="int32"), axis=1) * label
         assignment = hits if assignment is None else assignment + hits
     return assignment
 
@@ -155,7 +163,7 @@ def select_top_k(scores, k):
     selected = _top_k_indices(scores, k)
     if k == num_tokens:
         return selected, ops.cast(scores[:, :0], "int32")
-    taken = ops.sum(ops.one_hot(selected, num_tokens, dtype="float32"), axis=1)
+    taken = ops.sum(one_hot(selected, num_tokens, dtype="float32"), axis=1)
     return selected, _unassigned_indices(taken, num_tokens - k)
 
 
@@ -175,7 +183,7 @@ def _top_k_indices(scores, k):
     mine, theirs = ops.expand_dims(scores, 2), ops.expand_dims(scores, 1)
     beaten = ops.logical_or(theirs > mine, ops.logical_and(theirs == mine, lower_index))
     rank = ops.sum(ops.cast(beaten, "int32"), axis=2)
-    slots = ops.one_hot(ops.minimum(rank, k), k + 1, dtype="float32")[..., :k]
+    slots = one_hot(ops.minimum(rank, k), k + 1, dtype="float32")[..., :k]
     positions = ops.arange(num_tokens, dtype="float32")
     return ops.cast(ops.einsum("bnk,n->bk", slots, positions), "int32")
 
@@ -189,7 +197,7 @@ def _unassigned_indices(taken, count):
     num_tokens = taken.shape[1]
     free = 1.0 - taken
     rank = ops.cast(ops.cumsum(free, axis=1) - 1.0, "int32")
-    slots = ops.one_hot(rank, count, dtype="float32") * ops.expand_dims(free, -1)
+    slots = one_hot(rank, count, dtype="float32") * ops.expand_dims(free, -1)
     positions = ops.arange(num_tokens, dtype="float32")
     return ops.cast(ops.einsum("bnk,n->bk", slots, positions), "int32")
 
@@ -205,6 +213,10 @@ def gather_tokens(x, indices):
     """
     indices = ops.cast(indices, "int32")
     offsets = ops.expand_dims(ops.arange(ops.shape(x)[0], dtype="int32") * x.shape[1], -1)
+    if len(x.shape) == 2:
+        # Rows of one feature: Keras' torch ``take`` of a 1-D array ends in a
+        # ``squeeze`` that is not valid ONNX, so gather (B * N, 1) rows instead.
+        return gather_tokens(ops.expand_dims(x, -1), indices)[..., 0]
     flat = ops.reshape(x, (-1,) + tuple(x.shape[2:]))
     return ops.take(flat, indices + offsets, axis=0)
 
@@ -212,7 +224,7 @@ def gather_tokens(x, indices):
 def inverse_permutation(permutation):
     """Per-example inverse of a (batch, tokens) permutation (one-hot, no sort)."""
     num_tokens = permutation.shape[1]
-    one_hot = ops.one_hot(permutation, num_tokens, dtype="float32")
+    moved = one_hot(permutation, num_tokens, dtype="float32")
     positions = ops.arange(num_tokens, dtype="float32")
-    return ops.cast(ops.einsum("bpn,p->bn", one_hot, positions), "int32")
+    return ops.cast(ops.einsum("bpn,p->bn", moved, positions), "int32")
 
