@@ -74,17 +74,21 @@ METHODS = {}
 
 def register_method(method):
     """Adds ``method``; its architecture names must be new."""
-    taken = {a.name for m in METHODS.values() for a in m.architectures}
-    clash = taken & {a.name for a in method.architectures}
+    clash = set(architectures()) & {a.name for a in method.architectures}
     if method.name in METHODS or clash:
         raise ValueError(f"Method {method.name!r} or architecture(s) {sorted(clash)} registered twice.")
     METHODS[method.name] = method
     return method
 
 
+def _registered():
+    """``(method, architecture)`` for every registered architecture, in registration order."""
+    return [(m, a) for m in METHODS.values() for a in m.architectures]
+
+
 def architectures():
     """``{architecture name: Architecture}`` over every registered method."""
-    return {a.name: a for m in METHODS.values() for a in m.architectures}
+    return {a.name: a for _, a in _registered()}
 
 
 class RegistryView(Mapping):
@@ -97,9 +101,7 @@ class RegistryView(Mapping):
         self._value, self._where = value, where
 
     def _table(self):
-        return {
-            a.name: self._value(m, a) for m in METHODS.values() for a in m.architectures if self._where(m, a)
-        }
+        return {a.name: self._value(m, a) for m, a in _registered() if self._where(m, a)}
 
     def __getitem__(self, name):
         table = self._table()
@@ -119,10 +121,10 @@ class RegistryView(Mapping):
 
 def method_of(architecture):
     """The ``Method`` an architecture name belongs to."""
-    for method in METHODS.values():
-        if architecture in (a.name for a in method.architectures):
-            return method
-    raise ValueError(f"Unknown architecture {architecture!r}; registered: {sorted(architectures())}.")
+    methods = {a.name: m for m, a in _registered()}
+    if architecture not in methods:
+        raise ValueError(f"Unknown architecture {architecture!r}; registered: {sorted(methods)}.")
+    return methods[architecture]
 
 
 register_method(Method(
