@@ -1,5 +1,7 @@
 """Backend-agnostic Keras layers of keras_mone (``keras.ops`` only, static shapes)."""
 
+from keras_mone.layers.acm import ACMMLP
+from keras_mone.layers.acm_gate import ACMGate
 from keras_mone.layers.attention import MoNEAttention
 from keras_mone.layers.block import MoNEBlock
 from keras_mone.layers.gates import HalfOpenUnitInterval
@@ -12,6 +14,8 @@ from keras_mone.layers.sequence_encoder import SequenceEncoder
 from keras_mone.layers.tubelet_embedding import TubeletEmbedding, inflate_patch_kernel
 
 __all__ = [
+    "ACMGate",
+    "ACMMLP",
     "DropPath",
     "ExpertPreferredRouting",
     "HalfOpenUnitInterval",
