@@ -5,10 +5,17 @@ guessed from key names):
 
     from keras_mone import convert, presets
     model = presets.from_preset("vit_b16", load_weights=False, use_class_token=True,
-                                pooling="token", num_classes=1000)
-    convert.load_checkpoint(model, "B_16-i21k-...res_224.npz", "vision_transformer")
+                                pooling="token", num_classes=1000, gelu_approximate=True)
+    report = convert.load_checkpoint(model, "B_16-i21k-...res_224.npz", "vision_transformer")
     convert.load_checkpoint(model, "model.safetensors", "timm")
     convert.load_checkpoint(model, keras_hub_backbone, "keras_hub")
+
+Loading is strict by default: every checkpoint key is used or named in an
+error before anything is written (``strict=False`` loads what fits and the
+report's ``"unused"`` lists the rest). Flax checkpoints (AugReg, big_vision)
+compute the tanh-approximate GELU: build their model with
+``gelu_approximate=True`` (the report's ``"gelu_approximate"`` says which
+GELU a checkpoint needs; a mismatch is warned about).
 
 Every converter yields the same ViT state (``vit_state``), which loads into a
 dense ViT, a MoNE-ViT (routers freshly initialised) or their classifiers; a
@@ -30,22 +37,39 @@ def read_vit_state(source, format):
         raise ValueError(f"`format` must be one of {FORMATS}, got {format!r}.")
     if format == "keras_hub":
         return keras_hub.vit_state_from_keras_hub(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"format {format!r} takes the path of a checkpoint file as `source`, got "
+            f"{type(source).__name__}; a keras-hub model object takes format 'keras_hub'."
+        )
     path = os.fspath(source)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
     if format in big_vision.LAYOUTS:
-        return big_vision.vit_state_from_npz(big_vision.read_npz(path), format)
-    if path.endswith(".safetensors"):
-        return timm.vit_state_from_timm(timm.read_safetensors(path))
-    if path.endswith((".pth", ".pt", ".bin")):
-        return timm.vit_state_from_timm(timm.read_pth(path))
-    raise ValueError(f"timm checkpoints are .safetensors or .pth files, got {path!r}.")
+        arrays, convert = big_vision.read_npz(path), lambda a: big_vision.vit_state_from_npz(a, format)
+    elif path.endswith(".safetensors"):
+        arrays, convert = timm.read_safetensors(path), timm.vit_state_from_timm
+    elif path.endswith((".pth", ".pt", ".bin")):
+        arrays, convert = timm.read_pth(path), timm.vit_state_from_timm
+    else:
+        raise ValueError(f"timm checkpoints are .safetensors or .pth files, got {path!r}.")
+    try:
+        return convert(arrays)
+    except ValueError as error:  # name the file in every message about its content
+        raise ValueError(f"{format} checkpoint {path!r}: {error}") from error
 
 
-def load_checkpoint(model, source, format):
-    """Loads a third-party ViT checkpoint into ``model``; returns the report of ``load_vit_state``."""
+def load_checkpoint(model, source, format, strict=True):
+    """Loads a third-party ViT checkpoint into ``model``; returns the report of ``load_vit_state``.
+
+    ``strict`` (default): a checkpoint key the model would not use (a head of
+    another class count, a class token the model lacks, layer scale, a MAP
+    head, ...) is an error naming every such key, and nothing is written.
+    ``strict=False`` loads what fits; the report's ``"unused"`` names the rest.
+    """
     name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
-    return load_vit_state(model, read_vit_state(source, format), source=f"{format} checkpoint {name!r}")
+    state = read_vit_state(source, format)
+    return load_vit_state(model, state, source=f"{format} checkpoint {name!r}", strict=strict)
 
 
 __all__ = ["FORMATS", "load_checkpoint", "load_vit_state", "read_vit_state"]

@@ -16,8 +16,11 @@ Two layouts, named by the caller (never guessed from the keys):
     ``encoderblock_{i}/`` per block or one scanned ``encoderblock/`` whose
     arrays carry the depth as their first axis.
 
-AugReg models use the tanh approximation of GELU; keras_mone's MLP uses the
-exact form, as timm does for the same weights (logits move by ~1e-3).
+Files without ``cls`` are GAP models (``*-gap-norep``): grid-only positions.
+``pre_logits`` (Dense + tanh before the head) loads into a classifier built
+with ``representation_size``; a MAP head has no keras_mone counterpart. Both
+codes use the tanh approximation of GELU: the state asks for
+``gelu_approximate=True`` (timm's exact form moves logits by ~1e-3).
 """
 
 import re
@@ -25,6 +28,7 @@ import zipfile
 
 import numpy as np
 
+from keras_mone.convert.keys import KeyReader, contiguous_blocks
 from keras_mone.convert.vit_state import fused_qkv
 
 LAYOUTS = ("vision_transformer", "big_vision")
@@ -53,43 +57,73 @@ def vit_state_from_npz(arrays, layout):
     if layout not in LAYOUTS:
         raise ValueError(f"`layout` must be one of {LAYOUTS}, got {layout!r}.")
     names = _NAMES[layout]
-    params = {k[len(names["prefix"]):]: v for k, v in arrays.items() if k.startswith(names["prefix"])}
-    _require(params, ["embedding/kernel", names["positions"], "Transformer/encoder_norm/scale"], layout)
+    prefix = names["prefix"]
+    _require({k[len(prefix):] for k in arrays if k.startswith(prefix)},
+             ["embedding/kernel", names["positions"], "Transformer/encoder_norm/scale"], layout)
+    outside = [(f"^(?!{prefix})", f"outside {prefix!r}: not a model parameter")] if prefix else []
+    reader = KeyReader(arrays, _REASONS + outside)
+
+    def get(name, where="the checkpoint"):
+        return reader(prefix + name, where)
+
     state = {
-        "patch_kernel": params["embedding/kernel"],
-        "patch_bias": params["embedding/bias"],
-        "norm_gamma": params["Transformer/encoder_norm/scale"],
-        "norm_beta": params["Transformer/encoder_norm/bias"],
-        "blocks": [_block(block, names) for block in _blocks(params)],
+        "patch_kernel": get("embedding/kernel"), "patch_bias": get("embedding/bias"),
+        "norm_gamma": get("Transformer/encoder_norm/scale"), "norm_beta": get("Transformer/encoder_norm/bias"),
+        "blocks": [_block(block, names) for block in _blocks(reader, prefix)],
+        "gelu_approximate": True,  # flax nn.gelu's default
+        "sources": {},
     }
-    positions = params[names["positions"]][0]
-    if "cls" in params:
-        state["class_token"] = params["cls"].reshape(-1)
+    positions = get(names["positions"])[0]
+    if prefix + "cls" in reader:
+        state["class_token"] = get("cls").reshape(-1)
+        state["sources"]["class_token"] = [prefix + "cls"]
         if not names["class_position"]:  # big_vision adds the class token after the positions
             positions = np.concatenate([np.zeros_like(positions[:1]), positions])
-    elif names["class_position"]:
-        raise ValueError("a 'vision_transformer' checkpoint without 'cls' is not a ViT classifier checkpoint.")
-    state["position_embedding"] = positions
-    if "head/kernel" in params:
-        state["head_kernel"], state["head_bias"] = params["head/kernel"], params["head/bias"]
+    state["position_embedding"] = positions  # without 'cls' (GAP models): the grid only
+    for part in ("head", "pre_logits"):
+        if prefix + f"{part}/kernel" in reader:
+            state[f"{part}_kernel"], state[f"{part}_bias"] = get(f"{part}/kernel"), get(f"{part}/bias")
+            state["sources"][part] = [prefix + f"{part}/kernel", prefix + f"{part}/bias"]
+    state["unused"] = reader.unused()
     return state
 
 
-def _blocks(params):
-    """Per-block ``{name below the block: array}``, from numbered or scanned blocks."""
+_REASONS = [
+    (r"MAPHead_0/", "a MAP head (attention pooling, big_vision pool_type='map'): keras_mone's classifiers "
+                    "pool by 'gap' or 'token' and have no MAP head"),
+]
+
+
+class _Block(dict):
+    """One block's ``{name below the block: key}``, read through the checkpoint's reader."""
+
+    def __init__(self, reader, keys, where, index=None):
+        super().__init__(keys)
+        self.reader, self.where, self.index = reader, where, index
+
+    def __getitem__(self, name):
+        if name not in self:
+            raise ValueError(f"{self.where} has no {name!r}.")
+        value = self.reader(dict.__getitem__(self, name), self.where)
+        return value if self.index is None else value[self.index]
+
+
+def _blocks(reader, prefix):
+    """Per-block views, from numbered or scanned blocks."""
     numbered = {}
-    for key, value in params.items():
-        match = re.match(r"Transformer/encoderblock_(\d+)/(.+)", key)
+    for key in reader.arrays:
+        match = re.match(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/(.+)", key)
         if match:
-            numbered.setdefault(int(match.group(1)), {})[match.group(2)] = value
+            numbered.setdefault(int(match.group(1)), {})[match.group(2)] = key
     if numbered:
-        return [numbered[i] for i in sorted(numbered)]
-    scanned = {k[len("Transformer/encoderblock/"):]: v for k, v in params.items()
-               if k.startswith("Transformer/encoderblock/")}
+        indices = contiguous_blocks(numbered, f"'{prefix}Transformer/encoderblock_{{i}}/'")
+        return [_Block(reader, numbered[i], f"block {i} ('{prefix}Transformer/encoderblock_{i}/')") for i in indices]
+    scan = prefix + "Transformer/encoderblock/"
+    scanned = {k[len(scan):]: k for k in reader.arrays if k.startswith(scan)}
     if not scanned:
         raise ValueError("the checkpoint has no 'Transformer/encoderblock_{i}' nor a scanned 'Transformer/encoderblock'.")
-    depth = next(iter(scanned.values())).shape[0]
-    return [{k: v[i] for k, v in scanned.items()} for i in range(depth)]
+    depth = reader.arrays[next(iter(scanned.values()))].shape[0]
+    return [_Block(reader, scanned, f"scanned block {i} of '{scan}'", index=i) for i in range(depth)]
 
 
 def _block(block, names):
@@ -108,10 +142,10 @@ def _block(block, names):
     }
 
 
-def _require(params, keys, layout):
-    missing = [k for k in keys if k not in params]
+def _require(names, keys, layout):
+    missing = [k for k in keys if k not in names]
     if missing:
         raise ValueError(
-            f"not a {layout!r} ViT checkpoint: {missing} missing (found e.g. {sorted(params)[:4]}); "
+            f"not a {layout!r} ViT checkpoint: {missing} missing (found e.g. {sorted(names)[:4]}); "
             f"the other layouts are {[name for name in LAYOUTS if name != layout]}."
         )

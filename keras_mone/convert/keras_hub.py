@@ -14,33 +14,48 @@ import re
 import keras
 import numpy as np
 
+from keras_mone.convert.keys import KeyReader, contiguous_blocks
 from keras_mone.convert.vit_state import fused_qkv
 
 
 def vit_state_from_keras_hub(model):
     """A ViT state (see ``keras_mone.convert.vit_state``) from a keras-hub ViT backbone or classifier."""
+    if isinstance(model, (dict, str, bytes)) or not hasattr(getattr(model, "backbone", model), "weights"):
+        raise TypeError(
+            "format 'keras_hub' takes a keras-hub model object (keras_hub.models.ViTBackbone or "
+            f"ViTImageClassifier, e.g. from_preset(...)), got {type(model).__name__}; "
+            "checkpoint files take the format 'vision_transformer', 'big_vision' or 'timm'."
+        )
     backbone = getattr(model, "backbone", model)
     arrays = {variable.path: keras.ops.convert_to_numpy(variable) for variable in backbone.weights}
+    reader = KeyReader(arrays)
 
     def find(suffix):
-        hits = [v for k, v in arrays.items() if k.endswith(suffix)]
+        hits = [k for k in arrays if k.endswith(suffix)]
         if len(hits) != 1:
             raise ValueError(f"not a keras-hub ViTBackbone: {len(hits)} weights end with {suffix!r}.")
-        return hits[0]
+        return reader(hits[0])
 
-    blocks = sorted({int(m.group(1)) for k in arrays if (m := re.search(r"transformer_block_(\d+)/", k))})
+    blocks = contiguous_blocks([int(m.group(1)) for k in arrays if (m := re.search(r"transformer_block_(\d+)/", k))],
+                               "'transformer_block_{i}/'")
     state = {
         "patch_kernel": find("patch_embedding/kernel"),
         "patch_bias": find("patch_embedding/bias") if backbone.use_patch_bias else np.zeros(backbone.hidden_dim, "float32"),
         "position_embedding": find("position_embedding/embeddings"),
         "norm_gamma": find("vit_encoder/ln/gamma"), "norm_beta": find("vit_encoder/ln/beta"),
         "blocks": [_block(find, f"transformer_block_{i}/") for i in blocks],
+        "gelu_approximate": False,  # keras' "gelu" activation is the exact form
+        "sources": {},
     }
     if backbone.use_class_token:
         state["class_token"] = find("class_token").reshape(-1)
-    head = getattr(model, "output_dense", None)
-    if head is not None:
-        state["head_kernel"], state["head_bias"] = (keras.ops.convert_to_numpy(w) for w in head.weights[:2])
+        state["sources"]["class_token"] = [k for k in arrays if k.endswith("class_token")]
+    for part, layer in (("head", "output_dense"), ("pre_logits", "intermediate_layer")):
+        layer = getattr(model, layer, None) if model is not backbone else None
+        if layer is not None:
+            state[f"{part}_kernel"], state[f"{part}_bias"] = (keras.ops.convert_to_numpy(w) for w in layer.weights[:2])
+            state["sources"][part] = [w.path for w in layer.weights[:2]]
+    state["unused"] = reader.unused()
     return state
 
 

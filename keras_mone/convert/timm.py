@@ -6,14 +6,20 @@ Keys: ``patch_embed.proj.weight`` (D, C, p, p) and bias, ``cls_token``
 contiguous), ``blocks.{i}.attn.proj``, ``blocks.{i}.norm2``,
 ``blocks.{i}.mlp.fc1`` / ``fc2``, ``norm``, ``head``. torch ``Linear``
 weights are (out, in), hence the transposes. Models without a class token
-(``class_token=False``) have no ``cls_token`` and a grid-only ``pos_embed``.
+(``class_token=False``) have no ``cls_token`` and a grid-only ``pos_embed``;
+with ``no_embed_class`` the class token has no position (zero is used).
+``pre_logits.fc`` (Linear + Tanh) loads into a classifier built with
+``representation_size``. timm computes the exact GELU (``gelu_approximate=False``).
 """
 
 import json
+import math
 import re
 import struct
 
 import numpy as np
+
+from keras_mone.convert.keys import KeyReader, contiguous_blocks
 
 _SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": None}
 
@@ -61,36 +67,60 @@ def read_pth(path):
 
 def vit_state_from_timm(state_dict):
     """A ViT state (see ``keras_mone.convert.vit_state``) from a timm ViT state dict."""
-    sd = dict(state_dict)
-    missing = [k for k in ("patch_embed.proj.weight", "pos_embed", "norm.weight", "blocks.0.attn.qkv.weight") if k not in sd]
+    reader = KeyReader(state_dict, _REASONS)
+    norm = "norm.weight" if "norm.weight" in reader or "fc_norm.weight" not in reader else "fc_norm.weight"
+    missing = [k for k in ("patch_embed.proj.weight", "pos_embed", norm, "blocks.0.attn.qkv.weight") if k not in reader]
     if missing:
-        raise ValueError(f"not a timm ViT state dict: {missing} missing (found e.g. {sorted(sd)[:4]}).")
-    depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
+        raise ValueError(f"not a timm ViT state dict: {missing} missing (found e.g. {sorted(reader.arrays)[:4]}).")
+    indices = contiguous_blocks([int(m.group(1)) for k in reader.arrays if (m := re.match(r"blocks\.(\d+)\.", k))],
+                                "'blocks.{i}.'")
     state = {
-        "patch_kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
-        "patch_bias": sd["patch_embed.proj.bias"],
-        "position_embedding": sd["pos_embed"][0],
-        "norm_gamma": sd["norm.weight"], "norm_beta": sd["norm.bias"],
-        "blocks": [_block(sd, f"blocks.{i}.") for i in range(depth)],
+        "patch_kernel": reader("patch_embed.proj.weight").transpose(2, 3, 1, 0),
+        "patch_bias": reader("patch_embed.proj.bias"),
+        "blocks": [_block(reader, f"blocks.{i}.") for i in indices],
+        "gelu_approximate": False,  # torch's nn.GELU default
+        "sources": {},
     }
-    if "cls_token" in sd:
-        state["class_token"] = sd["cls_token"].reshape(-1)
-    if "head.weight" in sd:
-        state["head_kernel"], state["head_bias"] = sd["head.weight"].T, sd["head.bias"]
+    if norm == "norm.weight":  # a GAP model with fc_norm has none (Identity): the fc_norm keys stay unused
+        state["norm_gamma"], state["norm_beta"] = reader("norm.weight"), reader("norm.bias")
+    positions = reader("pos_embed")[0]
+    if "cls_token" in reader:
+        state["class_token"] = reader("cls_token").reshape(-1)
+        state["sources"]["class_token"] = ["cls_token"]
+        if math.isqrt(len(positions)) ** 2 == len(positions):  # no_embed_class: no class position
+            positions = np.concatenate([np.zeros_like(positions[:1]), positions])
+    state["position_embedding"] = positions
+    for part, name in (("head", "head"), ("pre_logits", "pre_logits.fc")):
+        if f"{name}.weight" in reader:
+            state[f"{part}_kernel"], state[f"{part}_bias"] = reader(f"{name}.weight").T, reader(f"{name}.bias")
+            state["sources"][part] = [f"{name}.weight", f"{name}.bias"]
+    state["unused"] = reader.unused()
     return state
 
 
-def _block(sd, prefix):
+_REASONS = [
+    (r"^blocks\.\d+\.ls[12]\.gamma$", "layer scale (DeiT-III, DINOv2): keras_mone's block has no layer scale"),
+    (r"^reg_token$", "register tokens: keras_mone's ViT has no register tokens"),
+    (r"^fc_norm\.", "a LayerNorm after pooling (timm's fc_norm, with `norm` an Identity): keras_mone's ViT "
+                    "normalises every token before pooling and has no such part"),
+    (r"^(dist_token|head_dist\.)", "DeiT distillation: keras_mone's ViT has no distillation token or head"),
+    (r"^attn_pool\.", "an attention-pooling (MAP) head: keras_mone's classifiers pool by 'gap' or 'token'"),
+]
+
+
+def _block(reader, prefix):
+    where = f"block {prefix[:-1]!r}"
+
     def linear(name):
-        return sd[f"{prefix}{name}.weight"].T, sd[f"{prefix}{name}.bias"]
+        return reader(f"{prefix}{name}.weight", where).T, reader(f"{prefix}{name}.bias", where)
 
     qkv_kernel, qkv_bias = linear("attn.qkv")
     out_kernel, out_bias = linear("attn.proj")
     fc1_kernel, fc1_bias = linear("mlp.fc1")
     fc2_kernel, fc2_bias = linear("mlp.fc2")
     return {
-        "norm1_gamma": sd[f"{prefix}norm1.weight"], "norm1_beta": sd[f"{prefix}norm1.bias"],
+        "norm1_gamma": reader(f"{prefix}norm1.weight", where), "norm1_beta": reader(f"{prefix}norm1.bias", where),
         "qkv_kernel": qkv_kernel, "qkv_bias": qkv_bias, "out_kernel": out_kernel, "out_bias": out_bias,
-        "norm2_gamma": sd[f"{prefix}norm2.weight"], "norm2_beta": sd[f"{prefix}norm2.bias"],
+        "norm2_gamma": reader(f"{prefix}norm2.weight", where), "norm2_beta": reader(f"{prefix}norm2.bias", where),
         "fc1_kernel": fc1_kernel, "fc1_bias": fc1_bias, "fc2_kernel": fc2_kernel, "fc2_bias": fc2_bias,
     }

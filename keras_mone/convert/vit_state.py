@@ -11,8 +11,13 @@ the source format:
   ``qkv_kernel`` (D, 3D: query, key, value, each head-major), ``qkv_bias``,
   ``out_kernel`` (D, D), ``out_bias``, ``norm2_gamma``, ``norm2_beta``,
   ``fc1_kernel`` (D, M), ``fc1_bias``, ``fc2_kernel`` (M, D), ``fc2_bias``
-* ``norm_gamma``, ``norm_beta`` (the encoder's final LayerNorm)
-* ``head_kernel`` (D, K), ``head_bias`` (K,) -- optional
+* ``norm_gamma``, ``norm_beta`` (the encoder's final LayerNorm) -- absent
+  when the source has none (timm fc_norm models)
+* ``head_kernel`` (D or R, K), ``head_bias`` (K,) -- optional
+* ``pre_logits_kernel`` (D, R), ``pre_logits_bias`` (R,) -- optional (Dense + tanh)
+* ``gelu_approximate``: the GELU the source computes (tanh form: flax codes)
+* ``sources``: ``{"class_token" | "head" | "pre_logits": [checkpoint keys]}``
+* ``unused``: ``{checkpoint key: reason}`` of keys the converter did not map
 
 ``load_vit_state`` writes it into a dense ViT, a MoNE-ViT (whose routers and
 gates keep their fresh initialisation: at ``capacity=1.0`` the model then
@@ -20,10 +25,12 @@ computes what the dense one does) or their classifiers.
 """
 
 import math
+import warnings
 
 import keras
 import numpy as np
 
+from keras_mone.convert.keys import describe_unused
 from keras_mone.layers.token_sequence import layout_positions
 from keras_mone.models.weight_transfer import relative_weight_paths
 
@@ -45,24 +52,29 @@ def fused_qkv(query, key, value):
     return np.concatenate([p.reshape(-1) for p in parts])
 
 
-def load_vit_state(model, state, source="checkpoint"):
+def load_vit_state(model, state, source="checkpoint", strict=True):
     """Writes ``state`` into ``model`` (a built ViT / MoNE-ViT backbone or classifier).
 
-    Every shape is checked before the first value is written. Position
-    embeddings are resized when the model's patch grid differs; a class token
-    the model does not use is dropped with its position; the head is loaded
-    only when the model has one of the same class count.
+    Every shape is checked, and in strict mode every checkpoint key is used,
+    before the first value is written. Position embeddings are resized when
+    the model's patch grid differs. With ``strict=False`` what fits is
+    loaded: a class token the model does not use is dropped with its
+    position, a head of another class count (or on a backbone) is skipped,
+    and so is every key the model has no part for.
 
     Returns:
-        A report: ``{"loaded": [paths], "kept": {path: reason}}``; ``kept``
-        lists the model's variables left as they were (routers, a head of
-        another class count, ...).
+        A report: ``{"loaded": [paths], "kept": {path: reason}, "unused":
+        {checkpoint key: reason}, "gelu_approximate": bool}``; ``kept`` lists
+        the model's variables left as they were (routers, a head of another
+        class count, ...), ``gelu_approximate`` the GELU the checkpoint was
+        trained with (warned about when the model computes the other one).
     """
+    backbone = getattr(model, "backbone", model)
+    _check_model(backbone)
     if not model.built:
         model.build()
     targets = relative_weight_paths(model)
     prefix = "backbone/" if "backbone/norm/gamma" in targets else ""
-    backbone = getattr(model, "backbone", model)
     depth = len(state["blocks"])
     if depth != backbone.depth:
         raise ValueError(
@@ -72,23 +84,15 @@ def load_vit_state(model, state, source="checkpoint"):
     values = {
         f"{prefix}patch_embedding/projection/kernel": state["patch_kernel"],
         f"{prefix}patch_embedding/projection/bias": state["patch_bias"],
-        f"{prefix}norm/gamma": state["norm_gamma"],
-        f"{prefix}norm/beta": state["norm_beta"],
     }
+    if "norm_gamma" in state:
+        values[f"{prefix}norm/gamma"], values[f"{prefix}norm/beta"] = state["norm_gamma"], state["norm_beta"]
     for index, block in enumerate(state["blocks"]):
         for key, path in BLOCK_KEYS.items():
             values[f"{prefix}block_{index}/{path}"] = block[key]
-    values.update(_positions(state, targets, prefix, backbone, source))
-    kept = {}
-    if "head/kernel" in targets:
-        head_shape = tuple(targets["head/kernel"].shape)
-        if "head_kernel" in state and tuple(np.shape(state["head_kernel"])) == head_shape:
-            values["head/kernel"], values["head/bias"] = state["head_kernel"], state["head_bias"]
-        else:
-            found = np.shape(state["head_kernel"])[-1] if "head_kernel" in state else "no"
-            kept["head/kernel"] = kept["head/bias"] = (
-                f"{source} has {found} head classes, the model {head_shape[-1]}: head left as initialised"
-            )
+    unused, kept = dict(state.get("unused", {})), {}
+    values.update(_positions(state, targets, prefix, backbone, source, unused))
+    values.update(_head(state, targets, source, unused, kept))
     mismatched = [
         f"{path}: {source} {tuple(np.shape(v))}, model {tuple(targets[path].shape)}"
         for path, v in values.items() if path not in targets or tuple(np.shape(v)) != tuple(targets[path].shape)
@@ -97,7 +101,15 @@ def load_vit_state(model, state, source="checkpoint"):
         raise ValueError(
             f"{source} does not fit the model (nothing was loaded); first mismatches:\n  "
             + "\n  ".join(mismatched[:5])
-            + "\nBuild the model with the checkpoint's hidden_dim, mlp_dim, num_heads and patch_size."
+            + "\nBuild the model with the checkpoint's hidden_dim, mlp_dim, num_heads, patch_size "
+            "and representation_size."
+        )
+    if strict and unused:
+        raise ValueError(
+            f"{source}: {len(unused)} key(s) the model would not use (nothing was loaded):\n"
+            + describe_unused(unused)
+            + "\nBuild a model that has these parts, or pass strict=False to load what fits "
+            "(the report's 'unused' then lists these keys)."
         )
     for path, value in values.items():
         variable = targets[path]
@@ -105,16 +117,78 @@ def load_vit_state(model, state, source="checkpoint"):
     for path in targets:
         if path not in values and path not in kept:
             kept[path] = "not in the checkpoint: left as initialised"
-    return {"loaded": sorted(values), "kept": kept}
+    gelu = bool(state.get("gelu_approximate", False))
+    if getattr(backbone, "gelu_approximate", False) != gelu:
+        warnings.warn(
+            f"{source} was trained with the {_GELU[gelu]} GELU, the model computes the {_GELU[not gelu]} "
+            f"one (outputs move by ~1e-3); build the backbone with gelu_approximate={gelu} to compute "
+            "exactly what the checkpoint does.",
+            stacklevel=3,
+        )
+    return {"loaded": sorted(values), "kept": kept, "unused": unused, "gelu_approximate": gelu}
 
 
-def _positions(state, targets, prefix, backbone, source):
+_GELU = {True: "tanh-approximate", False: "exact (erf)"}
+
+
+def _check_model(backbone):
+    if hasattr(backbone, "temporal_depth"):
+        raise TypeError(
+            "load_checkpoint loads image ViT checkpoints into image models; for a ViViT, load the "
+            "checkpoint into an image model first, then use "
+            "keras_mone.models.vivit_from_image_backbone(image_model.backbone, ...)."
+        )
+    if not (hasattr(backbone, "patch_embedding") and hasattr(backbone, "blocks")):
+        raise TypeError(
+            f"`model` must be a keras_mone ViT backbone or classifier (e.g. models.ViTBackbone, "
+            f"models.ImageClassifier), got {type(backbone).__name__}."
+        )
+
+
+def _head(state, targets, source, unused, kept):
+    """Head and representation-layer values; what cannot load goes to ``unused`` / ``kept``."""
+    sources, values = state.get("sources", {}), {}
+    pre_logits = "pre_logits_kernel" in state
+    if "pre_logits/kernel" in targets:
+        if pre_logits:
+            values["pre_logits/kernel"], values["pre_logits/bias"] = state["pre_logits_kernel"], state["pre_logits_bias"]
+    elif pre_logits:
+        width = np.shape(state["pre_logits_kernel"])[-1]
+        for key in sources.get("pre_logits", ["pre_logits"]):
+            unused[key] = (
+                f"a representation layer (Dense + tanh before the head) of width {width}: build the "
+                f"classifier with representation_size={width}"
+            )
+    if "head_kernel" not in state:
+        return values
+    found = np.shape(state["head_kernel"])
+    if "head/kernel" not in targets:
+        reason = "the model has no head (a backbone); load into a classifier to use it"
+    elif pre_logits and "pre_logits/kernel" not in targets:
+        reason = "the head reads the representation layer, which the model lacks"
+    elif found != tuple(targets["head/kernel"].shape):
+        reason = (f"the head has {found[-1]} classes, the model {targets['head/kernel'].shape[-1]}: build it "
+                  f"with num_classes={found[-1]} to use it")
+    else:
+        values["head/kernel"], values["head/bias"] = state["head_kernel"], state["head_bias"]
+        return values
+    for key in sources.get("head", ["head"]):
+        unused[key] = reason
+    if "head/kernel" in targets:
+        kept["head/kernel"] = kept["head/bias"] = f"{source}: {reason}; head left as initialised"
+    return values
+
+
+def _positions(state, targets, prefix, backbone, source, unused):
     positions = np.asarray(state["position_embedding"])[None]
     source_cls = "class_token" in state
     grid_tokens = positions.shape[1] - int(source_cls)
     side = math.isqrt(grid_tokens)
     if side * side != grid_tokens:
-        raise ValueError(f"{source}: {grid_tokens} position embeddings do not form a square patch grid.")
+        raise ValueError(
+            f"{source}: {grid_tokens} position embeddings (besides the class token's: "
+            f"{source_cls}) do not form a square patch grid."
+        )
     path = f"{prefix}patch_embedding/position_embedding"
     target = targets[path]
     target_cls = backbone.use_class_token
@@ -131,4 +205,10 @@ def _positions(state, targets, prefix, backbone, source):
                 "use_class_token=False (and pooling='gap')."
             )
         values[f"{prefix}patch_embedding/class_token"] = np.asarray(state["class_token"]).reshape(1, 1, -1)
+    elif source_cls:
+        for key in state.get("sources", {}).get("class_token", ["class_token"]):
+            unused[key] = (
+                "a class token (and its position), which a model without one drops, so it computes "
+                "something else: build it with use_class_token=True, pooling=\"token\""
+            )
     return values

@@ -43,6 +43,7 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         dropout_rate: dropout in attention output and MLP.
         drop_path_rate: stochastic depth rate of both residual branches.
         layer_norm_epsilon: LayerNorm epsilon (1e-6 as in ViT).
+        gelu_approximate: tanh-approximate GELU in the default MLP (``NestedMLP``).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         gate=None,
         attention=None,
         mlp=None,
+        gelu_approximate=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -75,6 +77,7 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.gelu_approximate = bool(gelu_approximate)
         policy = self.dtype_policy
         self.norm1 = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=policy, name="norm1"
@@ -85,7 +88,9 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         self.norm2 = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=policy, name="norm2"
         )
-        self.mlp = _part(mlp) or NestedMLP(hidden_dim, mlp_dim, dropout_rate=dropout_rate, dtype=policy, name="mlp")
+        self.mlp = _part(mlp) or NestedMLP(
+            hidden_dim, mlp_dim, dropout_rate=dropout_rate, gelu_approximate=gelu_approximate, dtype=policy, name="mlp"
+        )
         self.drop_path = DropPath(drop_path_rate, dtype=policy)
         self._custom_parts = {"attention": attention is not None, "mlp": mlp is not None}
 
@@ -152,12 +157,13 @@ def _part(layer):
 
 def block_stack(
     depth, hidden_dim, num_heads, mlp_dim, gates=None, dropout_rate=0.0, drop_path_rate=0.0,
-    layer_norm_epsilon=1e-6, dtype=None, alpha_init=0.0,
+    layer_norm_epsilon=1e-6, dtype=None, alpha_init=0.0, gelu_approximate=False,
 ):
     """``depth`` blocks named ``block_{i}``, stochastic depth rising linearly from 0
     at the first block to ``drop_path_rate`` at the last (ViT / DeiT schedule);
     ``gates`` maps block indices to their gate (``layers.gates``; others get
-    none); MoNE's ``alpha`` starts at ``alpha_init``."""
+    none); MoNE's ``alpha`` starts at ``alpha_init``; ``gelu_approximate``
+    picks the MLP's GELU (see ``NestedMLP``)."""
     gates = gates or {}
     return [
         MoNEBlock(
@@ -167,6 +173,7 @@ def block_stack(
             dropout_rate=dropout_rate,
             drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
             layer_norm_epsilon=layer_norm_epsilon,
+            gelu_approximate=gelu_approximate,
             dtype=dtype,
             name=f"block_{index}",
         )

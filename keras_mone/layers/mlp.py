@@ -19,15 +19,19 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         mlp_dim: hidden width of the MLP.
         dropout_rate: dropout after the activation and after the out-projection.
         kernel_initializer: initialiser of both projections.
+        gelu_approximate: the tanh approximation of GELU (flax's ``nn.gelu``
+            default: AugReg, big_vision) instead of the exact erf form (timm).
     """
 
     def __init__(
-        self, hidden_dim, mlp_dim, dropout_rate=0.0, kernel_initializer="glorot_uniform", **kwargs
+        self, hidden_dim, mlp_dim, dropout_rate=0.0, kernel_initializer="glorot_uniform",
+        gelu_approximate=False, **kwargs
     ):
         super().__init__(**kwargs)
         self.hidden_dim = hidden_dim
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
+        self.gelu_approximate = bool(gelu_approximate)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.fc1 = NestedDense(
             mlp_dim, kernel_initializer=kernel_initializer, bias_initializer=_small_normal(),
@@ -44,7 +48,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         self.fc2.build((None, None, self.mlp_dim))
 
     def call(self, inputs, width=None, pad_output=True, training=None):
-        hidden = ops.gelu(self.fc1(inputs, in_width=width), approximate=False)
+        hidden = ops.gelu(self.fc1(inputs, in_width=width), approximate=self.gelu_approximate)
         hidden = self.dropout(hidden, training=training)
         outputs = self.fc2(hidden, out_width=width, pad_output=pad_output)
         return self.dropout(outputs, training=training)

@@ -7,6 +7,7 @@ from keras_mone.layers.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.models.capacity_control import CapacityControlMixin
 from keras_mone.models.loop_guard import LoopGuardMixin
+from keras_mone.models.loss_terms import LossTermsMixin
 from keras_mone.models.serving import ServingMixin
 from keras_mone.models.weights_file import SafeLoadingMixin
 
@@ -14,8 +15,10 @@ POOLINGS = ("gap", "token")
 
 
 @register
-class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, ServingMixin, keras.Model):
-    """Logits from a ViT-family backbone.
+class ImageClassifier(
+    LossTermsMixin, LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, ServingMixin, keras.Model
+):
+    """Logits from a backbone (any ``keras_mone.models.backbone.Backbone``).
 
     ``pooling="gap"`` averages all token features (the MoNE paper, Sec. 4.1);
     ``"token"`` reads the class token (the backbone needs
@@ -27,15 +30,19 @@ class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Co
     ``predict`` / ``evaluate`` / ``fit`` follow the capacity set last.
 
     Args:
-        backbone: a ``ViTBackbone`` or ``MoNEViTBackbone``.
+        backbone: any ``keras_mone.models.backbone.Backbone`` (the contract it relies on).
         num_classes: number of output logits.
         pooling: "gap" or "token".
         head_bias_init: initial value of the head bias.
         head_dropout_rate: dropout before the head.
+        representation_size: width of a ``Dense`` + tanh "pre-logits" layer
+            between pooling and head (the original ViT ImageNet-21k
+            checkpoints); ``None``: none.
     """
 
     def __init__(
-        self, backbone, num_classes=1000, pooling="gap", head_bias_init=0.0, head_dropout_rate=0.0, **kwargs
+        self, backbone, num_classes=1000, pooling="gap", head_bias_init=0.0, head_dropout_rate=0.0,
+        representation_size=None, **kwargs
     ):
         super().__init__(**kwargs)
         if pooling not in POOLINGS:
@@ -48,6 +55,12 @@ class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Co
         self.pooling = pooling
         self.head_bias_init = head_bias_init
         self.head_dropout_rate = head_dropout_rate
+        self.representation_size = None if representation_size is None else integer(
+            "representation_size", representation_size
+        )
+        self.pre_logits = None if representation_size is None else keras.layers.Dense(
+            self.representation_size, activation="tanh", dtype=backbone.dtype_policy, name="pre_logits"
+        )
         self.dropout = keras.layers.Dropout(head_dropout_rate)
         self.head = keras.layers.Dense(
             num_classes,
@@ -60,7 +73,11 @@ class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Co
     def build(self, input_shape=None):
         if not self.backbone.built:
             self.backbone.build((None, *self.backbone.input_shape_per_example))
-        self.head.build((None, self.backbone.hidden_dim))
+        features = self.backbone.hidden_dim
+        if self.pre_logits is not None:
+            self.pre_logits.build((None, features))
+            features = self.representation_size
+        self.head.build((None, features))
         self.built = True
 
     def check_inputs(self, inputs):
@@ -73,10 +90,21 @@ class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Co
             return tokens[:, 0]
         return ops.mean(tokens, axis=1)
 
-    def call(self, images, training=None):
-        features = self.pool(self.backbone(images, training=training))
+    def logits(self, tokens, training=None):
+        """float32 logits from backbone tokens: pooling, pre-logits, dropout, head."""
+        features = self.pool(tokens)
+        if self.pre_logits is not None:
+            features = self.pre_logits(features)
         features = self.dropout(features, training=training)
         return ops.cast(self.head(features), "float32")
+
+    def call(self, images, training=None):
+        record = {}
+        if training and self.loss_terms:  # the method's loss terms read the forward pass's record
+            tokens, record = self.backbone(images, training=training, return_intermediates=True)
+        else:
+            tokens = self.backbone(images, training=training)
+        return self.with_record(self.logits(tokens, training=training), record, training)
 
     # -- capacity, delegated to a MoNE backbone -------------------------------
     @property
@@ -87,7 +115,7 @@ class ImageClassifier(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Co
     @property
     def realised_capacity(self):
         """Effective capacity the backbone's whole-token counts give (1.0 for a dense backbone)."""
-        return getattr(self.backbone, "realised_capacity", 1.0)
+        return self.backbone.realised_capacity
 
     def set_capacity(self, capacity):
         """Sets the backbone's effective capacity (MoNE backbones; dense ones accept only 1.0)."""

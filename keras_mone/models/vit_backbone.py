@@ -4,19 +4,15 @@ import keras
 
 from keras_mone.layers import arguments
 from keras_mone.layers.block import block_stack
-from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.config import register
 from keras_mone.layers.patch_embedding import PatchEmbedding
+from keras_mone.models.backbone import Backbone
 from keras_mone.models.block_loop import run_blocks
-from keras_mone.models.capacity_control import CapacityControlMixin
-from keras_mone.models.loop_guard import LoopGuardMixin
-from keras_mone.models.serving import ServingMixin
-from keras_mone.models.weights_file import SafeLoadingMixin
-from keras_mone.routing import capacity as capacity_lib
 from keras_mone.routing.parts import TokenRouting
 
 
 @register
-class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, ServingMixin, keras.Model):
+class ViTBackbone(Backbone):
     """Vision Transformer encoder: images to normalised token features.
 
     ``backbone(images)`` maps ``(batch, H, W, C)`` images to
@@ -36,6 +32,9 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
         drop_path_rate: stochastic depth, rising linearly to this rate at the
             last block.
         layer_norm_epsilon: LayerNorm epsilon.
+        gelu_approximate: tanh-approximate GELU in the MLPs, as flax
+            checkpoints (AugReg, big_vision) compute it; the default is the
+            exact form (timm, keras-hub).
     """
 
     def __init__(
@@ -51,6 +50,7 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
         dropout_rate=0.0,
         drop_path_rate=0.0,
         layer_norm_epsilon=1e-6,
+        gelu_approximate=False,
         **kwargs,
     ):
         hidden_dim, depth, num_heads, mlp_dim, num_channels = arguments.transformer_size(
@@ -75,11 +75,15 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
+        if gelu_approximate not in (True, False):
+            raise ValueError(f"`gelu_approximate` must be True or False, got {gelu_approximate!r}.")
+        self.gelu_approximate = bool(gelu_approximate)
         self.blocks = block_stack(
             depth, hidden_dim, num_heads, mlp_dim,
             gates=self._block_gates(depth),
             dropout_rate=dropout_rate, drop_path_rate=drop_path_rate,
-            layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy, **self._block_options(),
+            layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
+            gelu_approximate=self.gelu_approximate, **self._block_options(),
         )
         self.norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="norm"
@@ -95,19 +99,6 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
     @property
     def input_shape_per_example(self):
         return (*self.image_size, self.num_channels)
-
-    routed = False
-    """Whether tokens are routed (MoNE): only routed backbones change ``capacity``."""
-    capacity = 1.0
-
-    def set_capacity(self, capacity):
-        """A dense backbone runs at capacity 1.0 only; anything else is refused."""
-        capacity = capacity_lib.validate_effective_capacity(capacity, None, "capacity")
-        if capacity != 1.0:
-            raise ValueError(
-                f"{type(self).__name__} has no routing, so its `capacity` is fixed at 1.0 "
-                f"(got {capacity}); use a MoNE backbone to change it."
-            )
 
     def check_inputs(self, inputs):
         """Raises a ``ValueError`` naming the argument if ``inputs`` do not fit the model."""
@@ -172,6 +163,3 @@ class ViTBackbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, Config
         for images; sub-classes with a second stage (ViViT's temporal
         transformer) override it."""
         return encoded
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], self.num_tokens, self.hidden_dim)
