@@ -12,7 +12,9 @@ from the step where it stopped, without decoding the skipped images.
 """
 
 import dataclasses
+import hashlib
 import os
+import re
 
 import numpy as np
 
@@ -56,20 +58,67 @@ class Source:
 
 
 def image_folder_source(root, split, class_names=None):
-    """``root/split/<class>/*.png|jpg``; classes are the sorted folder names."""
+    """``root/<folder>/<class>/*.png|jpg``; classes are the sorted folder names.
+
+    ``split`` is a folder name or a TFDS-style slice of one (``train[:99%]``,
+    ``train[99%:]``, ``full[51200:]``; see ``split_files``).
+    """
     tf = _tf()
-    folder, class_names, class_dirs = class_folders(root, split, class_names, "Image")
-    paths, labels = [], []
+    folder_name, bounds = parse_split(split)
+    folder, class_names, class_dirs = class_folders(root, folder_name, class_names, "Image")
+    files = []
     for label, directory in class_dirs:
         for file in sorted(os.listdir(directory)):
             if file.lower().endswith(IMAGE_SUFFIXES):
-                paths.append(os.path.join(directory, file))
-                labels.append(label)
-    if not paths:
+                files.append((os.path.join(directory, file), label))
+    if not files:
         raise FileNotFoundError(f"No {IMAGE_SUFFIXES} images under {folder!r}.")
-    examples = tf.data.Dataset.from_tensor_slices((paths, np.asarray(labels, "int32")))
+    total = len(files)
+    files = split_files(files, bounds, folder)
+    if not files:
+        raise ValueError(f"Split {split!r} selects none of the {total} images under {folder!r}.")
+    paths, labels = zip(*files)
+    examples = tf.data.Dataset.from_tensor_slices((list(paths), np.asarray(labels, "int32")))
     examples = examples.map(lambda path, label: (tf.io.read_file(path), label))
     return Source(examples, len(paths), len(class_names), _decode_bytes)
+
+
+_SPLIT = re.compile(r"([^\[\]]+)(?:\[(-?\d*)(%?):(-?\d*)(%?)\])?")
+
+
+def parse_split(split):
+    """``"train[:99%]"`` -> ``("train", ((None, ""), (99, "%")))``; ``"val"`` -> ``("val", None)``."""
+    match = _SPLIT.fullmatch(split)
+    if not match:
+        raise ValueError(
+            f"Split {split!r}: expected a folder name, optionally sliced TFDS-style as "
+            "'name[start:stop]' with integer or percent bounds, e.g. 'train[:99%]', 'train[99%:]', 'full[51200:]'."
+        )
+    folder, start, start_unit, stop, stop_unit = match.groups()
+    if start is None:
+        return folder, None
+    return folder, ((int(start) if start else None, start_unit), (int(stop) if stop else None, stop_unit))
+
+
+def split_files(files, bounds, folder):
+    """The slice ``bounds`` of ``files`` (``[(path, label)]``), TFDS-style.
+
+    The files are put in a fixed order first (by an MD5 of their path relative to
+    ``folder``: shuffled across classes, the same on every machine), so any slice
+    holds every class in about its share; percent bounds round to the closest
+    file, as TFDS does; ``[:99%]`` and ``[99%:]`` are complementary.
+    """
+    if bounds is None:
+        return files
+    files = sorted(files, key=lambda item: hashlib.md5(os.path.relpath(item[0], folder).encode()).hexdigest())
+
+    def index(bound):
+        value, unit = bound
+        if value is None:
+            return None
+        return round(value * len(files) / 100) if unit else value
+
+    return files[slice(index(bounds[0]), index(bounds[1]))]
 
 
 def class_folders(root, split, class_names, kind):
@@ -180,8 +229,9 @@ def train_dataset(
     )
 
 
-def eval_dataset(source, image_size, batch_size, num_classes, preprocessing="inception", drop_remainder=False):
-    """Batches ``(images in [-1, 1], one-hot labels)`` of one pass over ``source``."""
+def eval_dataset(source, image_size, batch_size, num_classes, preprocessing="inception", full_batches=False):
+    """Batches ``(images in [-1, 1], one-hot labels)`` of one pass over ``source``;
+    ``full_batches``: ``(images, labels, sample weights)`` padded as ``full_batches`` does."""
     tf = _tf()
 
     def preprocess(raw, label):
@@ -194,7 +244,32 @@ def eval_dataset(source, image_size, batch_size, num_classes, preprocessing="inc
         return _scale(image), tf.one_hot(label, num_classes)
 
     ds = source.examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+    if full_batches:
+        return pad_to_full_batches(ds, source.num_examples, batch_size).prefetch(tf.data.AUTOTUNE)
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def padding_weight(num_examples, batch_size):
+    """``(padded count, weight of a real example)`` of ``num_examples`` padded to
+    whole batches. Keras averages the loss over whole batches (padding
+    included), so real examples weigh ``padded / num_examples``: the loss and
+    every weighted metric are then the means over the real examples alone."""
+    padded = -(-num_examples // batch_size) * batch_size
+    return padded, padded / num_examples
+
+
+def pad_to_full_batches(ds, num_examples, batch_size):
+    """``(x, y)`` examples -> full batches ``(x, y, sample_weight)``: the last batch is
+    filled up with repeats of the first examples at weight 0 (every device gets an
+    equal share; every example counts once)."""
+    tf = _tf()
+    padded, weight = padding_weight(num_examples, batch_size)
+
+    def weigh(index, example):
+        return (*example, tf.where(index < num_examples, tf.constant(weight, "float32"), 0.0))
+
+    ds = ds.repeat().take(padded).enumerate().map(weigh)
+    return ds.batch(batch_size, drop_remainder=True)
 
 
 def _scale(image):

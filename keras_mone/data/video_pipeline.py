@@ -32,6 +32,7 @@ from keras_mone.data.pipeline import (
     _scale,
     _tf,
     class_folders,
+    pad_to_full_batches,
     training_stream,
 )
 
@@ -191,10 +192,11 @@ def train_dataset(
 
 def eval_dataset(
     source, num_frames, image_size, batch_size, num_classes, frame_stride=1, preprocessing="scale_jitter",
-    drop_remainder=False,
+    full_batches=False,
 ):
     """One deterministic pass: centred frames, shorter side ``image_size * 256/224`` and
-    centre crop (``"scale_jitter"``) or a plain resize; ``(clips in [-1, 1], one-hot)``."""
+    centre crop (``"scale_jitter"``) or a plain resize; ``(clips in [-1, 1], one-hot)``,
+    or with ``full_batches`` padded batches with sample weights (``pipeline.pad_to_full_batches``)."""
     tf = _tf()
 
     def preprocess(raw, label):
@@ -208,4 +210,6 @@ def eval_dataset(
         return _scale(frames), tf.one_hot(label, num_classes)
 
     ds = source.examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+    if full_batches:
+        return pad_to_full_batches(ds, source.num_examples, batch_size).prefetch(tf.data.AUTOTUNE)
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)

@@ -72,17 +72,18 @@ def digits_stream(recipe):
 
 def evaluates_in_memory(recipe):
     """Whether the recipe's eval split is held in memory (cluttered digits, plain
-    preprocessing, one device) rather than read through tf.data."""
+    preprocessing) rather than read through tf.data."""
     return (
         recipe["dataset"] == "cluttered_digits" and recipe["preprocessing"] == "plain"
-        and bool(recipe["eval_split"]) and recipe["distribution"] == "none"
+        and bool(recipe["eval_split"])
     )
 
 
-def in_memory_eval_data(recipe, num_classes):
+def in_memory_eval_data(recipe, num_classes, full_batches=False):
     """The eval split of a cluttered-digits recipe with plain preprocessing as
     ``ArrayBatches`` in memory (no tf.data), the values the tf.data pipeline
-    gives (``x * 255 / 127.5 - 1``, one-hot labels); ``None`` for other recipes."""
+    gives (``x * 255 / 127.5 - 1``, one-hot labels); ``None`` for other recipes.
+    ``full_batches``: padded, weighted batches for several devices (``ArrayBatches``)."""
     if not evaluates_in_memory(recipe):
         return None
     import numpy as np
@@ -93,7 +94,7 @@ def in_memory_eval_data(recipe, num_classes):
     images, labels = load_cluttered_digits(**cluttered_digits_arguments(recipe, "test"))
     images = images.astype("float32") * np.float32(255.0) / np.float32(127.5) - np.float32(1.0)
     targets = np.eye(num_classes, dtype="float32")[labels]
-    return ArrayBatches(images, targets, recipe["eval_batch_size"] or recipe["batch_size"])
+    return ArrayBatches(images, targets, recipe["eval_batch_size"] or recipe["batch_size"], full_batches)
 
 
 def data_sources(recipe):
@@ -111,14 +112,30 @@ def data_sources(recipe):
             test = pipeline.cluttered_digits_source(**cluttered_digits_arguments(recipe, "test"))
         return train, test
     if dataset == "image_folder":
-        train = pipeline.image_folder_source(recipe["data_dir"], recipe["train_split"])
-        classes = sorted(os.listdir(os.path.join(recipe["data_dir"], recipe["train_split"])))
-        test = None
-        if recipe["eval_split"]:
-            test = pipeline.image_folder_source(recipe["data_dir"], recipe["eval_split"], classes)
+        train = _folder_split(recipe, "train_split")
+        folder = pipeline.parse_split(recipe["train_split"])[0]
+        classes = pipeline.class_folders(recipe["data_dir"], folder, None, "Image")[1]
+        test = _folder_split(recipe, "eval_split", classes) if recipe["eval_split"] else None
         return train, test
-    train = pipeline.tfds_source(recipe["tfds_name"], recipe["train_split"], recipe["data_dir"], recipe["seed"])
-    test = None
-    if recipe["eval_split"]:
-        test = pipeline.tfds_source(recipe["tfds_name"], recipe["eval_split"], recipe["data_dir"], recipe["seed"])
+    train = _tfds_split(recipe, "train_split")
+    test = _tfds_split(recipe, "eval_split") if recipe["eval_split"] else None
     return train, test
+
+
+def _folder_split(recipe, key, classes=None):
+    try:
+        return pipeline.image_folder_source(recipe["data_dir"], recipe[key], classes)
+    except ValueError as error:  # a malformed split, or one that selects no image
+        raise schema.RecipeError(f"key {key!r}: {error}") from error
+
+
+def _tfds_split(recipe, key):
+    try:
+        import tensorflow_datasets  # noqa: F401
+    except ImportError as error:
+        raise schema.RecipeError(
+            f"dataset='tfds' (tfds_name={recipe['tfds_name']!r}) needs tensorflow-datasets: "
+            '`pip install "keras-mone[tfds]"`, and the dataset prepared under data_dir (see the TFDS '
+            "docs for ImageNet); or use dataset=image_folder data_dir=ROOT (ROOT/<split>/<class>/*.jpg)."
+        ) from error
+    return pipeline.tfds_source(recipe["tfds_name"], recipe[key], recipe["data_dir"], recipe["seed"])

@@ -28,6 +28,7 @@ from keras_mone.recipes.model import build_classifier, init_from_saved_model
 from keras_mone.recipes.run_directory import claim, to_toml
 from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.distribution import distribution_scope, num_replicas
+from keras_mone.training.distribution import resolve as resolve_distribution
 from keras_mone.training.losses import FullWidthAccuracy
 from keras_mone.training.modes import ADAPTIVE_MODES, ISOFLOPS_MODES, isoflops_epochs
 
@@ -54,6 +55,8 @@ class TrainingSetup:
     steps_per_epoch: int
     initial_step: int
     make_train_data: object  # start_step -> dataset
+    distribution: str = "none"  # the recipe's, "auto" resolved
+    num_devices: int = 1
 
     @property
     def output_dir(self):
@@ -120,6 +123,8 @@ class TrainingSetup:
             "backend": keras.backend.backend(),
             "steps": int(keras.ops.convert_to_numpy(self.optimizer.iterations)),
             "gmacs": flops(self.model).gmacs,
+            "distribution": self.distribution,
+            "devices": self.num_devices,
         }
         if self.eval_data is not None:
             metrics = self.model.evaluate(self.eval_data, verbose=0, return_dict=True)
@@ -150,12 +155,15 @@ def load(name_or_path, resume=True, **overrides):
     )
     directory = recipe["output_dir"]
 
-    with distribution_scope(recipe["distribution"], recipe["model_parallel_size"]):
-        replicas = num_replicas(recipe["distribution"])
-        if batch % replicas:
-            raise schema.RecipeError(
-                f"recipe {name!r}: key 'batch_size' ({batch}) must be divisible by the {replicas} devices."
-            )
+    distribution = resolve_distribution(recipe["distribution"])
+    eval_batch = recipe["eval_batch_size"] or batch
+    with distribution_scope(distribution, recipe["model_parallel_size"]):
+        replicas = num_replicas(distribution)
+        for key, size in (("batch_size", batch), ("eval_batch_size", eval_batch)):
+            if size % replicas:
+                raise schema.RecipeError(
+                    f"recipe {name!r}: key {key!r} ({size}) must be divisible by the {replicas} devices."
+                )
         model = build_classifier(recipe, num_classes)
         if recipe["init_from"]:
             try:
@@ -168,7 +176,8 @@ def load(name_or_path, resume=True, **overrides):
             epochs = isoflops_epochs(epochs, model.backbone, adaptive)
         optimizer = make_optimizer(recipe, epochs * steps_per_epoch, steps_per_epoch)
         loss = make_loss(recipe)
-        model.compile(optimizer=optimizer, loss=loss, metrics=[FullWidthAccuracy()])
+        # weighted: padded evaluation batches (several devices) weigh their padding 0
+        model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[FullWidthAccuracy()])
         optimizer.build(model.trainable_variables)
         try:
             initial_step = checkpoint_lib.restore(model, checkpoint_dir(recipe)) if resume else 0
@@ -197,23 +206,25 @@ def load(name_or_path, resume=True, **overrides):
             shuffle_buffer=recipe["shuffle_buffer"], start_step=start_step, seed=recipe["seed"],
         )
 
-    eval_data = in_memory_eval_data(recipe, num_classes)
+    full_batches = distribution != "none"  # every device an equal share; padding weighs 0
+    eval_data = in_memory_eval_data(recipe, num_classes, full_batches)
     if eval_data is not None or eval_source is None:
         pass
     elif video:
         eval_data = video_pipeline.eval_dataset(
             eval_source, recipe["num_frames"], recipe["image_size"], recipe["eval_batch_size"] or batch,
             num_classes, frame_stride=recipe["frame_stride"], preprocessing=recipe["preprocessing"],
-            drop_remainder=recipe["distribution"] != "none",
+            full_batches=full_batches,
         )
     else:
         eval_data = pipeline.eval_dataset(
             eval_source, recipe["image_size"], recipe["eval_batch_size"] or batch, num_classes,
-            preprocessing=recipe["preprocessing"], drop_remainder=recipe["distribution"] != "none",
+            preprocessing=recipe["preprocessing"], full_batches=full_batches,
         )
     return TrainingSetup(
         name=name, recipe=recipe, model=model, optimizer=optimizer, loss=loss,
         train_data=make_train_data(initial_step), eval_data=eval_data,
         callbacks=make_callbacks(recipe, model, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
         initial_step=initial_step, make_train_data=make_train_data,
+        distribution=distribution, num_devices=replicas,
     )

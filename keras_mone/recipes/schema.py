@@ -113,7 +113,7 @@ KEYS = {
     "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops/adaptive_isoflops; matvit, matvivit: fixed/joint)", MODES),
     "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive' or 'adaptive_isoflops')"),
     # infrastructure
-    "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
+    "distribution": _k("none", str, "multi-device training; auto = data_parallel over every local GPU/TPU when there are several, else none", DISTRIBUTIONS),
     "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),
     "seed": _k(0, int, "seed of initialisation, shuffling and augmentation", low=0),
     "output_dir": _k("", str, "run directory; '' = runs/<recipe name>"),

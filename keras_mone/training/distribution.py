@@ -10,16 +10,20 @@ built and compiled:
   ``vit_layout_map``: attention and MLP kernels split over the ``model`` axis
   (Megatron style), everything else replicated, batch split over ``batch``.
 - ``"none"``: one device.
+- ``"auto"``: ``"data_parallel"`` when there are several local accelerators
+  (GPUs or TPUs on jax, GPUs on tensorflow), ``"none"`` otherwise (a CPU, one
+  accelerator, torch); ``resolve`` gives the choice.
 
 Torch runs single-device here (Keras' torch backend has no
 ``keras.distribution``; use ``torchrun`` + DDP outside this package).
 """
 
 import contextlib
+import warnings
 
 import keras
 
-DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
+DISTRIBUTIONS = ("none", "data_parallel", "model_parallel", "auto")
 
 #: Full-path regexes (``re.fullmatch`` since Keras 3.14) -> sharding of ViT weights.
 VIT_LAYOUT = {
@@ -32,12 +36,47 @@ VIT_LAYOUT = {
 }
 
 
+def local_accelerators(backend=None):
+    """The local GPUs / TPUs the backend can spread a batch over (names; none on a CPU)."""
+    backend = backend or keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return [str(d) for d in jax.local_devices() if d.platform != "cpu"]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return [d.name for d in tf.config.list_logical_devices("GPU")]
+    import torch
+
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def resolve(kind, backend=None):
+    """``kind`` with ``"auto"`` replaced by ``"data_parallel"`` (several local
+    accelerators) or ``"none"`` (one device)."""
+    if kind != "auto":
+        return kind
+    backend = backend or keras.backend.backend()
+    accelerators = local_accelerators(backend)
+    if len(accelerators) < 2:
+        return "none"
+    if backend == "torch":
+        warnings.warn(
+            f"distribution='auto' trains on one of the {len(accelerators)} GPUs: Keras' torch backend has "
+            "no keras.distribution (use the jax or tensorflow backend for all of them).",
+            stacklevel=2,
+        )
+        return "none"
+    return "data_parallel"
+
+
 def check_supported(kind, backend=None):
     """Raises a clear error if ``kind`` cannot run on ``backend``."""
     backend = backend or keras.backend.backend()
     if kind not in DISTRIBUTIONS:
         raise ValueError(f"`distribution` must be one of {DISTRIBUTIONS}, got {kind!r}.")
-    if kind == "none":
+    if kind in ("none", "auto"):
         return
     if backend == "torch":
         raise ValueError(
@@ -92,6 +131,7 @@ def split_tf_cpu(num_devices):
 
 def num_replicas(kind):
     """Devices a batch is split over under ``kind`` (1 for ``"none"``)."""
+    kind = resolve(kind)
     if kind == "none":
         return 1
     if keras.backend.backend() == "jax":
@@ -105,6 +145,7 @@ def num_replicas(kind):
 def distribution_scope(kind, model_parallel_size=2):
     """Context for building and compiling a model under distribution ``kind``."""
     check_supported(kind)
+    kind = resolve(kind)
     if kind == "none":
         yield None
         return
