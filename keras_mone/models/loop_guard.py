@@ -17,7 +17,10 @@ Two faults of Keras' loops that a model zoo must not pass on to its users:
   anything still detached.
 
 ``predict`` on zero examples returns an empty array of the output's shape
-(Keras' loop fails on it with an unbound local).
+(Keras' loop fails on it with an unbound local); ``fit`` and ``evaluate`` on
+zero examples raise a ``ValueError`` naming ``x`` on every backend (Keras
+raises a bare ``StopIteration`` on jax, a build error on torch, nothing on
+tensorflow).
 """
 
 import keras
@@ -34,8 +37,13 @@ class LoopGuardMixin:
         inputs = kwargs.get("x", args[0] if args else None)
         if hasattr(inputs, "shape") and hasattr(inputs, "dtype"):
             self.check_inputs(inputs)
-            if name.startswith("predict") and inputs.shape[0] == 0:
-                return self._empty_outputs(inputs)
+            if len(inputs.shape) and inputs.shape[0] == 0:
+                if name.startswith("predict"):
+                    return self._empty_outputs(inputs)
+                raise ValueError(
+                    f"{name}: argument 'x' holds 0 examples (shape {tuple(inputs.shape)}); "
+                    f"{name} needs at least one example."
+                )
         if keras.backend.backend() != "jax":
             return loop(*args, **kwargs)
         saved = [(variable, variable.value) for variable in self._guarded_variables()]

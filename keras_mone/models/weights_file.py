@@ -94,21 +94,34 @@ class SafeLoadingMixin:
 
 
 def load_saved_model(path, compile=False):
-    """``keras.saving.load_model`` with clear errors for missing, truncated or foreign files."""
+    """``keras.saving.load_model`` with clear errors for missing, truncated or foreign files.
+
+    A file that exists but cannot be read (Keras says "File not found" for a
+    truncated archive) raises a ``ValueError`` naming the file, the original
+    error chained.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Model file {path!r} does not exist.")
+    unreadable = (
+        f"Model file {path!r} exists ({os.path.getsize(path)} bytes) but is not a readable .keras archive "
+        "(corrupt, truncated or not a Keras file)"
+    )
     if path.endswith(".keras"):
-        if not zipfile.is_zipfile(path):
-            raise ValueError(
-                f"Model file {path!r} ({os.path.getsize(path)} bytes) is not a .keras archive: "
-                "it is truncated or not a Keras file."
-            )
-        with zipfile.ZipFile(path) as archive:
-            broken = archive.testzip()
-            names = set(archive.namelist())
+        try:
+            with zipfile.ZipFile(path) as archive:
+                broken = archive.testzip()
+                names = set(archive.namelist())
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            raise ValueError(f"{unreadable}: {error}") from error
         if broken is not None:
-            raise ValueError(f"Model file {path!r} is corrupt: member {broken!r} fails its CRC check.")
+            raise ValueError(f"{unreadable}: member {broken!r} fails its CRC check.")
         if "config.json" not in names:
             raise ValueError(f"Model file {path!r} is a zip archive but not a .keras model (no config.json).")
-    return keras.saving.load_model(path, compile=compile)
+    try:
+        return keras.saving.load_model(path, compile=compile)
+    except Exception as error:  # Keras' own message may say "File not found" for a file that exists
+        raise ValueError(
+            f"Model file {path!r} exists but could not be loaded as a .keras model (a truncated or corrupt "
+            f"member, or a class that is not registered): {type(error).__name__}: {error}"
+        ) from error

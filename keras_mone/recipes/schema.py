@@ -113,7 +113,7 @@ KEYS = {
     "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops/adaptive_isoflops; matvit, matvivit: fixed/joint)", MODES),
     "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive' or 'adaptive_isoflops')"),
     # infrastructure
-    "distribution": _k("none", str, "multi-device training; auto = data_parallel over every local GPU/TPU when there are several, else none", DISTRIBUTIONS),
+    "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
     "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),
     "seed": _k(0, int, "seed of initialisation, shuffling and augmentation", low=0),
     "output_dir": _k("", str, "run directory; '' = runs/<recipe name>"),
@@ -204,6 +204,7 @@ def _check_cross_keys(recipe, recipe_name):
         check_model_args(recipe["architecture"], recipe["model_args"])
     except ValueError as error:
         fail(f"key 'model_args': {error}")
+    _check_model_args_fit_the_data(recipe, classes, fail)
 
 
 def _check_video_keys(recipe, fail):
@@ -263,4 +264,32 @@ def check_model_args(architecture, model_args):
         raise ValueError(
             f"unknown argument(s) {unknown} for architecture {architecture!r}. "
             f"Allowed: {sorted(backbone | task)}."
+        )
+
+
+def _check_model_args_fit_the_data(recipe, dataset_classes, fail):
+    """``model_args`` may repeat, never change, what the data pipeline feeds the model."""
+    args = recipe["model_args"]
+    size = recipe["image_size"]
+    if "image_size" in args and args["image_size"] not in (size, [size, size]):
+        fail(
+            f"key 'model_args.image_size' = {args['image_size']!r} differs from key 'image_size' = {size} "
+            f"(the size the data pipeline feeds the model); allowed: {size} or none. Set the top-level "
+            "key 'image_size' to change both."
+        )
+    if "num_channels" in args and args["num_channels"] != 3:
+        fail(f"key 'model_args.num_channels' = {args['num_channels']!r}: the data pipelines feed RGB; allowed: 3 or none.")
+    if "num_classes" not in args:
+        return
+    classes = recipe["num_classes"] or dataset_classes
+    if classes is None:
+        fail(
+            f"key 'model_args.num_classes' = {args['num_classes']!r} cannot be checked against the labels of "
+            f"dataset {recipe['dataset']!r} before they are read; set the top-level key 'num_classes' instead."
+        )
+    if args["num_classes"] != classes:
+        fail(
+            f"key 'model_args.num_classes' = {args['num_classes']!r} differs from the {classes} classes of the "
+            f"task (the width of its labels); allowed: {classes} or none. Set the top-level key "
+            "'num_classes' instead."
         )
