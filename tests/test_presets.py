@@ -137,7 +137,7 @@ def test_dense_vit_presets_default_to_the_augreg_checkpoint(monkeypatch):
     # No network in tests: the download is intercepted, its URL checked.
     asked = []
 
-    def offline(url, sha256=None, cache_subdir=None):
+    def offline(url, sha256=None, cache_subdir=None, force_download=False):
         asked.append(url)
         raise OSError(f"Downloading {url} failed: offline")
 

@@ -9,7 +9,9 @@ from keras_mone.presets.registry import (
     shipped_presets,
     weights_tags,
 )
+from keras_mone.presets.untrained import UntrainedWeightsWarning
 
 __all__ = [
     "ARCHITECTURES", "from_preset", "get_preset", "list_presets", "save_to_preset", "shipped_presets", "weights_tags",
+    "UntrainedWeightsWarning",
 ]

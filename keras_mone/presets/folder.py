@@ -1,7 +1,8 @@
 """Preset folders, keras-hub's convention: ``config.json``, ``model.weights.h5``, ``metadata.json``.
 
 ``save_to_preset(model, path)`` writes one (atomically: into a sibling
-temporary folder, renamed at the end); ``load_preset_folder(path)`` checks
+temporary folder, renamed at the end; only into a new or empty folder or
+over a preset folder with ``overwrite=True``); ``load_preset_folder(path)`` checks
 every file's sha256 against ``metadata.json`` before Keras reads it, builds
 the model from ``config.json`` and loads the weights only if every variable's
 shape fits (``SafeLoadingMixin``), so a folder whose config and weights
@@ -23,12 +24,23 @@ WEIGHTS_FILE = "model.weights.h5"
 METADATA_FILE = "metadata.json"
 
 
-def save_to_preset(model, path, weights_source="keras_mone", license="Apache-2.0", accuracy=None, **extra):
-    """Writes ``model`` as a preset folder at ``path`` (replaced if it exists).
+PRESET_FILES = (CONFIG_FILE, WEIGHTS_FILE, METADATA_FILE)
+
+
+def save_to_preset(model, path, overwrite=False, weights_source="keras_mone", license="Apache-2.0",
+                   accuracy=None, **extra):
+    """Writes ``model`` as a preset folder at ``path``.
+
+    ``path`` must be new, empty, or a preset folder written by
+    ``save_to_preset`` (replaced only with ``overwrite=True``; files in it
+    that are not preset files stay). The preset is written into a temporary
+    sibling folder and renamed into place, so a failure leaves ``path`` as it
+    was. New folders get the umask's permissions.
 
     Args:
         model: a built keras_mone classifier or backbone.
         path: the folder to write.
+        overwrite: replace an existing preset folder at ``path``.
         weights_source: where the weights come from (a checkpoint URL, a recipe, ...).
         license: the weights' licence.
         accuracy: optional ``{setting: top-1}`` to record.
@@ -38,10 +50,12 @@ def save_to_preset(model, path, weights_source="keras_mone", license="Apache-2.0
         The metadata written.
     """
     path = os.path.abspath(os.fspath(path))
+    replacing = _check_target(path, overwrite)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".preset-", dir=parent)
     try:
+        os.chmod(staging, os.stat(path).st_mode & 0o7777 if os.path.isdir(path) else 0o777 & ~_umask())
         with open(os.path.join(staging, CONFIG_FILE), "w") as f:
             json.dump(keras.saving.serialize_keras_object(model), f, indent=2)
         model.save_weights(os.path.join(staging, WEIGHTS_FILE))
@@ -58,13 +72,80 @@ def save_to_preset(model, path, weights_source="keras_mone", license="Apache-2.0
         }
         with open(os.path.join(staging, METADATA_FILE), "w") as f:
             json.dump(metadata, f, indent=2)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        os.replace(staging, path)
     except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # only files this call wrote
+        raise
+    publish_folder(staging, path, replacing)
+    return metadata
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _check_target(path, overwrite):
+    """``True`` if ``path`` is a preset folder to replace; raises if ``path`` may not be written."""
+    if not os.path.lexists(path):
+        return False
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise ValueError(f"save_to_preset: {path!r} exists and is not a folder; pass a new or empty folder.")
+    entries = os.listdir(path)
+    if not entries:
+        return False
+    if not is_saved_preset(path):
+        raise ValueError(
+            f"save_to_preset: folder {path!r} is not empty and is not a preset folder "
+            f"(it holds {sorted(entries)[:5]}{' ...' if len(entries) > 5 else ''}); nothing was written. "
+            "Pass a new or empty folder."
+        )
+    if not overwrite:
+        raise ValueError(
+            f"save_to_preset: folder {path!r} already holds a preset; pass overwrite=True to replace it."
+        )
+    return True
+
+
+def is_saved_preset(path):
+    """Whether ``path`` holds a preset written by ``save_to_preset`` (``metadata.json`` with sha256s, ``config.json``)."""
+    try:
+        with open(os.path.join(path, METADATA_FILE)) as f:
+            hashes = json.load(f).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(hashes, dict) and os.path.isfile(os.path.join(path, CONFIG_FILE))
+
+
+def publish_folder(staging, path, replacing):
+    """Renames the finished ``staging`` folder to ``path``.
+
+    A preset folder at ``path`` (``replacing``) is moved aside first; then
+    its preset files are removed and anything else in it is moved into the
+    new folder. An empty folder at ``path`` is replaced.
+    """
+    aside = None
+    try:
+        if replacing:
+            aside = tempfile.mkdtemp(prefix=".replaced-", dir=os.path.dirname(path))
+            os.rmdir(aside)
+            os.rename(path, aside)
+        elif os.path.isdir(path):
+            os.rmdir(path)  # empty: raises (nothing lost) if a file appeared meanwhile
+        os.rename(staging, path)
+    except BaseException:
+        if aside and os.path.isdir(aside) and not os.path.exists(path):
+            os.rename(aside, path)
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return metadata
+    if aside:
+        for name in os.listdir(aside):
+            if name in PRESET_FILES:
+                os.remove(os.path.join(aside, name))
+            elif not os.path.lexists(os.path.join(path, name)):
+                os.rename(os.path.join(aside, name), os.path.join(path, name))
+        if not os.listdir(aside):
+            os.rmdir(aside)
 
 
 def is_preset_folder(path):
@@ -96,14 +177,22 @@ def check_folder(path):
             )
 
 
-def load_preset_folder(path, load_weights=True, **overrides):
+def load_preset_folder(path, load_weights=True, sha256=None, **overrides):
     """The model saved in preset folder ``path``.
 
-    ``overrides`` replace entries of the saved configuration (the
-    classifier's or its backbone's, e.g. ``capacity``); an argument that
-    changes a weight shape then fails the weights check with the shapes named.
+    ``sha256`` (optional) pins the folder's ``metadata.json``. ``overrides``
+    replace entries of the saved configuration (the classifier's or its
+    backbone's, e.g. ``capacity``); an argument that changes a weight shape
+    then fails the weights check with the shapes named.
     """
     path = os.fspath(path)
+    if sha256 is not None:
+        actual = sha256_of(os.path.join(path, METADATA_FILE)) if os.path.isfile(os.path.join(path, METADATA_FILE)) else None
+        if actual != sha256:
+            raise ValueError(
+                f"{METADATA_FILE} of preset folder {path!r} has sha256 {actual}, but sha256={sha256!r} was "
+                "passed: the folder is not the pinned preset."
+            )
     check_folder(path)
     with open(os.path.join(path, CONFIG_FILE)) as f:
         config = json.load(f)

@@ -10,10 +10,10 @@ import tomllib
 
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.methods import ARCHITECTURES, TASKS, architectures
-from keras_mone.models.variants import decode_variant
 from keras_mone.presets.folder import is_preset_folder, load_preset_folder
 from keras_mone.presets.handles import URL_SCHEMES, fetch_preset_folder, is_remote, resolve_hub_handle
 from keras_mone.presets.tags import load_tagged_weights, preset_tags, tag_entry
+from keras_mone.presets.untrained import untrained_parts, warn_untrained
 from keras_mone.presets.weights import MANIFEST, WEIGHTS_FOLDER, load_checked_weights, zoo_folders
 
 META_KEYS = ("description", "architecture", "variant", "weights", "tags", "default_tag", "tags_from")
@@ -72,7 +72,7 @@ def weights_tags(name):
     return {tag: entry.get("description", entry.get("url", entry.get("handle"))) for tag, entry in preset_tags(spec, _zoo()).items()}
 
 
-def from_preset(name, /, load_weights=True, weights=None, sha256=None, **overrides):
+def from_preset(name, /, load_weights=True, weights=None, sha256=None, force_download=False, **overrides):
     """Builds a model from a preset handle.
 
     Handles: a built-in name (``list_presets()``); a local preset folder
@@ -82,7 +82,9 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, **overrid
 
     Built-in names give ``ImageClassifier`` or ``VideoClassifier``
     (``MatViTClassifier`` / ``MatViViTClassifier`` for the nested-width
-    presets, whose ``set_width`` picks the width).
+    presets, whose ``set_width`` picks the width). A routed preset loading a
+    dense checkpoint tag warns (``UntrainedWeightsWarning``): its routers and
+    smaller experts start untrained; at capacity 1.0 it equals the checkpoint.
 
     Args:
         name: the handle.
@@ -92,14 +94,28 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, **overrid
             initialised).
         weights: a weights tag (``weights_tags(name)``), e.g.
             ``"augreg_in21k_ft_in1k"``: a third-party checkpoint, downloaded
-            and converted on first use, then cached.
-        sha256: for ``https://`` handles, the expected sha256 of ``metadata.json``.
+            and converted on first use, then cached. Built-in names only (a
+            preset folder holds one set of weights).
+        sha256: for folder, ``https://`` and hub handles, the expected sha256
+            of the folder's ``metadata.json`` (which pins the other files).
+        force_download: download again although the handle or tag is cached
+            (an unpinned ``https://`` handle otherwise keeps its cached copy).
         **overrides: constructor arguments of the backbone or the classifier
             (``capacity``, ``image_size``, ``num_classes``, ``pooling``, ...);
             they override the preset's values.
     """
     if isinstance(name, os.PathLike) or (isinstance(name, str) and (is_remote(name) or os.sep in name or is_preset_folder(name))):
-        return _from_handle(os.fspath(name), load_weights, sha256, overrides)
+        if weights is not None:
+            raise ValueError(
+                f"weights={weights!r} applies to built-in preset names; {os.fspath(name)!r} is a preset "
+                "folder or handle, which holds one set of weights. Drop `weights`."
+            )
+        return _from_handle(os.fspath(name), load_weights, sha256, force_download, overrides)
+    if sha256 is not None:
+        raise ValueError(
+            f"sha256= pins the metadata.json of a preset folder or handle; built-in preset {name!r} is "
+            "checked against the package's manifest. Drop `sha256`."
+        )
     spec = get_preset(name)
     tag = None
     if weights is not None or (load_weights and not spec.get("weights") and (preset_tags(spec, _zoo()))):
@@ -113,7 +129,7 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, **overrid
         )
     backbone_cls = ARCHITECTURES[spec["architecture"]]
     task_cls = TASKS[spec["architecture"]]
-    config = {**decode_variant(spec["variant"])}
+    config = {**architectures()[spec["architecture"]].decode_variant(spec["variant"])}
     config.update({k: v for k, v in spec.items() if k not in META_KEYS})
     config.update(overrides)
     task_keys = set(config_argument_names(task_cls)) - {"backbone"}
@@ -133,18 +149,18 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, **overrid
     model = task_cls(backbone, name=config.get("name", name), **task_config)
     model.build()
     if tag is not None:
-        untrained = ["routers and the smaller experts (train with a MoNE recipe)"] if getattr(backbone, "routed", False) else []
-        load_tagged_weights(model, name, tag, tag_spec, untrained)
+        load_tagged_weights(model, name, tag, tag_spec, untrained_parts(backbone), force_download)
+        warn_untrained(model, name, tag, spec["architecture"], spec["variant"])
     elif load_weights:
         load_checked_weights(model, name, spec["weights"])
     return model
 
 
-def _from_handle(handle, load_weights, sha256, overrides):
+def _from_handle(handle, load_weights, sha256, force_download, overrides):
     if handle.startswith(URL_SCHEMES):
-        folder = fetch_preset_folder(handle, sha256=sha256)
+        folder = fetch_preset_folder(handle, sha256=sha256, force_download=force_download)
     elif is_remote(handle):
-        folder = resolve_hub_handle(handle)
+        folder = resolve_hub_handle(handle, force_download=force_download)
     elif is_preset_folder(handle):
         folder = handle
     else:
@@ -152,4 +168,4 @@ def _from_handle(handle, load_weights, sha256, overrides):
             f"{handle!r} is neither a preset name ({', '.join(list_presets())}) nor a preset folder "
             "(config.json, model.weights.h5, metadata.json)."
         )
-    return load_preset_folder(folder, load_weights=load_weights, **overrides)
+    return load_preset_folder(folder, load_weights=load_weights, sha256=sha256, **overrides)

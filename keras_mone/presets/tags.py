@@ -48,25 +48,26 @@ def tag_entry(name, spec, zoo, tag):
     return tag, tags[tag]
 
 
-def load_tagged_weights(model, name, tag, entry, untrained_parts=()):
-    """Loads tag ``entry`` into built ``model`` through the converted-checkpoint cache."""
+def load_tagged_weights(model, name, tag, entry, untrained_parts=(), force_download=False):
+    """Loads tag ``entry`` into built ``model`` through the converted-checkpoint cache
+    (``force_download``: download and convert again)."""
     from keras_mone import convert
 
     origin = entry.get("url") or entry["handle"]
     config = json.dumps(keras.saving.serialize_keras_object(model), sort_keys=True)
     key = hashlib.sha256(f"{origin}|{config}".encode()).hexdigest()[:16]
     folder = os.path.join(cache_root(), "converted", f"{name}.{tag}.{key}")
-    if is_preset_folder(folder):
+    if is_preset_folder(folder) and not force_download:
         check_folder(folder)
         model.load_weights(os.path.join(folder, WEIGHTS_FILE))
         return model
     if entry["format"] == "keras_hub":
         source = _keras_hub_model(entry["handle"])
     else:
-        source = download(entry["url"], sha256=entry.get("sha256"))
+        source = download(entry["url"], sha256=entry.get("sha256"), force_download=force_download)
     report = convert.load_checkpoint(model, source, entry["format"])
     save_to_preset(
-        model, folder, weights_source=origin, license=entry.get("license", "unknown"),
+        model, folder, overwrite=True, weights_source=origin, license=entry.get("license", "unknown"),
         accuracy={"imagenet_top1_published": entry["top1"]} if "top1" in entry else None,
         weights_tag=tag, untrained=sorted(report["kept"]) + list(untrained_parts),
     )
