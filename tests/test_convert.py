@@ -202,12 +202,21 @@ def test_checkpoint_converts_to_the_reference_vit(source, image_size, tmp_path):
 
 
 def test_gap_model_from_a_class_token_checkpoint(tmp_path):
+    # Rules out dropping the class token silently (issue 29 item 5: `kept: {}`, no word).
     params = reference_params()
     model = classifier(use_class_token=False, num_classes=3)
-    report = convert.load_checkpoint(model, str(SOURCES["vision_transformer"](params, tmp_path)), "vision_transformer")
+    path = str(SOURCES["vision_transformer"](params, tmp_path))
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=r"'cls'.*use_class_token=True, pooling=\"token\"(.|\n)*strict=False"):
+        convert.load_checkpoint(model, path, "vision_transformer")
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    with pytest.warns(UserWarning, match="gelu_approximate=True"):
+        report = convert.load_checkpoint(model, path, "vision_transformer", strict=False)
     x = images()
     assert np.max(np.abs(backbone_tokens(model, x) - expected_tokens(params, x, use_class_token=False))) <= TOLERANCE
     assert "head/kernel" in report["kept"]  # 7 classes in the checkpoint, 3 in the model
+    assert set(report["unused"]) == {"cls", "head/kernel", "head/bias"}
+    assert "num_classes=7" in report["unused"]["head/kernel"]
 
 
 def test_timm_pth_and_a_model_without_class_token(tmp_path):

@@ -14,7 +14,7 @@ import re
 import keras
 import numpy as np
 
-from keras_mone.convert.keys import KeyReader, contiguous_blocks
+from keras_mone.convert.keys import KeyReader
 from keras_mone.convert.vit_state import fused_qkv
 
 
@@ -36,8 +36,8 @@ def vit_state_from_keras_hub(model):
             raise ValueError(f"not a keras-hub ViTBackbone: {len(hits)} weights end with {suffix!r}.")
         return reader(hits[0])
 
-    blocks = contiguous_blocks([int(m.group(1)) for k in arrays if (m := re.search(r"transformer_block_(\d+)/", k))],
-                               "'transformer_block_{i}/'")
+    # keras' unique layer names may not start at 0: the blocks in order of their number
+    blocks = sorted({int(m.group(1)) for k in arrays if (m := re.search(r"transformer_block_(\d+)/", k))})
     state = {
         "patch_kernel": find("patch_embedding/kernel"),
         "patch_bias": find("patch_embedding/bias") if backbone.use_patch_bias else np.zeros(backbone.hidden_dim, "float32"),
