@@ -5,7 +5,9 @@ import pytest
 from scipy.linalg import null_space
 
 import numpy_reference as ref
+from conftest import TINY, images, randomize_weights, to_numpy
 from keras_mone import routing
+from keras_mone.models import ImageClassifier, MoNEViTBackbone
 
 BETA, DELTA = 10.0, 2.0
 # Eq. 3 as printed: c_i / delta**(i - 1), i = 1 smallest.
@@ -154,3 +156,35 @@ def test_mod_greedy(e_c):
     # 1 - sum c of the tokens are dropped
     counts, dropped = routing.expert_token_counts(c, 20)
     assert counts[-1] == int(np.floor(e_c * 20 + 1e-9)) and dropped == 20 - counts[-1]
+
+
+# --------------------------------------------------------------------------
+# Compiled functions per capacity (models/capacity_control.py)
+# --------------------------------------------------------------------------
+def test_recompiling_does_not_bring_back_functions_of_the_old_loss():
+    # Rules out: the per-capacity function cache keyed on the capacity alone
+    # (compile generation ignored), which makes evaluate at a capacity seen
+    # before the last compile() return the old loss (issue 30, item 0).
+    model = ImageClassifier(MoNEViTBackbone(**TINY, capacity=0.5), num_classes=3)
+    model.build()
+    randomize_weights(model, seed=7)
+    x = images(seed=5)
+    y = np.random.default_rng(5).standard_normal((len(x), 3)).astype("float32")
+
+    def loss_at(capacity, name):
+        model.set_capacity(capacity)
+        error = to_numpy(model(x)).astype(np.float64) - y
+        expected = float(np.mean(error**2 if name == "mse" else np.abs(error)))
+        assert model.evaluate(x, y, verbose=0) == pytest.approx(expected, rel=1e-5), (capacity, name)
+        return expected
+
+    model.compile(loss="mse")
+    mse = loss_at(0.5, "mse")
+    old_function = model.test_function
+    loss_at(0.25, "mse")
+    model.compile(loss="mae")
+    mae = loss_at(0.5, "mae")
+    assert abs(mae - mse) > 1e-2 * mse  # the two losses are told apart
+    # torch runs its steps eagerly, so a stale function there still reads the
+    # new loss: that the function was rebuilt is checked on every backend.
+    assert model.test_function is not old_function

@@ -42,7 +42,7 @@ def expert_token_counts(capacities, num_tokens):
             "`capacities` must be a non-empty 1-D list of non-negative numbers "
             f"summing to at most 1, got {capacities!r}."
         )
-    # The small epsilon keeps 0.3 * 10 = 2.9999999999999996 from flooring to 2.
+    # The small epsilon keeps 0.57 * 100 = 56.99999999999999 from flooring to 56.
     counts = [int(math.floor(x * num_tokens + 1e-9)) for x in c]
     if c.sum() >= 1.0 - 1e-6:
         counts[0] = num_tokens - sum(counts[1:])
