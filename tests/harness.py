@@ -12,7 +12,7 @@ A method added to the registry is tested by it with no new test code.
 import keras
 import numpy as np
 import pytest
-from conftest import BATCH, TINY, TINY_VIDEO, images, randomize_weights, to_numpy, videos
+from conftest import BATCH, images, randomize_weights, to_numpy, videos
 
 from keras_mone.models.methods import architectures
 from keras_mone.training import SumOverWidths
@@ -21,11 +21,15 @@ NUM_CLASSES = 3
 
 
 def tiny_config(architecture):
-    return dict(TINY_VIDEO) if architecture.video else dict(TINY, use_class_token=True)
+    """The architecture's own tiny configuration (its registry entry's ``tiny_config``)."""
+    return architecture.tiny_config
 
 
 def tiny_inputs(architecture, seed=0):
-    return videos(seed=seed) if architecture.video else images(seed=seed)
+    if architecture.video:
+        return videos(seed=seed)
+    config = architecture.tiny_config
+    return images(seed=seed, size=config["image_size"], channels=config.get("num_channels", 3))
 
 
 def build_classifier(name, dtype=None):

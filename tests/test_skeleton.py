@@ -166,7 +166,7 @@ def test_a_method_registered_at_runtime_is_seen_everywhere(monkeypatch, tmp_path
     from keras_mone.models import methods
     from keras_mone.models.image_classifier import ImageClassifier
     from keras_mone.recipes.schema import ARCHITECTURES, VIDEO_ARCHITECTURES, RecipeError
-    from keras_mone.training.modes import ARCHITECTURE_MODES
+    from keras_mone.models.methods import ARCHITECTURE_MODES
     from recipe_helpers import tiny_overrides
 
     monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))

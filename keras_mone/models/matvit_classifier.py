@@ -39,9 +39,7 @@ class MatViTClassifier(ImageClassifier):
         logits = []
         for fraction in backbone.nested_fractions:
             features = backbone.encode_at(tokens, backbone.layer_widths(fraction), training=training)
-            features = backbone.output_tokens(features, training=training)
-            features = self.dropout(self.pool(features), training=training)
-            logits.append(ops.cast(self.head(features), "float32"))
+            logits.append(self.logits(backbone.output_tokens(features, training=training), training=training))
         return ops.stack(logits, axis=1)
 
 

@@ -24,24 +24,63 @@ from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
 from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import video_form
+from keras_mone.training.modes import FIXED, JOINT, TrainingMode, as_mode
+
+#: The tiny sizes the shared test harness builds (image and video ViTs).
+VIT_TINY = dict(image_size=32, patch_size=8, hidden_dim=32, depth=2, num_heads=4, mlp_dim=64, use_class_token=True)
+VIVIT_TINY = dict(
+    image_size=16, patch_size=8, hidden_dim=32, depth=2, num_heads=4, mlp_dim=64,
+    num_frames=4, tubelet_size=2, temporal_depth=1,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
-    """One architecture name: its backbone class, task class and modality."""
+    """One architecture name: its backbone class, task class, modality and sizes.
+
+    Attributes:
+        name: the ``architecture`` of presets and recipes.
+        backbone, task: the backbone class (a ``keras_mone.models.backbone.Backbone``)
+            and the task class that wraps it.
+        video: whether it takes videos.
+        defaults: backbone arguments the architecture fixes (they win over
+            presets and recipes).
+        decode_variant: ``variant string -> backbone arguments`` (its size
+            table: ``"B/16"`` for ViTs).
+        tiny: the tiny configuration the shared test harness builds it at.
+    """
 
     name: str
     backbone: type
     task: type
     video: bool
     defaults: dict = dataclasses.field(default_factory=dict)
-    """Backbone arguments the architecture fixes (they win over presets and recipes)."""
+    decode_variant: Callable = decode_variant
+    tiny: dict = None
+
+    @property
+    def tiny_config(self):
+        """The harness's tiny configuration (the ViT / ViViT one unless the entry sets its own)."""
+        if self.tiny is not None:
+            return dict(self.tiny)
+        return dict(VIVIT_TINY if self.video else VIT_TINY)
 
     def build_backbone(self, **config):
-        """The backbone of this architecture from ``config`` plus its ``defaults``."""
+        """The backbone of this architecture from ``config`` plus its ``defaults``;
+        an argument the backbone does not take is an error naming it."""
+        from keras_mone.layers.config import config_argument_names
+
+        allowed = set(config_argument_names(self.backbone)) | {"dtype", "name"}
+        unknown = sorted(set(config) - allowed)
+        if unknown:
+            raise ValueError(
+                f"{self.backbone.__name__} (architecture {self.name!r}) takes no argument(s) {unknown}; "
+                f"its arguments: {sorted(allowed - {'dtype', 'name'})}."
+            )
         return self.backbone(**{**config, **self.defaults})
 
 
@@ -53,7 +92,8 @@ class Method:
         name: the method's name ("dense", "mone", "matvit", ...).
         image: the image architecture.
         video: the video architecture (``None`` if the method has no video form).
-        modes: training modes it supports (``keras_mone.training.modes``).
+        modes: the training modes it owns (``keras_mone.training.modes.TrainingMode``
+            objects, or the names of standard ones); the first is the default.
         recipe_arguments: ``recipe -> {backbone argument: value}``, the recipe
             keys that configure the method (capacity, router type, width, ...).
     """
@@ -64,9 +104,23 @@ class Method:
     modes: tuple = ("fixed",)
     recipe_arguments: Callable = lambda recipe: {}
 
+    def __post_init__(self):
+        object.__setattr__(self, "modes", tuple(as_mode(mode) for mode in self.modes))
+
     @property
     def architectures(self):
         return tuple(a for a in (self.image, self.video) if a is not None)
+
+    @property
+    def mode_names(self):
+        return tuple(mode.name for mode in self.modes)
+
+    def mode(self, name):
+        """The ``TrainingMode`` called ``name``; an error listing this method's modes otherwise."""
+        for mode in self.modes:
+            if mode.name == name:
+                return mode
+        raise ValueError(f"Method {self.name!r} has no training mode {name!r}; its modes: {list(self.mode_names)}.")
 
 
 METHODS = {}
@@ -145,10 +199,11 @@ register_method(Method(
     "matvit",
     image=Architecture("matvit", MatViTBackbone, MatViTClassifier, video=False),
     video=Architecture("matvivit", video_form(MatViTBackbone), MatViViTClassifier, video=True),
-    modes=("fixed", "joint"),
-    recipe_arguments=lambda recipe: dict(
-        width_fraction=recipe["width_fraction"], joint_training=recipe["mode"] == "joint"
+    modes=(
+        TrainingMode("fixed", FIXED.description + " (one width)", model_arguments=lambda recipe: {"joint_training": False}),
+        JOINT,
     ),
+    recipe_arguments=lambda recipe: dict(width_fraction=recipe["width_fraction"]),
 ))
 
 register_method(Method(
@@ -176,3 +231,33 @@ ARCHITECTURES = RegistryView(lambda method, a: a.backbone)
 """Backbone class of each architecture name (a live view of the registry)."""
 TASKS = RegistryView(lambda method, a: a.task)
 """Task (classifier) class of each architecture name (a live view of the registry)."""
+ARCHITECTURE_MODES = RegistryView(lambda method, a: method.mode_names)
+"""Training mode names of each architecture (a live view of the registry)."""
+
+
+def mode_of(architecture, name):
+    """The ``TrainingMode`` ``name`` of ``architecture``'s method."""
+    return method_of(architecture).mode(name)
+
+
+class ModeNames(Mapping):
+    """``{mode name: (architectures that own it)}``, live over the registry (recipe key choices)."""
+
+    def _table(self):
+        table = {}
+        for method, architecture in _registered():
+            for name in method.mode_names:
+                table.setdefault(name, []).append(architecture.name)
+        return {name: tuple(names) for name, names in table.items()}
+
+    def __getitem__(self, name):
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+MODE_NAMES = ModeNames()

@@ -4,10 +4,9 @@ import os
 
 import keras
 
+from keras_mone.models.methods import mode_of
 from keras_mone.training import checkpoint as checkpoint_lib
-from keras_mone.training.adaptive_capacity import AdaptiveCapacity
-from keras_mone.training.losses import SigmoidCrossEntropy, SumOverWidths
-from keras_mone.training.modes import ADAPTIVE_MODES
+from keras_mone.training.losses import SigmoidCrossEntropy
 from keras_mone.training.optimizers import adamw_kernels_only, sgd_kernels_only
 from keras_mone.training.router_monitor import RouterMonitor
 
@@ -32,14 +31,20 @@ def make_optimizer(recipe, total_steps, steps_per_epoch):
     return adamw_kernels_only(recipe["learning_rate"], total_steps, warmup, beta_2=recipe["beta_2"], **common)
 
 
+def training_mode(recipe):
+    """The ``TrainingMode`` the recipe's ``mode`` names, owned by its architecture's method."""
+    return mode_of(recipe["architecture"], recipe["mode"])
+
+
 def make_loss(recipe):
-    """The recipe's loss on one-hot labels: sigmoid or softmax cross-entropy
-    (with ``label_smoothing``), summed over the widths in MatViT joint training."""
+    """The recipe's task loss on one-hot labels: sigmoid or softmax cross-entropy
+    (with ``label_smoothing``), as the training mode wraps it (MatViT joint
+    training sums it over the widths)."""
     if recipe["loss"] == "sigmoid":
         loss = SigmoidCrossEntropy()
     else:
         loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=recipe["label_smoothing"])
-    return SumOverWidths(loss) if recipe["mode"] == "joint" else loss
+    return training_mode(recipe).wrap_loss(loss)
 
 
 def checkpoint_dir(recipe):
@@ -47,7 +52,8 @@ def checkpoint_dir(recipe):
 
 
 def make_callbacks(recipe, model, eval_data):
-    """Router monitor (learned routers), checkpoints, ``history.csv`` and, for adaptive modes, the capacity sampler."""
+    """Router monitor (learned routers), checkpoints, ``history.csv`` and the training mode's own
+    callbacks (the adaptive modes' capacity sampler)."""
     callbacks = []
     if getattr(model.backbone, "router_type", None) == "learned" and eval_data is not None:
         # alpha and router entropy per epoch, into history.csv (CSVLogger comes after it)
@@ -57,8 +63,4 @@ def make_callbacks(recipe, model, eval_data):
         checkpoint_lib.StepCheckpoint(checkpoint_dir(recipe), recipe["checkpoint_steps"]),
         keras.callbacks.CSVLogger(os.path.join(recipe["output_dir"], "history.csv"), append=True),
     ]
-    if recipe["mode"] in ADAPTIVE_MODES:
-        callbacks.append(
-            AdaptiveCapacity(recipe["adaptive_capacities"], eval_capacity=recipe["capacity"], seed=recipe["seed"])
-        )
-    return callbacks
+    return callbacks + list(training_mode(recipe).callbacks(recipe, model))

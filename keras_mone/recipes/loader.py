@@ -21,7 +21,7 @@ import keras
 
 from keras_mone.data import pipeline, video_pipeline
 from keras_mone.recipes import schema
-from keras_mone.recipes.builders import checkpoint_dir, make_callbacks, make_loss, make_optimizer
+from keras_mone.recipes.builders import checkpoint_dir, make_callbacks, make_loss, make_optimizer, training_mode
 from keras_mone.recipes.data_sources import data_sources, digits_stream, in_memory_eval_data
 from keras_mone.recipes.files import resolve
 from keras_mone.recipes.model import build_classifier, init_from_saved_model
@@ -30,7 +30,6 @@ from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.distribution import distribution_scope, num_replicas
 from keras_mone.training.distribution import resolve as resolve_distribution
 from keras_mone.training.losses import FullWidthAccuracy
-from keras_mone.training.modes import ADAPTIVE_MODES, ISOFLOPS_MODES, isoflops_epochs
 
 
 @dataclasses.dataclass
@@ -170,10 +169,11 @@ def load(name_or_path, resume=True, **overrides):
                 init_from_saved_model(model, os.path.expanduser(recipe["init_from"]))
             except ValueError as error:
                 raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
-        epochs = recipe["epochs"]
-        if recipe["mode"] in ISOFLOPS_MODES:
-            adaptive = recipe["adaptive_capacities"] if recipe["mode"] in ADAPTIVE_MODES else None
-            epochs = isoflops_epochs(epochs, model.backbone, adaptive)
+        mode = training_mode(recipe)
+        epochs = mode.epochs(recipe, model.backbone, recipe["epochs"])
+        terms = mode.loss_terms(recipe)
+        if terms:  # the mode's own loss terms (else the model's defaults), logged by name
+            model.set_loss_terms(terms)
         optimizer = make_optimizer(recipe, epochs * steps_per_epoch, steps_per_epoch)
         loss = make_loss(recipe)
         # weighted: padded evaluation batches (several devices) weigh their padding 0

@@ -1,20 +1,28 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
-from keras_mone.models.methods import TASKS, architectures, method_of
-from keras_mone.models.variants import decode_variant
+from keras_mone.models.methods import architectures, method_of
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
 from keras_mone.models.weights_file import load_saved_model
-from keras_mone.recipes.schema import PRESET_PREFIX, VIDEO_ARCHITECTURES, allowed_args
+from keras_mone.recipes.schema import KEYS, PRESET_PREFIX, allowed_args
 
 
 def build_classifier(recipe, num_classes):
-    """The recipe's (built) classifier with a ``num_classes`` head."""
-    architecture = recipe["architecture"]
-    config = {
-        **decode_variant(recipe["variant"]),
+    """The recipe's (built) classifier with a ``num_classes`` head.
+
+    Its configuration is the architecture's size table entry for ``variant``,
+    the recipe keys every architecture shares (image size, dropout, pooling,
+    ...), the method's and the training mode's arguments, then ``model_args``.
+    A size-table, method, mode or ``model_args`` argument that neither the
+    backbone nor the task takes is an error naming it; a shared recipe key
+    the architecture has no use for is skipped only at its default value.
+    """
+    architecture_name = recipe["architecture"]
+    architecture = architectures()[architecture_name]
+    method = method_of(architecture_name)
+    shared = {
         "image_size": recipe["image_size"],
         "dropout_rate": recipe["dropout_rate"],
         "drop_path_rate": recipe["drop_path_rate"],
@@ -22,15 +30,35 @@ def build_classifier(recipe, num_classes):
         "pooling": recipe["pooling"],
         "head_bias_init": recipe["head_bias_init"],
     }
-    if architecture in VIDEO_ARCHITECTURES:
-        config.update(num_frames=recipe["num_frames"], tubelet_size=recipe["tubelet_size"])
-    config.update(method_of(architecture).recipe_arguments(recipe))
+    if architecture.video:
+        shared.update(num_frames=recipe["num_frames"], tubelet_size=recipe["tubelet_size"])
+    specific = {
+        **architecture.decode_variant(recipe["variant"]),
+        **method.recipe_arguments(recipe),
+        **method.mode(recipe["mode"]).model_arguments(recipe),
+    }
+    backbone_keys, task_keys = allowed_args(architecture_name)
+    accepted = backbone_keys | task_keys
+    unused = {k: v for k, v in shared.items() if k not in accepted and k != "num_classes"}
+    changed = sorted(k for k, v in unused.items() if v != KEYS[k].default)
+    if changed:
+        raise ValueError(
+            f"architecture {architecture_name!r} takes no {changed} (recipe keys set to "
+            f"{ {k: unused[k] for k in changed} }); remove them from the recipe."
+        )
+    config = {k: v for k, v in shared.items() if k in accepted}
+    config.update(specific)
     config.update(recipe["model_args"])
-    if recipe["pooling"] == "token":
+    if recipe["pooling"] == "token" and "use_class_token" in backbone_keys:
         config.setdefault("use_class_token", True)
-    backbone_keys, task_keys = allowed_args(architecture)
-    backbone = architectures()[architecture].build_backbone(**{k: v for k, v in config.items() if k in backbone_keys})
-    model = TASKS[architecture](backbone, **{k: v for k, v in config.items() if k in task_keys})
+    unknown = sorted(set(config) - accepted)
+    if unknown:
+        raise ValueError(
+            f"architecture {architecture_name!r} takes no argument(s) {unknown}; "
+            f"its backbone and task take {sorted(accepted)}."
+        )
+    backbone = architecture.build_backbone(**{k: v for k, v in config.items() if k in backbone_keys})
+    model = architecture.task(backbone, **{k: v for k, v in config.items() if k in task_keys})
     model.build()
     return model
 

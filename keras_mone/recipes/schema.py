@@ -17,9 +17,8 @@ from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
 from keras_mone.layers.config import config_argument_names
 from keras_mone.models.methods import ARCHITECTURES as BACKBONE_CLASSES
 from keras_mone.models.methods import TASKS as TASK_CLASSES
-from keras_mone.models.methods import RegistryView
+from keras_mone.models.methods import ARCHITECTURE_MODES, MODE_NAMES, RegistryView, architectures
 from keras_mone.training.distribution import DISTRIBUTIONS
-from keras_mone.training.modes import ARCHITECTURE_MODES, MODES
 
 #: Live views of the method registry (a method registered later is accepted too).
 ARCHITECTURES = ARCHITECTURE_MODES
@@ -110,10 +109,10 @@ KEYS = {
     "loss": _k("sigmoid", str, "sigmoid (AugReg) or softmax cross-entropy", LOSSES),
     "label_smoothing": _k(0.0, float, "label smoothing of the softmax loss", low=0.0, high=0.99),
     # MoNE / MatViT training modes (MoNE Sec. 5)
-    "mode": _k("fixed", str, "training mode (vit, vivit: fixed; mone_vit, mone_vivit: fixed/adaptive/isoflops/adaptive_isoflops; matvit, matvivit: fixed/joint)", MODES),
+    "mode": _k("fixed", str, "training mode, owned by the architecture's method (`keras-mone train --help` lists each architecture's; e.g. mone_vit: fixed/adaptive/isoflops/adaptive_isoflops, matvit: fixed/joint)", MODE_NAMES),
     "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive' or 'adaptive_isoflops')"),
     # infrastructure
-    "distribution": _k("none", str, "multi-device training", DISTRIBUTIONS),
+    "distribution": _k("none", str, "multi-device training; auto = data_parallel over every local GPU/TPU when there are several, else none", DISTRIBUTIONS),
     "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),
     "seed": _k(0, int, "seed of initialisation, shuffling and augmentation", low=0),
     "output_dir": _k("", str, "run directory; '' = runs/<recipe name>"),
@@ -171,13 +170,11 @@ def validate(raw, recipe_name="recipe"):
 
 
 def _check_cross_keys(recipe, recipe_name):
-    from keras_mone.models.variants import decode_variant
-
     def fail(message):
         raise RecipeError(f"{recipe_name}: {message}")
 
     try:
-        decode_variant(recipe["variant"])
+        architectures()[recipe["architecture"]].decode_variant(recipe["variant"])
     except ValueError as error:
         fail(f"key 'variant': {error}")
     allowed = ARCHITECTURE_MODES[recipe["architecture"]]

@@ -1,32 +1,86 @@
-"""MoNE training modes (paper Sec. 5): fixed, adaptive, isoFLOPs, and MatViT joint training.
+"""Training modes, owned by the methods that register them (MoNE paper Sec. 5).
 
-- fixed: one effective capacity e_c for the whole run.
-- adaptive: e_c drawn per step from {0.15, ..., 0.95} (``AdaptiveCapacity``).
-- isoflops: a MoNE model trained at e_c gets ``dense MACs / MoNE MACs`` times
-  the dense model's epochs, i.e. the same training compute.
-- adaptive_isoflops: adaptive, with the epochs scaled so that the expected
+A ``TrainingMode`` says what a recipe's ``mode`` changes in training: model
+arguments (MatViT's ``joint_training``), the task loss (``SumOverWidths``),
+the number of epochs (isoFLOPs), callbacks (the adaptive-capacity sampler)
+and the method's own loss terms (``keras_mone.models.loss_terms.LossTerm``,
+logged by name in ``history.csv``). A method lists its modes in its
+registry entry (``keras_mone.models.methods.Method.modes``); nothing else
+keeps a table of mode names.
+
+The standard modes:
+
+- ``FIXED``: one effective capacity e_c (or width) for the whole run.
+- ``ADAPTIVE``: e_c drawn per step from ``adaptive_capacities``
+  (``AdaptiveCapacity``), evaluated at ``capacity``.
+- ``ISOFLOPS``: a MoNE model trained at e_c gets ``dense MACs / MoNE MACs``
+  times the dense model's epochs, i.e. the same training compute.
+- ``ADAPTIVE_ISOFLOPS``: adaptive, with the epochs scaled so that the expected
   training MACs (the mean over the drawn capacities) equal the dense model's;
   Sec. 5 notes that the paper's adaptively trained model has the training
   FLOPs of the baseline.
-- joint (MatViT baseline): the losses of the nested widths D/8 .. D are summed
-  every step (``MatViTClassifier`` + ``SumOverWidths``).
+- ``JOINT`` (MatViT baseline): the losses of the nested widths D/8 .. D are
+  summed every step (``MatViTClassifier`` + ``SumOverWidths``).
 """
 
-from keras_mone.analysis import flops
-from keras_mone.layers.config import config_argument_names
-from keras_mone.models.methods import RegistryView
-from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import ViViTBackbone
+import dataclasses
+from typing import Callable
 
-MODES = ("fixed", "adaptive", "isoflops", "adaptive_isoflops", "joint")
-ADAPTIVE_MODES = ("adaptive", "adaptive_isoflops")
-ISOFLOPS_MODES = ("isoflops", "adaptive_isoflops")
-ARCHITECTURE_MODES = RegistryView(lambda method, architecture: method.modes)
-"""Modes each architecture supports (a live view of the method registry; "fixed" for MatViT trains one width)."""
+from keras_mone.layers.config import config_argument_names
+from keras_mone.training.adaptive_capacity import AdaptiveCapacity
+from keras_mone.training.losses import SumOverWidths
+
+
+def _no_arguments(recipe):
+    return {}
+
+
+def _same_loss(loss):
+    return loss
+
+
+def _no_callbacks(recipe, model):
+    return []
+
+
+def _same_epochs(recipe, backbone, epochs):
+    return epochs
+
+
+def _no_terms(recipe):
+    return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingMode:
+    """What a recipe's ``mode`` changes in training.
+
+    Attributes:
+        name: the recipe's ``mode`` value.
+        description: one line for the recipe schema and ``--help``.
+        model_arguments: ``recipe -> {constructor argument: value}`` for the
+            backbone or task (e.g. ``joint_training=True``).
+        wrap_loss: ``task loss -> training loss``.
+        callbacks: ``(recipe, model) -> [keras.callbacks.Callback]``.
+        epochs: ``(recipe, backbone, recipe epochs) -> epochs to train``.
+        loss_terms: ``recipe -> (LossTerm, ...)``: the method's own loss terms,
+            added to the task loss and logged by name.
+    """
+
+    name: str
+    description: str = ""
+    model_arguments: Callable = _no_arguments
+    wrap_loss: Callable = _same_loss
+    callbacks: Callable = _no_callbacks
+    epochs: Callable = _same_epochs
+    loss_terms: Callable = _no_terms
 
 
 def dense_counterpart(backbone):
     """The (unbuilt) dense ``ViTBackbone`` (``ViViTBackbone`` for video) of ``backbone``'s size."""
+    from keras_mone.models.vit_backbone import ViTBackbone
+    from keras_mone.models.vivit_backbone import ViViTBackbone
+
     dense = ViViTBackbone if isinstance(backbone, ViViTBackbone) else ViTBackbone
     config = backbone.get_config()
     return dense(**{k: config[k] for k in config_argument_names(dense) if k in config})
@@ -40,6 +94,8 @@ def isoflops_epochs(epochs, backbone, capacities=None):
     (adaptive training draws one per step, uniformly), their mean over
     ``capacities``; the backbone's capacity is left as it was.
     """
+    from keras_mone.analysis import flops
+
     dense = flops(dense_counterpart(backbone)).total
     if capacities is None:
         return max(1, round(epochs * dense / flops(backbone).total))
@@ -52,3 +108,43 @@ def isoflops_epochs(epochs, backbone, capacities=None):
     finally:
         backbone.set_capacity(current)
     return max(1, round(epochs * dense * len(per_step) / sum(per_step)))
+
+
+def _capacity_sampler(recipe, model):
+    return [AdaptiveCapacity(recipe["adaptive_capacities"], eval_capacity=recipe["capacity"], seed=recipe["seed"])]
+
+
+FIXED = TrainingMode("fixed", "one capacity (or width) for the whole run")
+ADAPTIVE = TrainingMode(
+    "adaptive", "e_c drawn per step from adaptive_capacities, evaluated at capacity",
+    callbacks=_capacity_sampler,
+)
+ISOFLOPS = TrainingMode(
+    "isoflops", "epochs x dense MACs / MACs at capacity (the dense model's training compute)",
+    epochs=lambda recipe, backbone, epochs: isoflops_epochs(epochs, backbone),
+)
+ADAPTIVE_ISOFLOPS = TrainingMode(
+    "adaptive_isoflops", "adaptive, epochs scaled to the dense model's training compute",
+    callbacks=_capacity_sampler,
+    epochs=lambda recipe, backbone, epochs: isoflops_epochs(epochs, backbone, recipe["adaptive_capacities"]),
+)
+JOINT = TrainingMode(
+    "joint", "MatViT: the losses of the nested widths D/8 .. D summed every step",
+    model_arguments=lambda recipe: {"joint_training": True},
+    wrap_loss=SumOverWidths,
+)
+
+STANDARD_MODES = {mode.name: mode for mode in (FIXED, ADAPTIVE, ISOFLOPS, ADAPTIVE_ISOFLOPS, JOINT)}
+"""The modes methods pick from by name (``Method(modes=("fixed", "adaptive"))``)."""
+
+
+def as_mode(mode):
+    """A ``TrainingMode`` from itself or a standard mode's name."""
+    if isinstance(mode, TrainingMode):
+        return mode
+    if mode not in STANDARD_MODES:
+        raise ValueError(
+            f"Unknown training mode {mode!r}; standard modes: {sorted(STANDARD_MODES)} "
+            "(or pass a keras_mone.training.modes.TrainingMode)."
+        )
+    return STANDARD_MODES[mode]
