@@ -155,9 +155,9 @@ class SparseMixerBlock(ConfigMixin, keras.layers.Layer):
         self.channel_expert_dim = arguments.integer("channel_expert_dim", channel_expert_dim)
         self.token_top_k = token_top_k
         self.channel_top_k = channel_top_k
-        self.capacity_factor = capacity_factor
+        self.capacity_factor = arguments.number("capacity_factor", capacity_factor, 0.0, low_open=True)
         self.noise = bool(noise)
-        self.aux_loss_weight = aux_loss_weight
+        self.aux_loss_weight = arguments.number("aux_loss_weight", aux_loss_weight, 0.0)
         self.layer_norm_epsilon = arguments.number(
             "layer_norm_epsilon", layer_norm_epsilon, 0.0, low_open=True
         )

@@ -39,6 +39,21 @@ def expert_capacity(num_items, num_experts, top_k, capacity_factor):
     return max(1, min(num_items, math.ceil(capacity_factor * top_k * num_items / num_experts - 1e-9)))
 
 
+def importance_and_load(logits, noisy_logits, top_k, noise_std):
+    """Eq. 6 and V-MoE's smooth load, each summed over all but the last axis.
+
+    ``importance_e = sum softmax(logits)_e``; ``load_e = sum P((W_g x)_e + eps'
+    >= t_k)`` with ``t_k`` the k-th largest noisy logit and ``eps' ~ N(0,
+    noise_std^2)``, i.e. ``1 - Phi((t_k - (W_g x)_e) / noise_std)``.
+    """
+    axes = tuple(range(len(logits.shape) - 1))
+    importance = ops.sum(ops.softmax(logits, axis=-1), axis=axes)
+    threshold = ops.top_k(noisy_logits, top_k)[0][..., -1:]
+    z = (threshold - logits) / noise_std
+    load = ops.sum(0.5 * (1.0 - ops.erf(z / math.sqrt(2.0))), axis=axes)
+    return importance, load
+
+
 def cv_squared(values):
     """Squared coefficient of variation ``var / mean^2`` (population variance)."""
     return ops.var(values) / (ops.square(ops.mean(values)) + 1e-12)
@@ -187,10 +202,7 @@ class SparseMoE(ConfigMixin, keras.layers.Layer):
         return outputs, self._stats(logits, noisy, fits, counts)
 
     def _stats(self, logits, noisy, fits, counts):
-        importance = ops.sum(ops.softmax(logits, axis=-1), axis=(0, 1))
-        threshold = ops.top_k(noisy, self.top_k)[0][..., -1:]
-        z = (threshold - logits) / self.noise_std
-        load = ops.sum(0.5 * (1.0 - ops.erf(z / math.sqrt(2.0))), axis=(0, 1))
+        importance, load = importance_and_load(logits, noisy, self.top_k, self.noise_std)
         aux = self.aux_loss_weight * (cv_squared(importance) + cv_squared(load)) / 2.0
         return {
             "importance": importance,
