@@ -5,12 +5,15 @@ from keras_mone.layers.acm_gate import ACMGate
 from keras_mone.layers.attention import MoNEAttention
 from keras_mone.layers.block import MoNEBlock
 from keras_mone.layers.gates import HalfOpenUnitInterval
+from keras_mone.layers.mixer import MixerBlock, MlpBlock, SparseMixerBlock
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import NestedDense
 from keras_mone.layers.patch_embedding import PatchEmbedding
+from keras_mone.layers.re_represent import ReRepresent1, ReRepresent2
 from keras_mone.layers.regularization import DropPath
 from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
 from keras_mone.layers.sequence_encoder import SequenceEncoder
+from keras_mone.layers.sparse_moe import SparseMoE
 from keras_mone.layers.tubelet_embedding import TubeletEmbedding, inflate_patch_kernel
 
 __all__ = [
@@ -19,14 +22,20 @@ __all__ = [
     "DropPath",
     "ExpertPreferredRouting",
     "HalfOpenUnitInterval",
+    "MixerBlock",
+    "MlpBlock",
     "MoNEAttention",
     "MoNEBlock",
     "NestedDense",
     "NestedMLP",
     "PatchEmbedding",
     "RandomRouter",
+    "ReRepresent1",
+    "ReRepresent2",
     "Router",
     "SequenceEncoder",
+    "SparseMixerBlock",
+    "SparseMoE",
     "TubeletEmbedding",
     "inflate_patch_kernel",
 ]
