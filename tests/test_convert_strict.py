@@ -4,7 +4,7 @@ Every test writes a synthetic checkpoint (``test_convert``'s writers) with
 the variant under test: strict loading names every key the model would not
 use and writes nothing; ``strict=False`` loads what fits and reports the
 rest; the variants the model can represent (pre-logits, GAP files without
-``cls``, timm ``no_embed_class``, flax's tanh GELU) compute what the
+``cls``, timm ``no_embed_class`` and layer scale, flax's tanh GELU) compute what the
 reference computes on the same parameters.
 """
 
@@ -28,7 +28,9 @@ R = 16  # width of the representation (pre-logits) layer
 
 def build(use_class_token=True, num_classes=CLASSES, backbone_only=False, video=False, **options):
     config = dict(image_size=32, patch_size=P, hidden_dim=D, depth=DEPTH, num_heads=H, mlp_dim=M,
-                  use_class_token=use_class_token, gelu_approximate=options.pop("gelu_approximate", False))
+                  use_class_token=use_class_token)
+    if options.pop("gelu_approximate", False):
+        config["gelu_approximate"] = True
     if video:
         backbone = models.ViViTBackbone(**dict(config, image_size=16), num_frames=2, tubelet_size=2, temporal_depth=1)
     else:
@@ -72,8 +74,6 @@ UNUSED = {
     "map_head": (lambda p, t: _bv(p, t, **{"params/MAPHead_0/probe": ONES[None, None],
                                            "params/MAPHead_0/LayerNorm_0/scale": ONES}),
                  "big_vision", {}, {"params/MAPHead_0/probe", "params/MAPHead_0/LayerNorm_0/scale"}, "no MAP head"),
-    "layer_scale": (lambda p, t: _timm(p, t, **{"blocks.0.ls1.gamma": ONES, "blocks.1.ls2.gamma": ONES}),
-                    "timm", {}, {"blocks.0.ls1.gamma", "blocks.1.ls2.gamma"}, "no layer scale"),
     "reg_token": (lambda p, t: _timm(p, t, reg_token=np.zeros((1, 4, D), "float32")),
                   "timm", {}, {"reg_token"}, "no register tokens"),
     "fc_norm_gap": (lambda p, t: _timm(p, t, drop=("norm.weight", "norm.bias", "cls_token"),
@@ -169,6 +169,26 @@ def test_timm_no_embed_class(tmp_path):
     quiet_load(model, str(path), "timm")
     x = images()
     assert np.max(np.abs(to_numpy(model.backbone(x)) - expected_tokens(params, x))) <= TOLERANCE
+
+
+def test_timm_layer_scale_is_applied(tmp_path):
+    # Rules out ignoring ls1/ls2 (DeiT-III, DINOv2), swapping them, or scaling rows instead of columns.
+    params = reference_params()
+    rng = np.random.default_rng(2)
+    gammas = {f"blocks.{i}.ls{j}.gamma": rng.uniform(0.1, 2.0, D).astype("float32") for i in range(DEPTH) for j in (1, 2)}
+    path = _timm(params, tmp_path, **gammas)
+    scaled = dict(params)
+    for i in range(DEPTH):
+        for j, layer in ((1, "attention/out"), (2, "mlp/fc2")):
+            gamma = gammas[f"blocks.{i}.ls{j}.gamma"]
+            scaled[f"block_{i}/{layer}/kernel"] = params[f"block_{i}/{layer}/kernel"] * gamma
+            scaled[f"block_{i}/{layer}/bias"] = params[f"block_{i}/{layer}/bias"] * gamma
+    model = build()
+    assert quiet_load(model, str(path), "timm")["unused"] == {}
+    x = images()
+    expected = expected_tokens(scaled, x)
+    assert np.max(np.abs(expected - expected_tokens(params, x))) > 100 * TOLERANCE
+    assert np.max(np.abs(to_numpy(model.backbone(x)) - expected)) <= TOLERANCE
 
 
 def test_gelu_approximate_computes_what_flax_computes(tmp_path, monkeypatch):

@@ -9,7 +9,9 @@ weights are (out, in), hence the transposes. Models without a class token
 (``class_token=False``) have no ``cls_token`` and a grid-only ``pos_embed``;
 with ``no_embed_class`` the class token has no position (zero is used).
 ``pre_logits.fc`` (Linear + Tanh) loads into a classifier built with
-``representation_size``. timm computes the exact GELU (``gelu_approximate=False``).
+``representation_size``. Layer scale (``blocks.{i}.ls1.gamma`` / ``ls2.gamma``:
+DeiT-III, DINOv2) is folded into the attention out-projection and ``fc2``
+(exact: a per-channel scale of their outputs). timm computes the exact GELU (``gelu_approximate=False``).
 """
 
 import json
@@ -99,7 +101,6 @@ def vit_state_from_timm(state_dict):
 
 
 _REASONS = [
-    (r"^blocks\.\d+\.ls[12]\.gamma$", "layer scale (DeiT-III, DINOv2): keras_mone's block has no layer scale"),
     (r"^reg_token$", "register tokens: keras_mone's ViT has no register tokens"),
     (r"^fc_norm\.", "a LayerNorm after pooling (timm's fc_norm, with `norm` an Identity): keras_mone's ViT "
                     "normalises every token before pooling and has no such part"),
@@ -115,12 +116,19 @@ def _block(reader, prefix):
         return reader(f"{prefix}{name}.weight", where).T, reader(f"{prefix}{name}.bias", where)
 
     qkv_kernel, qkv_bias = linear("attn.qkv")
-    out_kernel, out_bias = linear("attn.proj")
+    out_kernel, out_bias = _scaled(reader, prefix + "ls1.gamma", *linear("attn.proj"))
     fc1_kernel, fc1_bias = linear("mlp.fc1")
-    fc2_kernel, fc2_bias = linear("mlp.fc2")
+    fc2_kernel, fc2_bias = _scaled(reader, prefix + "ls2.gamma", *linear("mlp.fc2"))
     return {
         "norm1_gamma": reader(f"{prefix}norm1.weight", where), "norm1_beta": reader(f"{prefix}norm1.bias", where),
         "qkv_kernel": qkv_kernel, "qkv_bias": qkv_bias, "out_kernel": out_kernel, "out_bias": out_bias,
         "norm2_gamma": reader(f"{prefix}norm2.weight", where), "norm2_beta": reader(f"{prefix}norm2.bias", where),
         "fc1_kernel": fc1_kernel, "fc1_bias": fc1_bias, "fc2_kernel": fc2_kernel, "fc2_bias": fc2_bias,
     }
+
+
+def _scaled(reader, key, kernel, bias):
+    """Layer scale ``gamma * (x @ W + b)`` folded into ``(W * gamma, b * gamma)``: exact, also
+    for nested widths (a width-d token reads the first d output columns and gamma[:d])."""
+    gamma = reader.optional(key)
+    return (kernel, bias) if gamma is None else (kernel * gamma[None, :], bias * gamma)
