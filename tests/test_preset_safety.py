@@ -55,6 +55,9 @@ def test_save_to_preset_refuses_a_non_empty_folder_that_is_not_a_preset(tmp_path
         presets.save_to_preset(tiny_classifier(), project)
     assert snapshot(project) == before
     assert sorted(os.listdir(tmp_path)) == ["project"]  # no staging folder left beside it
+    with pytest.raises(ValueError, match="notes.txt' exists and is not a folder"):
+        presets.save_to_preset(tiny_classifier(), project / "notes.txt")
+    assert snapshot(project) == before
 
 
 def test_save_to_preset_overwrites_a_preset_only_when_asked_and_keeps_other_files(tmp_path):

@@ -80,9 +80,13 @@ def save_to_preset(model, path, overwrite=False, weights_source="keras_mone", li
 
 
 def _umask():
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    try:  # Linux: read it without changing it (os.umask would, briefly, for every thread)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 def _check_target(path, overwrite):
@@ -90,7 +94,9 @@ def _check_target(path, overwrite):
     if not os.path.lexists(path):
         return False
     if not os.path.isdir(path) or os.path.islink(path):
-        raise ValueError(f"save_to_preset: {path!r} exists and is not a folder; pass a new or empty folder.")
+        raise ValueError(
+            f"save_to_preset: {path!r} exists and is not a folder (or is a symbolic link); pass a new or empty folder."
+        )
     entries = os.listdir(path)
     if not entries:
         return False
