@@ -17,13 +17,15 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
     """Images ``(batch, H, W, C)`` to tokens ``(batch, N [+1], D)``.
 
     A ``patch_size`` x ``patch_size`` convolution with the same stride, an
-    optional learned class token in front, and learned position embeddings.
+    optional learned class token in front, and learned position embeddings
+    (``use_position_embedding=False``: none, as MLP-Mixer).
     Inputs are checked against ``image_size`` and ``num_channels`` with an
     error that names the argument.
     """
 
     def __init__(
-        self, image_size, patch_size, hidden_dim, num_channels=3, use_class_token=False, **kwargs
+        self, image_size, patch_size, hidden_dim, num_channels=3, use_class_token=False,
+        use_position_embedding=True, **kwargs
     ):
         super().__init__(**kwargs)
         self.image_size = validate_image_geometry(image_size, patch_size)
@@ -31,6 +33,7 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
         self.hidden_dim = hidden_dim
         self.num_channels = num_channels
         self.use_class_token = use_class_token
+        self.use_position_embedding = bool(use_position_embedding)
         self.projection = keras.layers.Conv2D(
             hidden_dim, patch_size, strides=patch_size, padding="valid",
             kernel_initializer=keras.initializers.LecunNormal(),
@@ -47,7 +50,9 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
 
     def build(self, input_shape):
         self.projection.build((None, *self.image_size, self.num_channels))
-        add_sequence_weights(self, self.num_tokens, self.hidden_dim, self.use_class_token)
+        add_sequence_weights(
+            self, self.num_tokens, self.hidden_dim, self.use_class_token, self.use_position_embedding
+        )
 
     def check_inputs(self, images):
         """Raises a ``ValueError`` if ``images`` (any array with a shape and dtype) do not fit."""

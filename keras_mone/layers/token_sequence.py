@@ -11,9 +11,10 @@ import numpy as np
 from keras import ops
 
 
-def add_sequence_weights(layer, num_tokens, hidden_dim, use_class_token):
+def add_sequence_weights(layer, num_tokens, hidden_dim, use_class_token, use_position_embedding=True):
     """Creates ``layer.class_token`` (``(1, 1, D)``, zeros, or ``None``) and
-    ``layer.position_embedding`` (``(1, num_tokens, D)``, N(0, 0.02)); call from ``build``.
+    ``layer.position_embedding`` (``(1, num_tokens, D)``, N(0, 0.02), or ``None``
+    without ``use_position_embedding``: MLP-Mixer has none); call from ``build``.
 
     ``num_tokens`` counts the class token when there is one.
     """
@@ -22,6 +23,9 @@ def add_sequence_weights(layer, num_tokens, hidden_dim, use_class_token):
         layer.class_token = layer.add_weight(
             name="class_token", shape=(1, 1, hidden_dim), initializer="zeros"
         )
+    layer.position_embedding = None
+    if not use_position_embedding:
+        return
     layer.position_embedding = layer.add_weight(
         name="position_embedding",
         shape=(1, num_tokens, hidden_dim),
@@ -30,12 +34,15 @@ def add_sequence_weights(layer, num_tokens, hidden_dim, use_class_token):
 
 
 def prepend_class_token_and_add_positions(tokens, class_token, position_embedding):
-    """``concat([class_token], tokens) + position_embedding`` for ``(batch, N, D)`` tokens."""
+    """``concat([class_token], tokens) + position_embedding`` for ``(batch, N, D)`` tokens
+    (either may be ``None``)."""
     if class_token is not None:
         cls = ops.broadcast_to(
             ops.cast(class_token, tokens.dtype), (ops.shape(tokens)[0], 1, tokens.shape[-1])
         )
         tokens = ops.concatenate([cls, tokens], axis=1)
+    if position_embedding is None:
+        return tokens
     return tokens + ops.cast(position_embedding, tokens.dtype)
 
 

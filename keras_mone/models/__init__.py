@@ -1,10 +1,14 @@
 """Models of keras_mone: backbones (dense, MoNE, MatViT, MoD and A-MoD ViTs and ViViTs) and tasks."""
 
+from keras_mone.models.backbone import Backbone
 from keras_mone.models.image_classifier import ImageClassifier
+from keras_mone.models.loss_terms import LossTerm
 from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
 from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
+from keras_mone.models.mixer_backbone import MIXER_SIZES, SPARSE_MLP_SIZES, MixerBackbone, SparseMLPBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.sparse_mlp_classifier import SparseMLPClassifier
 from keras_mone.models.variants import VIT_SIZES, decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.video_init import load_image_weights, vivit_from_image_backbone
@@ -20,6 +24,13 @@ from keras_mone.models.vivit_backbone import (
 from keras_mone.models.weight_transfer import transfer_weights
 
 __all__ = [
+    "Backbone",
+    "LossTerm",
+    "MIXER_SIZES",
+    "MixerBackbone",
+    "SPARSE_MLP_SIZES",
+    "SparseMLPBackbone",
+    "SparseMLPClassifier",
     "VIT_SIZES",
     "AMoDViTBackbone",
     "AMoDViViTBackbone",

@@ -21,9 +21,16 @@ from typing import Callable
 
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
+from keras_mone.models.mixer_backbone import (
+    MixerBackbone,
+    SparseMLPBackbone,
+    decode_mixer_variant,
+    decode_sparse_mlp_variant,
+)
 from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
 from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.sparse_mlp_classifier import SparseMLPClassifier
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
 from keras_mone.models.vit_backbone import ViTBackbone
@@ -225,6 +232,23 @@ register_method(Method(
     image=Architecture("amod_vit", AMoDViTBackbone, ImageClassifier, video=False),
     video=Architecture("amod_vivit", video_form(AMoDViTBackbone), VideoClassifier, video=True),
     recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
+))
+
+#: The tiny sizes of the harness for the Mixer family (32x32 images, 16 tokens).
+MIXER_TINY = dict(image_size=32, patch_size=8, hidden_dim=16, depth=1, token_mlp_dim=8, channel_mlp_dim=32)
+SPARSE_MLP_TINY = dict(
+    MIXER_TINY, sparse_depth=1, sparse_tokens=24, sparse_hidden_dim=8, token_num_experts=4,
+    token_expert_dim=16, channel_num_experts=2, channel_expert_dim=16, seed=0,
+)
+register_method(Method(
+    "mixer",
+    image=Architecture("mixer", MixerBackbone, ImageClassifier, video=False,
+                       decode_variant=decode_mixer_variant, tiny=MIXER_TINY),
+))
+register_method(Method(
+    "sparse_mlp",
+    image=Architecture("sparse_mlp", SparseMLPBackbone, SparseMLPClassifier, video=False,
+                       decode_variant=decode_sparse_mlp_variant, tiny=SPARSE_MLP_TINY),
 ))
 
 ARCHITECTURES = RegistryView(lambda method, a: a.backbone)
