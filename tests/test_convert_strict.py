@@ -267,3 +267,17 @@ def test_wrong_model_or_source_type(tmp_path):
         quiet_load(build(), {"patch_embed.proj.weight": np.zeros(1)}, "keras_hub")
     with pytest.raises(TypeError, match="format 'timm' takes the path of a checkpoint file.*got dict"):
         quiet_load(build(), {"patch_embed.proj.weight": np.zeros(1)}, "timm")
+
+
+def test_flax_weights_tags_build_the_tanh_gelu(monkeypatch):
+    # Rules out presets converting AugReg checkpoints into an exact-GELU model (or keras-hub into a tanh one).
+    from keras_mone.presets import registry
+
+    for name, spec in registry._zoo().items():
+        for tag, entry in spec.get("tags", {}).items():
+            flax = entry["format"] in ("vision_transformer", "big_vision")
+            assert entry.get("config", {}).get("gelu_approximate", False) is flax, (name, tag)
+    monkeypatch.setattr(registry, "load_tagged_weights", lambda *args: None)  # no download
+    monkeypatch.setattr(registry, "warn_untrained", lambda *args: None)
+    model = registry.from_preset("vit_ti16", weights="augreg_in21k_ft_in1k", depth=1)
+    assert model.backbone.blocks[0].mlp.gelu_approximate is True
