@@ -101,3 +101,22 @@ def test_keras_roundtrip_keeps_widths(tmp_path):
     assert type(restored) is MatViTClassifier
     assert restored.backbone.layer_width_fractions == [0.25, 1.0]
     np.testing.assert_array_equal(to_numpy(restored(x)), expected)
+
+
+def test_mix_and_match_widths_apply_in_block_order():
+    # Rules out: `layer_width_fractions` applied in reverse block order, which
+    # keeps the total FLOPs of [1.0, 0.125] (issue 30, item 5). Checked per block:
+    # the plan the FLOP count uses, the widths the forward pass records, the output.
+    matvit, _ = _pair()
+    matvit.set_width(layer_width_fractions=[1.0, 0.125])
+    D, n = TINY["hidden_dim"], matvit.num_tokens
+    assert matvit.layer_widths() == [D, D // 8]
+    assert matvit.token_routing().block_plan(n) == [[(n, D)], [(n, D // 8)]]
+    x = images()
+    out, intermediates = matvit(x, return_intermediates=True)
+    shares = [float(np.max(to_numpy(entry["compute"]))) for entry in intermediates["blocks"]]
+    assert shares == [1.0, 0.125]
+    expected = matvit.encode_at(matvit.patch_embedding(x), [D, D // 8])
+    assert_f32_close(to_numpy(out), to_numpy(expected))
+    reversed_widths = matvit.encode_at(matvit.patch_embedding(x), [D // 8, D])
+    assert np.max(np.abs(to_numpy(out) - to_numpy(reversed_widths))) > 1e-3
