@@ -281,3 +281,19 @@ def test_flax_weights_tags_build_the_tanh_gelu(monkeypatch):
     monkeypatch.setattr(registry, "warn_untrained", lambda *args: None)
     model = registry.from_preset("vit_ti16", weights="augreg_in21k_ft_in1k", depth=1)
     assert model.backbone.blocks[0].mlp.gelu_approximate is True
+
+
+def test_keras_hub_classifier_with_pre_logits():
+    # Rules out dropping keras-hub's intermediate (pre_logits) layer or its head.
+    keras_hub = pytest.importorskip("keras_hub")
+    hub_backbone = keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=P, num_layers=DEPTH,
+                                                num_heads=H, hidden_dim=D, mlp_dim=M)
+    hub = keras_hub.models.ViTImageClassifier(hub_backbone, num_classes=CLASSES, intermediate_dim=R)
+    rng = np.random.default_rng(4)
+    for variable in hub.weights:
+        variable.assign(rng.normal(0, 0.2, variable.shape).astype("float32"))
+    model = build(representation_size=R)
+    report = convert.load_checkpoint(model, hub, "keras_hub")
+    assert report["unused"] == {} and "pre_logits/kernel" in report["loaded"] and "head/kernel" in report["loaded"]
+    x = images()
+    np.testing.assert_allclose(to_numpy(model(x)), to_numpy(hub(x)), atol=TOLERANCE)

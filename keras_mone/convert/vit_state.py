@@ -108,8 +108,8 @@ def load_vit_state(model, state, source="checkpoint", strict=True):
         raise ValueError(
             f"{source}: {len(unused)} key(s) the model would not use (nothing was loaded):\n"
             + describe_unused(unused)
-            + "\nBuild a model that has these parts, or pass strict=False to load what fits "
-            "(the report's 'unused' then lists these keys)."
+            + "\nBuild the model as a reason says, or pass strict=False to load what fits (the model "
+            "then computes something else than the checkpoint; the report's 'unused' lists these keys)."
         )
     for path, value in values.items():
         variable = targets[path]
