@@ -158,6 +158,7 @@ class SparseMLPBackbone(MixerBackbone):
         capacity_factor: each expert takes at most
             ``ceil(capacity_factor * K * items / N_E)`` items per example.
         aux_loss_weight: 0.01 (the paper).
+        noise: the gates' training noise ``N(0, 1/N_E^2)`` (inference never has it).
         seed: seed of the gate noise.
     """
 
@@ -167,7 +168,8 @@ class SparseMLPBackbone(MixerBackbone):
         self, image_size=224, patch_size=16, hidden_dim=768, depth=10, token_mlp_dim=384,
         channel_mlp_dim=3072, sparse_depth=2, sparse_tokens=392, sparse_hidden_dim=384,
         token_num_experts=8, token_expert_dim=768, channel_num_experts=4, channel_expert_dim=1536,
-        token_top_k=1, channel_top_k=2, capacity_factor=1.25, aux_loss_weight=0.01, seed=None, **kwargs,
+        token_top_k=1, channel_top_k=2, capacity_factor=1.25, aux_loss_weight=0.01, noise=True, seed=None,
+        **kwargs,
     ):
         super().__init__(
             image_size=image_size, patch_size=patch_size, hidden_dim=hidden_dim, depth=depth,
@@ -180,6 +182,7 @@ class SparseMLPBackbone(MixerBackbone):
         self.channel_num_experts, self.channel_expert_dim = channel_num_experts, channel_expert_dim
         self.token_top_k, self.channel_top_k = token_top_k, channel_top_k
         self.capacity_factor, self.aux_loss_weight, self.seed = capacity_factor, aux_loss_weight, seed
+        self.noise = bool(noise)
         common = dict(
             layer_norm_epsilon=self.layer_norm_epsilon, approximate_gelu=self.approximate_gelu,
             dtype=self.dtype_policy,
@@ -192,7 +195,7 @@ class SparseMLPBackbone(MixerBackbone):
             SparseMixerBlock(
                 self.sparse_tokens, self.sparse_hidden_dim, token_num_experts, token_expert_dim,
                 channel_num_experts, channel_expert_dim, token_top_k=token_top_k, channel_top_k=channel_top_k,
-                capacity_factor=capacity_factor, aux_loss_weight=aux_loss_weight,
+                capacity_factor=capacity_factor, aux_loss_weight=aux_loss_weight, noise=self.noise,
                 seed=None if seed is None else seed + 2 * i, name=f"sparse_block_{i}", **common,
             )
             for i in range(self.sparse_depth)

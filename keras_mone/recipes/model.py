@@ -6,7 +6,7 @@ from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
 from keras_mone.models.weights_file import load_saved_model
-from keras_mone.recipes.schema import KEYS, PRESET_PREFIX, allowed_args
+from keras_mone.recipes.schema import PRESET_PREFIX, allowed_args, changed_unused_keys
 
 
 def build_classifier(recipe, num_classes):
@@ -39,13 +39,9 @@ def build_classifier(recipe, num_classes):
     }
     backbone_keys, task_keys = allowed_args(architecture_name)
     accepted = backbone_keys | task_keys
-    unused = {k: v for k, v in shared.items() if k not in accepted and k != "num_classes"}
-    changed = sorted(k for k, v in unused.items() if v != KEYS[k].default)
-    if changed:
-        raise ValueError(
-            f"architecture {architecture_name!r} takes no {changed} (recipe keys set to "
-            f"{ {k: unused[k] for k in changed} }); remove them from the recipe."
-        )
+    unused = changed_unused_keys(recipe)
+    if unused:
+        raise ValueError(f"architecture {architecture_name!r} takes no {sorted(unused)} (set to {unused}).")
     config = {k: v for k, v in shared.items() if k in accepted}
     config.update(specific)
     config.update(recipe["model_args"])

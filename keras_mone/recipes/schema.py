@@ -197,6 +197,12 @@ def _check_cross_keys(recipe, recipe_name):
     for value in recipe["adaptive_capacities"]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             fail(f"key 'adaptive_capacities' must hold numbers in (0, 1], got {recipe['adaptive_capacities']!r}.")
+    unused = changed_unused_keys(recipe)
+    if unused:
+        fail(
+            f"architecture {recipe['architecture']!r} takes no {sorted(unused)} (set to {unused}); "
+            "remove them from the recipe."
+        )
     try:
         check_model_args(recipe["architecture"], recipe["model_args"])
     except ValueError as error:
@@ -243,6 +249,20 @@ def _check_video_keys(recipe, fail):
 VIDEO_KEYS = ("num_frames", "tubelet_size")
 
 
+#: Recipe keys every architecture may take; one an architecture has no use for must stay at its default.
+SHARED_MODEL_KEYS = ("image_size", "dropout_rate", "drop_path_rate", "pooling", "head_bias_init")
+
+
+def changed_unused_keys(recipe):
+    """``{key: value}`` of the shared model keys ``recipe`` sets away from their
+    defaults although its architecture takes no such argument."""
+    backbone, task = allowed_args(recipe["architecture"])
+    return {
+        k: recipe[k] for k in SHARED_MODEL_KEYS
+        if k not in backbone | task and recipe[k] != KEYS[k].default
+    }
+
+
 def allowed_args(architecture):
     """``(backbone argument names, classifier argument names)`` of ``architecture``."""
     backbone = set(config_argument_names(BACKBONE_CLASSES[architecture]))
@@ -268,7 +288,8 @@ def _check_model_args_fit_the_data(recipe, dataset_classes, fail):
     """``model_args`` may repeat, never change, what the data pipeline feeds the model."""
     args = recipe["model_args"]
     size = recipe["image_size"]
-    if "image_size" in args and args["image_size"] not in (size, [size, size]):
+    model_size = args.get("image_size", size)
+    if (list(model_size) if isinstance(model_size, (list, tuple)) else model_size) not in (size, [size, size]):
         fail(
             f"key 'model_args.image_size' = {args['image_size']!r} differs from key 'image_size' = {size} "
             f"(the size the data pipeline feeds the model); allowed: {size} or none. Set the top-level "
