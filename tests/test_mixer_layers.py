@@ -378,3 +378,29 @@ def test_bad_block_arguments_name_the_block_argument():
         MixerBlock(8, 6, 4, 12)(inputs((1, 7, 6)))
     with pytest.raises(ValueError, match="hidden_dim=6"):
         ReRepresent1(8, 6, 12, 4)(inputs((1, 8, 5)))
+
+
+@pytest.mark.parametrize("loss_weights", [(1.0, 0.0), (0.0, 1.0)], ids=["output", "aux"])
+def test_fit_trains_the_gates(loss_weights):
+    # rules out: gates that carry no gradient (e.g. one-hot dispatch weights), an aux loss
+    # detached from the gate kernels, shapes that break the compiled train step
+    inp = keras.Input((8, 6))
+    y, stats = SparseMixerBlock(
+        8, 6, 2, 4, 2, 5, capacity_factor=1.0, aux_loss_weight=10.0, seed=0, name="sparse"
+    )(inp, return_stats=True)
+    pooled = ops.mean(y, axis=1)
+    aux = ops.zeros_like(pooled[:, :1]) + stats["aux_loss"]
+    model = keras.Model(inp, [keras.layers.Dense(3, name="head")(pooled), aux])
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.5), loss=["mse", lambda _, pred: ops.mean(pred, axis=-1)],
+        loss_weights=list(loss_weights),
+    )
+    block = model.get_layer("sparse")
+    sublayers = (block.token_mixing, block.channel_mixing)
+    randomise(block, scale=0.3)
+    before = [ops.convert_to_numpy(layer.gate_kernel) for layer in sublayers]
+    data = inputs((4, 8, 6))
+    model.fit(data, [inputs((4, 3), seed=2), np.zeros((4, 1), "float32")], epochs=1, batch_size=4, verbose=0)
+    for old, layer in zip(before, sublayers):
+        new = ops.convert_to_numpy(layer.gate_kernel)
+        assert np.all(np.isfinite(new)) and np.abs(new - old).max() > 1e-4
