@@ -170,7 +170,7 @@ class ACMMLP(ConfigMixin, keras.layers.Layer):
         hidden = self.dropout(self._gelu(self.fc1(inputs)), training=training)
         mask = ops.matmul(choices, ops.convert_to_tensor(self._reach, dtype=self.compute_dtype))
         outputs = ops.matmul(hidden * mask, ops.cast(self.fc2.kernel, self.compute_dtype))
-        runs = 1.0 - choices[..., :1]  # the output bias belongs to learner 1
+        runs = ops.sum(choices[..., 1:], axis=-1, keepdims=True)  # the output bias belongs to learner 1
         outputs = outputs + runs * ops.cast(self.fc2.bias, self.compute_dtype)
         return self.dropout(outputs, training=training)
 
