@@ -210,7 +210,8 @@ def test_loads_never_exceed_capacity_in_training():
         _, stats = layer(x, training=True, return_stats=True)
         counts = ops.convert_to_numpy(stats["counts"])
         assert counts.max() <= layer.capacity(16) == 4
-        assert counts.sum() == pytest.approx(4 * 16 * 2 * (1 - float(ops.convert_to_numpy(stats["overflow"]))))
+        overflow = float(ops.convert_to_numpy(stats["overflow"]))
+        assert counts.sum() == pytest.approx(4 * 16 * 2 * (1 - overflow))
 
 
 def test_items_whose_choices_all_overflow_add_zero():
@@ -370,7 +371,8 @@ def test_bad_sparse_moe_arguments(kwargs, message):
 
 def test_bad_block_arguments_name_the_block_argument():
     # rules out: errors that name SparseMoE's argument instead of the block's, wrong shapes accepted
-    with pytest.raises(ValueError, match="`channel_top_k` \\(3\\) must not exceed `channel_num_experts` \\(2\\)"):
+    too_many = "`channel_top_k` \\(3\\) must not exceed `channel_num_experts` \\(2\\)"
+    with pytest.raises(ValueError, match=too_many):
         SparseMixerBlock(8, 6, 4, 5, 2, 7, channel_top_k=3)
     with pytest.raises(ValueError, match="`token_num_experts` must be an int >= 0"):
         SparseMixerBlock(8, 6, -1, 5, 2, 7)
