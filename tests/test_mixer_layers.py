@@ -138,9 +138,9 @@ def moe(x, top_k=2, num_experts=4, capacity_factor=1.25, seed=0, **kwargs):
 @pytest.mark.parametrize("approximate", [False, True])
 def test_mixer_block_matches_numpy(approximate):
     # rules out: token MLP on channels (no transpose), a missing residual, one LayerNorm
-    # shared by both sublayers, the `approximate_gelu` flag ignored
+    # shared by both sublayers, the `gelu_approximate` flag ignored
     x = inputs((2, 6, 10))
-    block = MixerBlock(6, 10, 4, 12, approximate_gelu=approximate)
+    block = MixerBlock(6, 10, 4, 12, gelu_approximate=approximate)
     block.build(x.shape)
     randomise(block)
     close(block(x), np_mixer_block(x.astype(np.float64), np_weights(block), approximate))

@@ -9,7 +9,7 @@ from keras_mone.analysis.flops import (
     register_flop_counter,
     vit_block_macs,
 )
-from keras_mone.analysis import mixer_flops  # noqa: F401  (registers the Mixer / Sparse-MLP counters)
+from keras_mone.analysis import acm_flops, mixer_flops  # noqa: F401  (register their counters)
 from keras_mone.analysis.routing import expert_share_of_tokens
 from keras_mone.analysis.throughput import images_per_second
 

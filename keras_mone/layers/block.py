@@ -157,13 +157,15 @@ def _part(layer):
 
 def block_stack(
     depth, hidden_dim, num_heads, mlp_dim, gates=None, dropout_rate=0.0, drop_path_rate=0.0,
-    layer_norm_epsilon=1e-6, dtype=None, alpha_init=0.0, gelu_approximate=False,
+    layer_norm_epsilon=1e-6, dtype=None, alpha_init=0.0, gelu_approximate=False, mlp_factory=None,
 ):
     """``depth`` blocks named ``block_{i}``, stochastic depth rising linearly from 0
     at the first block to ``drop_path_rate`` at the last (ViT / DeiT schedule);
     ``gates`` maps block indices to their gate (``layers.gates``; others get
     none); MoNE's ``alpha`` starts at ``alpha_init``; ``gelu_approximate``
-    picks the MLP's GELU (see ``NestedMLP``)."""
+    picks the MLP's GELU (see ``NestedMLP``); ``mlp_factory(hidden_dim, mlp_dim,
+    dropout_rate, gelu_approximate, dtype)``, if given, makes each block's MLP
+    part (ACM's ``ACMMLP``)."""
     gates = gates or {}
     return [
         MoNEBlock(
@@ -174,6 +176,7 @@ def block_stack(
             drop_path_rate=drop_path_rate * index / max(depth - 1, 1),
             layer_norm_epsilon=layer_norm_epsilon,
             gelu_approximate=gelu_approximate,
+            mlp=None if mlp_factory is None else mlp_factory(hidden_dim, mlp_dim, dropout_rate, gelu_approximate, dtype),
             dtype=dtype,
             name=f"block_{index}",
         )

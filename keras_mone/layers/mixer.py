@@ -21,15 +21,15 @@ class MlpBlock(ConfigMixin, keras.layers.Layer):
     Args:
         features: input and output width.
         mlp_dim: hidden width.
-        approximate_gelu: tanh GELU (flax's ``nn.gelu``, the original Mixer
+        gelu_approximate: tanh GELU (flax's ``nn.gelu``, the original Mixer
             weights) instead of the exact one (timm, the paper).
     """
 
-    def __init__(self, features, mlp_dim, approximate_gelu=False, **kwargs):
+    def __init__(self, features, mlp_dim, gelu_approximate=False, **kwargs):
         super().__init__(**kwargs)
         self.features = arguments.integer("features", features)
         self.mlp_dim = arguments.integer("mlp_dim", mlp_dim)
-        self.approximate_gelu = bool(approximate_gelu)
+        self.gelu_approximate = bool(gelu_approximate)
         self.dense_0 = keras.layers.Dense(self.mlp_dim, dtype=self.dtype_policy, name="dense_0")
         self.dense_1 = keras.layers.Dense(self.features, dtype=self.dtype_policy, name="dense_1")
 
@@ -38,7 +38,7 @@ class MlpBlock(ConfigMixin, keras.layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, inputs):
-        hidden = ops.gelu(self.dense_0(inputs), approximate=self.approximate_gelu)
+        hidden = ops.gelu(self.dense_0(inputs), approximate=self.gelu_approximate)
         return self.dense_1(hidden)
 
     def compute_output_shape(self, input_shape):
@@ -68,12 +68,12 @@ class MixerBlock(ConfigMixin, keras.layers.Layer):
         token_mlp_dim: ``D_S``, hidden width of the token-mixing MLP.
         channel_mlp_dim: ``D_C``, hidden width of the channel-mixing MLP.
         layer_norm_epsilon: 1e-6 as the vision_transformer Mixer.
-        approximate_gelu: see ``MlpBlock``.
+        gelu_approximate: see ``MlpBlock``.
     """
 
     def __init__(
         self, num_tokens, hidden_dim, token_mlp_dim, channel_mlp_dim,
-        layer_norm_epsilon=1e-6, approximate_gelu=False, **kwargs,
+        layer_norm_epsilon=1e-6, gelu_approximate=False, **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_tokens = arguments.integer("num_tokens", num_tokens)
@@ -83,19 +83,19 @@ class MixerBlock(ConfigMixin, keras.layers.Layer):
         self.layer_norm_epsilon = arguments.number(
             "layer_norm_epsilon", layer_norm_epsilon, 0.0, low_open=True
         )
-        self.approximate_gelu = bool(approximate_gelu)
+        self.gelu_approximate = bool(gelu_approximate)
         policy = self.dtype_policy
         self.layer_norm_0 = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_0"
         )
         self.token_mixing = MlpBlock(
-            self.num_tokens, self.token_mlp_dim, self.approximate_gelu, dtype=policy, name="token_mixing"
+            self.num_tokens, self.token_mlp_dim, self.gelu_approximate, dtype=policy, name="token_mixing"
         )
         self.layer_norm_1 = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_1"
         )
         self.channel_mixing = MlpBlock(
-            self.hidden_dim, self.channel_mlp_dim, self.approximate_gelu, dtype=policy,
+            self.hidden_dim, self.channel_mlp_dim, self.gelu_approximate, dtype=policy,
             name="channel_mixing",
         )
 
@@ -137,14 +137,14 @@ class SparseMixerBlock(ConfigMixin, keras.layers.Layer):
         token_num_experts, token_expert_dim, token_top_k: MoE_S (Table 2: K=1).
         channel_num_experts, channel_expert_dim, channel_top_k: MoE_C (K=2).
         capacity_factor, noise, aux_loss_weight: as ``SparseMoE``, both sublayers.
-        layer_norm_epsilon, approximate_gelu: as ``MixerBlock``.
+        layer_norm_epsilon, gelu_approximate: as ``MixerBlock``.
         seed: seed of the gate noise (MoE_C uses ``seed + 1``).
     """
 
     def __init__(
         self, num_tokens, hidden_dim, token_num_experts, token_expert_dim, channel_num_experts,
         channel_expert_dim, token_top_k=1, channel_top_k=2, capacity_factor=1.25, noise=True,
-        aux_loss_weight=0.01, layer_norm_epsilon=1e-6, approximate_gelu=False, seed=None, **kwargs,
+        aux_loss_weight=0.01, layer_norm_epsilon=1e-6, gelu_approximate=False, seed=None, **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_tokens = arguments.integer("num_tokens", num_tokens)
@@ -161,7 +161,7 @@ class SparseMixerBlock(ConfigMixin, keras.layers.Layer):
         self.layer_norm_epsilon = arguments.number(
             "layer_norm_epsilon", layer_norm_epsilon, 0.0, low_open=True
         )
-        self.approximate_gelu = bool(approximate_gelu)
+        self.gelu_approximate = bool(gelu_approximate)
         self.seed = seed
         policy = self.dtype_policy
         self.layer_norm_0 = keras.layers.LayerNormalization(
@@ -181,14 +181,14 @@ class SparseMixerBlock(ConfigMixin, keras.layers.Layer):
     def _sublayer(self, prefix, features, num_experts, expert_dim, top_k, seed):
         name = f"{prefix}_mixing"
         if num_experts == 0:
-            return MlpBlock(features, expert_dim, self.approximate_gelu, dtype=self.dtype_policy, name=name)
+            return MlpBlock(features, expert_dim, self.gelu_approximate, dtype=self.dtype_policy, name=name)
         check_moe_arguments(
             num_experts, expert_dim, top_k, self.capacity_factor, self.aux_loss_weight,
             names=(f"{prefix}_num_experts", f"{prefix}_expert_dim", f"{prefix}_top_k"),
         )
         return SparseMoE(
             num_experts, expert_dim, top_k, capacity_factor=self.capacity_factor, noise=self.noise,
-            aux_loss_weight=self.aux_loss_weight, approximate_gelu=self.approximate_gelu, seed=seed,
+            aux_loss_weight=self.aux_loss_weight, gelu_approximate=self.gelu_approximate, seed=seed,
             dtype=self.dtype_policy, name=name,
         )
 

@@ -19,14 +19,14 @@ class _ReRepresent(ConfigMixin, keras.layers.Layer):
         num_tokens, hidden_dim: ``S`` and ``C`` of the input.
         output_tokens, output_dim: ``S_out`` and ``C_out`` of the output.
         layer_norm_epsilon: of both LayerNorms (over channels).
-        approximate_gelu: tanh GELU instead of the exact one.
+        gelu_approximate: tanh GELU instead of the exact one.
     """
 
     tokens_first = True
 
     def __init__(
         self, num_tokens, hidden_dim, output_tokens, output_dim, layer_norm_epsilon=1e-6,
-        approximate_gelu=False, **kwargs,
+        gelu_approximate=False, **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_tokens = arguments.integer("num_tokens", num_tokens)
@@ -36,7 +36,7 @@ class _ReRepresent(ConfigMixin, keras.layers.Layer):
         self.layer_norm_epsilon = arguments.number(
             "layer_norm_epsilon", layer_norm_epsilon, 0.0, low_open=True
         )
-        self.approximate_gelu = bool(approximate_gelu)
+        self.gelu_approximate = bool(gelu_approximate)
         policy = self.dtype_policy
         self.layer_norm_0 = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_0"
@@ -68,11 +68,11 @@ class _ReRepresent(ConfigMixin, keras.layers.Layer):
 
     def _tokens(self, x):
         x = ops.transpose(x, (0, 2, 1))
-        x = ops.gelu(self.token_projection(x), approximate=self.approximate_gelu)
+        x = ops.gelu(self.token_projection(x), approximate=self.gelu_approximate)
         return ops.transpose(x, (0, 2, 1))
 
     def _channels(self, x):
-        return ops.gelu(self.channel_projection(x), approximate=self.approximate_gelu)
+        return ops.gelu(self.channel_projection(x), approximate=self.gelu_approximate)
 
     def call(self, inputs):
         x = self.layer_norm_0(inputs)

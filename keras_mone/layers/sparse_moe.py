@@ -98,13 +98,13 @@ class SparseMoE(ConfigMixin, keras.layers.Layer):
         capacity_factor: > 0; ``num_experts / top_k`` or more never drops.
         noise: add the gate noise in training.
         aux_loss_weight: ``lambda`` of Eq. 11 (0.01 in the paper).
-        approximate_gelu: tanh GELU instead of the exact one.
+        gelu_approximate: tanh GELU instead of the exact one.
         seed: seed of the gate noise.
     """
 
     def __init__(
         self, num_experts, expert_hidden_dim, top_k, capacity_factor=1.25, noise=True,
-        aux_loss_weight=0.01, approximate_gelu=False, seed=None, **kwargs,
+        aux_loss_weight=0.01, gelu_approximate=False, seed=None, **kwargs,
     ):
         super().__init__(**kwargs)
         (
@@ -112,7 +112,7 @@ class SparseMoE(ConfigMixin, keras.layers.Layer):
             self.aux_loss_weight,
         ) = check_moe_arguments(num_experts, expert_hidden_dim, top_k, capacity_factor, aux_loss_weight)
         self.noise = bool(noise)
-        self.approximate_gelu = bool(approximate_gelu)
+        self.gelu_approximate = bool(gelu_approximate)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.noise_std = 1.0 / self.num_experts
@@ -177,7 +177,7 @@ class SparseMoE(ConfigMixin, keras.layers.Layer):
 
     def _experts(self, dispatched):
         hidden = ops.einsum("becf,efh->bech", dispatched, self.kernel_0) + self.bias_0[:, None, :]
-        hidden = ops.gelu(hidden, approximate=self.approximate_gelu)
+        hidden = ops.gelu(hidden, approximate=self.gelu_approximate)
         return ops.einsum("bech,ehf->becf", hidden, self.kernel_1) + self.bias_1[:, None, :]
 
     def call(self, inputs, training=None, return_stats=False):

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Callable
 
+from keras_mone.models.acm_method import register as _register_acm
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.mixer_backbone import (
@@ -250,6 +251,8 @@ register_method(Method(
     image=Architecture("sparse_mlp", SparseMLPBackbone, SparseMLPClassifier, video=False,
                        decode_variant=decode_sparse_mlp_variant, tiny=SPARSE_MLP_TINY),
 ))
+
+_register_acm(register_method, Method, Architecture)
 
 ARCHITECTURES = RegistryView(lambda method, a: a.backbone)
 """Backbone class of each architecture name (a live view of the registry)."""

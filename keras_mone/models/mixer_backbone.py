@@ -67,14 +67,14 @@ class MixerBackbone(Backbone):
         depth: number of Mixer blocks.
         token_mlp_dim, channel_mlp_dim: ``D_S`` and ``D_C``.
         layer_norm_epsilon: 1e-6 (the vision_transformer Mixer).
-        approximate_gelu: tanh GELU, as flax's ``nn.gelu`` in the published checkpoints.
+        gelu_approximate: tanh GELU, as flax's ``nn.gelu`` in the published checkpoints.
     """
 
     default_name = "mixer_backbone"
 
     def __init__(
         self, image_size=224, patch_size=16, hidden_dim=768, depth=12, token_mlp_dim=384,
-        channel_mlp_dim=3072, num_channels=3, layer_norm_epsilon=1e-6, approximate_gelu=False, **kwargs,
+        channel_mlp_dim=3072, num_channels=3, layer_norm_epsilon=1e-6, gelu_approximate=False, **kwargs,
     ):
         kwargs.setdefault("name", self.default_name)
         super().__init__(**kwargs)
@@ -90,11 +90,11 @@ class MixerBackbone(Backbone):
         self.channel_mlp_dim = channel_mlp_dim
         self.num_channels = num_channels
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.approximate_gelu = bool(approximate_gelu)
+        self.gelu_approximate = bool(gelu_approximate)
         self.blocks = [
             MixerBlock(
                 self.patch_embedding.num_tokens, hidden_dim, token_mlp_dim, channel_mlp_dim,
-                layer_norm_epsilon=layer_norm_epsilon, approximate_gelu=self.approximate_gelu,
+                layer_norm_epsilon=layer_norm_epsilon, gelu_approximate=self.gelu_approximate,
                 dtype=self.dtype_policy, name=f"block_{i}",
             )
             for i in range(self.depth)
@@ -184,7 +184,7 @@ class SparseMLPBackbone(MixerBackbone):
         self.capacity_factor, self.aux_loss_weight, self.seed = capacity_factor, aux_loss_weight, seed
         self.noise = bool(noise)
         common = dict(
-            layer_norm_epsilon=self.layer_norm_epsilon, approximate_gelu=self.approximate_gelu,
+            layer_norm_epsilon=self.layer_norm_epsilon, gelu_approximate=self.gelu_approximate,
             dtype=self.dtype_policy,
         )
         tokens = self.patch_embedding.num_tokens

@@ -59,6 +59,7 @@ KEYS = {
     "variant": _k("S/16", str, "size/patch from keras_mone.models.VIT_SIZES, e.g. B/16"),
     "model_args": _k({}, dict, "other backbone / classifier arguments (e.g. hidden_dim, depth)"),
     "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", high=1.0, above=0.0),
+    "beta_target": _k(0.5, (int, float), "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference", above=0.0, high=1.0),
     "router_type": _k("learned", str, "MoNE router", ("learned", "random")),
     "width_fraction": _k(1.0, float, "MatViT width to evaluate at (1/8, 1/4, 1/2 or 1)", high=1.0, above=0.0),
     "num_classes": _k(0, int, "head size; 0 = the dataset's class count", low=0),
