@@ -101,6 +101,77 @@ def test_tf_mirrored_strategy_matches_one_device(tmp_path):
     np.testing.assert_allclose(losses["data_parallel"], losses["none"], rtol=RTOL)
 
 
+_EVAL_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+{prelude}
+from keras_mone import recipes
+from recipe_helpers import tiny_overrides
+
+reference, out = {reference!r}, {{}}
+for kind in {kinds!r}:
+    # in memory (plain) and tf.data (inception) eval paths; 359 test images: fewer than
+    # one global batch of 512 (the issue's crash), and a remainder after 64s
+    for preprocessing, eval_batch in (("plain", 512), ("inception", 64)):
+        run = os.path.join({tmp!r}, kind + preprocessing + str(eval_batch))
+        setup = recipes.load("cluttered_digits_vit", **tiny_overrides(
+            run, distribution=kind, steps_per_epoch=1, batch_size=16, eval_batch_size=eval_batch,
+            preprocessing=preprocessing))
+        if os.path.exists(reference):
+            setup.model.load_weights(reference)
+        else:
+            setup.model.save_weights(reference)
+        results = setup.evaluate()
+        key = (preprocessing + str(eval_batch), results["devices"])
+        out[repr(key)] = [results["accuracy"], results["loss"]]
+        if eval_batch == 512 and kind != "none":  # the issue's run: validation, then the final evaluation
+            final = setup.fit(verbose=0)
+            out[repr(("fit", results["devices"]))] = [final["accuracy"], os.path.exists(os.path.join(run, "model.keras"))]
+print("EVAL" + json.dumps(out))
+"""
+
+
+def _evaluate(tmp_path, backend, devices, kinds):
+    """Evaluation results of the subprocess runs on ``devices`` CPU devices, by repr((key, devices used))."""
+    if backend == "jax":
+        prelude, env = "", {"JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu"}
+    else:
+        prelude, env = f"from keras_mone.training.distribution import split_tf_cpu\nsplit_tf_cpu({devices})", {}
+    script = _EVAL_SCRIPT.format(
+        tests=os.path.dirname(__file__), prelude=prelude, tmp=str(tmp_path), kinds=kinds,
+        reference=str(tmp_path / "reference.weights.h5"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "KERAS_BACKEND": backend, **env},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = [x for x in done.stdout.splitlines() if x.startswith("EVAL")][-1]
+    return json.loads(line[len("EVAL"):])
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="keras.distribution / tf.distribute")
+def test_evaluation_scores_every_example_once_on_1_2_4_devices(tmp_path):
+    """The same weights score the same examples on 1, 2 and 4 devices: not a
+    dropped remainder (fewer examples, or no batch at all: the issue's crash),
+    not the padding counted (an accuracy that is no whole number of the 359
+    test images, a loss divided by the padded count)."""
+    test_images = 359  # test_samples_per_digit=1
+    runs = _evaluate(tmp_path, BACKEND, 2, ["none", "data_parallel"])  # one device, then two
+    runs.update(_evaluate(tmp_path, BACKEND, 4, ["data_parallel"]))
+    for key in ("plain512", "inception64"):
+        reference_accuracy, reference_loss = runs[repr((key, 1))]
+        assert abs(reference_accuracy * test_images - round(reference_accuracy * test_images)) < 1e-3
+        for devices in (2, 4):
+            accuracy, loss = runs[repr((key, devices))]
+            correct = accuracy * test_images
+            assert abs(correct - round(correct)) < 1e-3, (devices, key, accuracy)
+            assert round(correct) == round(reference_accuracy * test_images), (devices, key)
+            np.testing.assert_allclose(loss, reference_loss, rtol=1e-5, err_msg=f"{devices} devices, {key}")
+            accuracy, saved = runs[repr(("fit", devices))]
+            assert saved and abs(accuracy * test_images - round(accuracy * test_images)) < 1e-3
+
+
 def test_unsupported_distributions_are_clear_errors():
     with pytest.raises(ValueError, match="needs the jax or tensorflow backend"):
         check_supported("data_parallel", backend="torch")
