@@ -227,21 +227,31 @@ def test_a_nan_in_an_optimizer_slot_is_a_divergence_and_nothing_is_written(tmp_p
 
 
 def test_model_args_that_repeat_the_data_keys_are_accepted():
-    recipe, _ = recipes.resolve("cluttered_digits_vit", model_args={"num_classes": 10, "image_size": [32, 32]})
-    assert recipe["model_args"] == {"num_classes": 10, "image_size": [32, 32]}
+    for size in (32, [32, 32], (32, 32)):
+        recipe, _ = recipes.resolve("cluttered_digits_vit", model_args={"num_classes": 10, "image_size": size})
+        assert recipe["model_args"] == {"num_classes": 10, "image_size": size}
 
 
-def test_the_run_directory_is_bound_by_its_recipe_without_checkpoints(tmp_path):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished run of the tiny recipe (trained once per module; copy it to change it)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    _train(run)
+    return run
+
+
+def test_the_run_directory_is_bound_by_its_recipe_without_checkpoints(finished_run, tmp_path):
     # Issue 24, item 2: a finished run whose checkpoint/ was deleted.
     run = tmp_path / "run"
-    _train(run)
+    shutil.copytree(finished_run, run)
     shutil.rmtree(run / "checkpoint")
     before = {name: (run / name).read_bytes() for name in ("recipe.toml", "history.csv", "model.keras", "results.json")}
     with pytest.raises(recipes.RecipeError, match=r"no checkpoint\) of a different recipe \(learning_rate: "):
         recipes.load("cluttered_digits_vit", **tiny_overrides(run, checkpoint_steps=2, learning_rate=0.1))
     assert {name: (run / name).read_bytes() for name in before} == before and not (run / "previous").exists()
     # The same recipe starts afresh; the old run moves aside, nothing is overwritten or appended to.
-    setup = recipes.load("cluttered_digits_vit", **tiny_overrides(run, checkpoint_steps=2))
+    with pytest.warns(UserWarning, match=r"no checkpoint to resume from; the old run's files were moved to .*previous"):
+        setup = recipes.load("cluttered_digits_vit", **tiny_overrides(run, checkpoint_steps=2))
     assert setup.initial_step == 0
     assert {name: (run / "previous" / "1" / name).read_bytes() for name in before} == before
     assert not any((run / name).exists() for name in ("history.csv", "model.keras", "results.json"))
@@ -256,13 +266,6 @@ def test_an_unreadable_recorded_recipe_is_refused(tmp_path):
     assert (run / "recipe.toml").read_text() == "this is = = not toml"
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("finished") / "run"
-    _train(run)
-    return run
-
-
 @pytest.mark.parametrize("name", ["", "checkpoint", "history.csv", "model.keras", "results.json", "recipe.toml"])
 def test_an_unwritable_path_of_the_run_is_refused_before_training(finished_run, name, monkeypatch):
     # Issue 24, item 13. Root may write anything, so os.access says what a user would meet.
@@ -273,9 +276,9 @@ def test_an_unwritable_path_of_the_run_is_refused_before_training(finished_run, 
         recipes.load("cluttered_digits_vit", **tiny_overrides(finished_run, checkpoint_steps=2))
 
 
-def test_a_directory_where_the_history_goes_is_refused(tmp_path):
+def test_a_directory_where_the_history_goes_is_refused(finished_run, tmp_path):
     run = tmp_path / "run"
-    _train(run)
+    shutil.copytree(finished_run, run)
     (run / "history.csv").unlink()
     (run / "history.csv").mkdir()
     with pytest.raises(recipes.RecipeError, match="history.csv' is not a regular file"):

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import tomllib
+import warnings
 
 import numpy as np
 
@@ -149,8 +150,14 @@ def claim(recipe, name, resume=True):
     step = checkpoint_lib.saved_step(checkpoint_dir) if resume else None
     if resume:
         _refuse_changed(recipe, name, directory, step)
-    if step is None:
-        _archive(directory, name)  # nothing to resume: the old run's files move aside, never mixed
+    if step is None:  # nothing to resume: the old run's files move aside, never mixed
+        moved = _archive(directory, name)
+        if moved and resume:
+            warnings.warn(
+                f"recipe {name!r}: {directory!r} holds no checkpoint to resume from; the old run's files "
+                f"were moved to {moved!r} and the run starts afresh.",
+                stacklevel=3,
+            )
     _check_writable(directory, name)
     try:
         os.makedirs(directory, exist_ok=True)
