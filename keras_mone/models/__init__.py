@@ -1,5 +1,6 @@
 """Models of keras_mone: backbones (dense, MoNE, MatViT, MoD and A-MoD ViTs and ViViTs) and tasks."""
 
+from keras_mone.models.acm_vit_backbone import ACMViTBackbone
 from keras_mone.models.backbone import Backbone
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.loss_terms import LossTerm
@@ -24,6 +25,7 @@ from keras_mone.models.vivit_backbone import (
 from keras_mone.models.weight_transfer import transfer_weights
 
 __all__ = [
+    "ACMViTBackbone",
     "Backbone",
     "LossTerm",
     "MIXER_SIZES",
