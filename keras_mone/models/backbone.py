@@ -37,6 +37,36 @@ from keras_mone.models.serving import ServingMixin
 from keras_mone.models.weights_file import SafeLoadingMixin
 from keras_mone.routing import capacity as capacity_lib
 
+#: Set by ``keras_mone.presets`` when it is imported (presets build models,
+#: so models do not import presets): ``build(name, **kwargs)`` is its
+#: ``from_preset`` and ``classes(name)`` gives ``(task class, backbone class)``
+#: of a built-in name (``None`` for folders and hub handles).
+PRESET_HOOKS = {}
+
+
+def model_from_preset(cls, name, kwargs, part):
+    """``from_preset`` of class ``cls``: the preset's model (``part="task"``) or
+    its backbone (``part="backbone"``); an error naming both classes if the
+    preset's class is not ``cls`` or a subclass of it."""
+    if not PRESET_HOOKS:
+        raise RuntimeError("`from_preset` needs keras_mone.presets: `import keras_mone` first.")
+    classes = PRESET_HOOKS["classes"](name)
+    index = 0 if part == "task" else 1
+    if classes is not None:
+        _check_preset_class(cls, name, classes[index])
+    model = PRESET_HOOKS["build"](name, **kwargs)
+    result = model if part == "task" else model.backbone
+    _check_preset_class(cls, name, type(result))
+    return result
+
+
+def _check_preset_class(cls, name, preset_cls):
+    if not issubclass(preset_cls, cls):
+        raise ValueError(
+            f"Preset {name!r} builds class {preset_cls.__name__}, not {cls.__name__}: call "
+            f"{preset_cls.__name__}.from_preset({name!r}) or keras_mone.presets.from_preset({name!r})."
+        )
+
 
 class Backbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMixin, ServingMixin, keras.Model):
     """Base class of every backbone (see the module docstring for the contract)."""
@@ -86,3 +116,12 @@ class Backbone(LoopGuardMixin, SafeLoadingMixin, CapacityControlMixin, ConfigMix
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_tokens, self.hidden_dim)
+
+    @classmethod
+    def from_preset(cls, name, /, **kwargs):
+        """The backbone of preset ``name`` (arguments as ``keras_mone.presets.from_preset``).
+
+        Raises a ``ValueError`` naming both classes if the preset's backbone is
+        not of this class, e.g. ``ViTBackbone.from_preset("mixer_digits")``.
+        """
+        return model_from_preset(cls, name, kwargs, "backbone")

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_mone.layers.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.models.backbone import model_from_preset
 from keras_mone.models.capacity_control import CapacityControlMixin
 from keras_mone.models.loop_guard import LoopGuardMixin
 from keras_mone.models.loss_terms import LossTermsMixin
@@ -123,6 +124,16 @@ class ImageClassifier(
 
     def routing_key(self):
         return self.backbone.routing_key()
+
+    @classmethod
+    def from_preset(cls, name, /, **kwargs):
+        """The model of preset ``name``, as ``keras_mone.presets.from_preset(name, **kwargs)``.
+
+        Raises a ``ValueError`` naming both classes if the preset builds
+        another task class (``VideoClassifier.from_preset("vit_digits")``);
+        ``ImageClassifier`` accepts its subclasses (video, MatViT presets).
+        """
+        return model_from_preset(cls, name, kwargs, "task")
 
     @classmethod
     def from_config(cls, config):

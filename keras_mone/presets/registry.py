@@ -9,6 +9,7 @@ import os
 import tomllib
 
 from keras_mone.layers.config import config_argument_names
+from keras_mone.models.backbone import PRESET_HOOKS
 from keras_mone.models.methods import ARCHITECTURES, TASKS, architectures
 from keras_mone.presets.folder import is_preset_folder, load_preset_folder
 from keras_mone.presets.handles import URL_SCHEMES, fetch_preset_folder, is_remote, resolve_hub_handle
@@ -169,3 +170,14 @@ def _from_handle(handle, load_weights, sha256, force_download, overrides):
             "(config.json, model.weights.h5, metadata.json)."
         )
     return load_preset_folder(folder, load_weights=load_weights, sha256=sha256, **overrides)
+
+
+def _preset_classes(name):
+    """``(task class, backbone class)`` of a built-in preset name, else ``None``."""
+    if not isinstance(name, str) or name not in _zoo():
+        return None
+    architecture = _zoo()[name]["architecture"]
+    return TASKS[architecture], ARCHITECTURES[architecture]
+
+
+PRESET_HOOKS.update(build=from_preset, classes=_preset_classes)  # ImageClassifier / Backbone.from_preset

@@ -1,0 +1,36 @@
+"""The test data a shipped preset was scored on: ``evaluation_data(name)``."""
+
+from keras_mone.presets.publish import load_test_split
+from keras_mone.presets.registry import get_preset, shipped_presets
+
+
+def evaluation_entry(name):
+    """The manifest's ``eval`` entry of shipped preset ``name`` (setting,
+    accuracy per capacity / width, dataset, test split); raises a
+    ``ValueError`` naming the shipped presets if ``name`` has none."""
+    entry = get_preset(name).get("weights")
+    if not entry or "eval" not in entry:
+        raise ValueError(
+            f"Preset {name!r} ships no trained weights, so it has no evaluation data; presets that do: "
+            f"{', '.join(shipped_presets()) or 'none'}."
+        )
+    return entry["eval"]
+
+
+def evaluation_data(name):
+    """``(x, y)``: exactly the test split shipped preset ``name`` was scored
+    on (the accuracies of ``get_preset(name)["weights"]["eval"]``), model-ready.
+
+    ``x`` is float32 in [-1, 1], the range the presets expect: images
+    ``(n, 32, 32, 3)`` for the cluttered-digits presets, clips
+    ``(n, 8, 32, 32, 3)`` for the moving-digits ones. ``y`` is int64 class
+    indices ``(n,)`` (10 digits; 40 digit x direction classes for clips).
+    ``model.evaluate(x, y)`` with a sparse accuracy metric, or
+    ``argmax(model.predict(x)) == y``, reproduces the manifest's accuracy.
+
+    Args:
+        name: a shipped preset (``keras_mone.presets.shipped_presets()``).
+    """
+    scored = evaluation_entry(name)
+    x, y = load_test_split(scored["test_split"], scored.get("dataset", "cluttered_digits"))
+    return x.astype("float32"), y
