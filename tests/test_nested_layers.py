@@ -422,7 +422,9 @@ PUBLIC_LAYERS = {
     "MoNEAttention": lambda: layers.MoNEAttention(D, HEADS, use_bias=False, dropout_rate=0.1),
     "NestedMLP": lambda: layers.NestedMLP(D, MLP, dropout_rate=0.2),
     "MoNEBlock": lambda: layers.MoNEBlock(D, HEADS, MLP, routed=True, drop_path_rate=0.1, layer_norm_epsilon=1e-5),
-    "PatchEmbedding": lambda: layers.PatchEmbedding((16, 24), 8, D, num_channels=1, use_class_token=True),
+    "PatchEmbedding": lambda: layers.PatchEmbedding(
+        (16, 24), 8, D, num_channels=1, use_class_token=True, use_position_embedding=False
+    ),
     "DropPath": lambda: layers.DropPath(0.25, seed=7),
     "Router": lambda: layers.Router(3),
     "RandomRouter": lambda: layers.RandomRouter(5, seed=11),
@@ -437,6 +439,17 @@ PUBLIC_LAYERS = {
     ),
     "InceptionCrop": lambda: augment.InceptionCrop(12, 10, area_range=(0.2, 0.9), seed=3),
     "RolledMixUp": lambda: augment.RolledMixUp(alpha=0.5, seed=4),
+    "ACMMLP": lambda: layers.ACMMLP(D, MLP, num_learners=2, mode="grouped", beta=0.4, dropout_rate=0.1),
+    "ACMGate": lambda: layers.ACMGate(3, hidden_units=8, temperature=0.5, seed=2),
+    "ACMLinear": lambda: layers.ACMLinear(D, num_learners=2, rank=4, beta=0.6),
+    "MlpBlock": lambda: layers.MlpBlock(D, 12, gelu_approximate=True),
+    "MixerBlock": lambda: layers.MixerBlock(6, D, 5, 12, layer_norm_epsilon=1e-5),
+    "SparseMixerBlock": lambda: layers.SparseMixerBlock(
+        6, D, 2, 8, 0, 16, capacity_factor=2.0, aux_loss_weight=0.02, seed=3
+    ),
+    "SparseMoE": lambda: layers.SparseMoE(3, 8, 2, capacity_factor=1.5, noise=False, seed=5),
+    "ReRepresent1": lambda: layers.ReRepresent1(6, D, 12, 4),
+    "ReRepresent2": lambda: layers.ReRepresent2(12, 4, 6, D),
 }
 
 
@@ -460,7 +473,9 @@ def test_get_config_round_trip(name):
     for attr in ("units", "use_bias", "dropout_rate", "routed", "drop_path_rate", "layer_norm_epsilon",
                  "use_class_token", "num_channels", "rate", "seed", "num_experts", "capacity_method",
                  "effective_capacity", "beta", "delta", "capacities", "num_frames", "tubelet_size",
-                 "image_size", "sequence_length", "depth", "area_range", "alpha"):
+                 "image_size", "sequence_length", "depth", "area_range", "alpha", "num_learners", "mode",
+                 "temperature", "top_k", "capacity_factor", "aux_loss_weight", "noise", "gelu_approximate",
+                 "num_tokens", "output_tokens", "output_dim", "use_position_embedding"):
         if hasattr(layer, attr):
             assert getattr(clone, attr) == getattr(layer, attr), attr
 
