@@ -21,11 +21,15 @@ Every converter yields the same ViT state (``vit_state``), which loads into a
 dense ViT, a MoNE-ViT (routers freshly initialised) or their classifiers; a
 ViViT-FE then starts from the image model with
 ``keras_mone.models.vivit_from_image_backbone``.
+
+A ``MixerBackbone`` (or an ``ImageClassifier`` on one) takes MLP-Mixer
+checkpoints instead, formats ``"vision_transformer"`` (flax ``.npz``: build
+with ``gelu_approximate=True``) and ``"timm"`` (``keras_mone.convert.mixer``).
 """
 
 import os
 
-from keras_mone.convert import big_vision, keras_hub, timm
+from keras_mone.convert import big_vision, keras_hub, mixer, timm
 from keras_mone.convert.vit_state import load_vit_state
 
 FORMATS = ("vision_transformer", "big_vision", "timm", "keras_hub")
@@ -66,8 +70,13 @@ def load_checkpoint(model, source, format, strict=True):
     another class count, a class token the model lacks, layer scale, a MAP
     head, ...) is an error naming every such key, and nothing is written.
     ``strict=False`` loads what fits; the report's ``"unused"`` names the rest.
+    A Mixer model loads an MLP-Mixer checkpoint (``mixer.load_mixer_state``).
     """
     name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
+    if isinstance(getattr(model, "backbone", model), mixer.MixerBackbone):  # MLP-Mixer: its own formats
+        mixer.check_mixer_model(model)
+        state = mixer.read_mixer_state(source, format)
+        return mixer.load_mixer_state(model, state, source=f"{format} checkpoint {name!r}", strict=strict)
     state = read_vit_state(source, format)
     return load_vit_state(model, state, source=f"{format} checkpoint {name!r}", strict=strict)
 
