@@ -129,13 +129,18 @@ def _folder_split(recipe, key, classes=None):
         raise schema.RecipeError(f"key {key!r}: {error}") from error
 
 
+class MissingExtra(schema.RecipeError, ImportError):
+    """A recipe needs a package that is not installed (the CLI prints it without a traceback)."""
+
+
 def _tfds_split(recipe, key):
     try:
         import tensorflow_datasets  # noqa: F401
     except ImportError as error:
-        raise schema.RecipeError(
+        raise MissingExtra(
             f"dataset='tfds' (tfds_name={recipe['tfds_name']!r}) needs tensorflow-datasets: "
-            '`pip install "keras-mone[tfds]"`, and the dataset prepared under data_dir (see the TFDS '
-            "docs for ImageNet); or use dataset=image_folder data_dir=ROOT (ROOT/<split>/<class>/*.jpg)."
+            '`pip install "keras-mone[tfds]"` (or `pip install tensorflow-datasets`), and the dataset '
+            "prepared under data_dir (see the TFDS docs for ImageNet); or use dataset=image_folder "
+            "data_dir=ROOT (ROOT/<split>/<class>/*.jpg)."
         ) from error
     return pipeline.tfds_source(recipe["tfds_name"], recipe[key], recipe["data_dir"], recipe["seed"])
