@@ -46,7 +46,11 @@ def test_loss_term_is_added_to_the_loss_and_logged_by_name():
     assert history["loss"][0] == pytest.approx(task + 0.5 * term, rel=1e-5)
     # Evaluation and inference are unchanged: logits, the task loss alone.
     assert model.predict(x, verbose=0).shape == (BATCH, NUM_CLASSES)
-    assert model.evaluate(x, y, verbose=0, return_dict=True)["loss"] == pytest.approx(task, rel=1e-5)
+    evaluated = model.evaluate(x, y, verbose=0, return_dict=True)
+    assert evaluated["loss"] == pytest.approx(task, rel=1e-5)
+    assert "full_share" not in evaluated  # not computed in evaluation, so not reported as 0
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, validation_data=(x, y)).history
+    assert "val_full_share" not in history and "full_share" in history
 
 
 def test_no_terms_means_plain_logits_in_training():

@@ -94,6 +94,9 @@ class LossTermsMixin:
         return loss
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        if isinstance(y_pred, dict):
-            y_pred = y_pred["logits"]
-        return super().compute_metrics(x, y, y_pred, sample_weight)
+        training = isinstance(y_pred, dict)
+        results = super().compute_metrics(x, y, y_pred["logits"] if training else y_pred, sample_weight)
+        if not training:  # terms are training quantities: no val_<term> column of zeros
+            for name in self.__dict__.get("_loss_term_trackers", {}):
+                results.pop(name, None)
+        return results
