@@ -2,6 +2,7 @@
 
 from keras_mone.layers.acm import ACMMLP
 from keras_mone.layers.acm_gate import ACMGate
+from keras_mone.layers.acm_linear import ACMLinear
 from keras_mone.layers.attention import MoNEAttention
 from keras_mone.layers.block import MoNEBlock
 from keras_mone.layers.gates import HalfOpenUnitInterval
@@ -18,6 +19,7 @@ from keras_mone.layers.tubelet_embedding import TubeletEmbedding, inflate_patch_
 
 __all__ = [
     "ACMGate",
+    "ACMLinear",
     "ACMMLP",
     "DropPath",
     "ExpertPreferredRouting",

@@ -4,7 +4,7 @@ Conventions: a module's stack of outputs is ``(..., N + 1, D)``, ``h(z, k)``
 for ``k = 0..N`` (``ACMMLP.all_outputs``); a module's gate choices are
 ``(batch, tokens, N + 1)`` over ``k = 0..N`` (one-hot, straight-through in
 training, so these losses reach the gates). A module whose counts start at 1
-puts 0 in column 0. Arguments taking several modules accept a list (one
+puts 0 in column 0 (``with_zero_choice``). Arguments taking several modules accept a list (one
 entry per module) or one tensor. Every loss returns a float32 scalar.
 
 Phase 1 (learners, teacher frozen): ``distillation_loss``.
@@ -17,6 +17,11 @@ import math
 from keras import ops
 
 from keras_mone.layers.arguments import number
+
+
+def with_zero_choice(choices):
+    """A one-hot over ``k = 1..N`` (``ACMLinear``'s gate) as one over ``k = 0..N``."""
+    return ops.pad(ops.cast(choices, "float32"), [[0, 0]] * (len(choices.shape) - 1) + [[1, 0]])
 
 
 def _modules(x):

@@ -1,0 +1,82 @@
+"""ACMLinear: a linear projection (Q, K, V or O) as low-rank ACM learners."""
+
+import keras
+import numpy as np
+
+from keras_mone.layers.acm import LearnerStack
+from keras_mone.layers.arguments import integer
+from keras_mone.layers.config import ConfigMixin, register
+
+
+def default_rank(input_dim, units, num_learners):
+    """The paper's learner rank: ``N`` learners cost about one dense layer.
+
+    ``r = round((D_in D_out + D_out) / (N (D_in + D_out + 1)))`` (at least 1),
+    i.e. ``(D^2 + D) / (N (2D + 1))`` for a square projection (96 for ViT-B, N = 4).
+    """
+    return max(1, round((input_dim * units + units) / (num_learners * (input_dim + units + 1))))
+
+
+@register
+class ACMLinear(ConfigMixin, LearnerStack):
+    """``N`` low-rank learners ``Linear(D -> r) -> Linear(r -> units)``; counts ``k`` in ``1..N``.
+
+    Learner ``n`` is chunk ``n`` of one ``down`` (``D -> N r``) / ``up``
+    (``N r -> units``) pair, no activation; ``up``'s bias belongs to learner 1,
+    which every token runs. ``choices`` is a one-hot over ``k = 1..N`` (the
+    output of ``ACMGate(N)``) or int counts; execution modes and quotas as
+    ``ACMMLP`` (``caps`` gives learner 1 every token).
+    ``load_dense(kernel, bias)`` initialises the learners from a dense
+    projection by truncated SVD: learner ``n`` takes singular directions
+    ``(n-1) r .. n r``, so ``h(z, k)`` is the best rank-``k r`` approximation.
+
+    Args:
+        hidden_dim: input width ``D``.
+        units: output width (default ``D``).
+        num_learners: ``N``.
+        rank: ``r`` per learner (default ``default_rank``).
+        mode, beta, capacity_factor: as ``ACMMLP`` (``beta`` above ``1 / N``).
+        kernel_initializer: initialiser of both projections.
+    """
+
+    min_count = 1
+
+    def __init__(
+        self, hidden_dim, units=None, num_learners=4, rank=None, mode="exact", beta=None, capacity_factor=1.0,
+        kernel_initializer="glorot_uniform", **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_dim = integer("hidden_dim", hidden_dim)
+        self.units = self.hidden_dim if units is None else integer("units", units)
+        learners = integer("num_learners", num_learners)
+        self.rank = default_rank(self.hidden_dim, self.units, learners) if rank is None else integer("rank", rank)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self._setup(
+            self.units, learners * self.rank, learners, mode, beta, capacity_factor, kernel_initializer,
+            ("down", "up"),
+        )
+
+    def build(self, input_shape):
+        self.fc1.build((None, None, self.hidden_dim))
+        self.fc2.build((None, None, self.num_learners * self.rank))
+
+    def _activate(self, x):
+        return x
+
+    def load_dense(self, kernel, bias=None):
+        """Sets the learners to the truncated SVD of a dense ``(D, units)`` kernel (+ bias)."""
+        kernel = np.asarray(kernel, np.float64)
+        if kernel.shape != (self.hidden_dim, self.units):
+            raise ValueError(f"`kernel` must have shape {(self.hidden_dim, self.units)}, got {kernel.shape}.")
+        if not self.built:
+            self.build((None, None, self.hidden_dim))
+        width = self.num_learners * self.rank
+        u, s, vt = np.linalg.svd(kernel, full_matrices=False)
+        used = min(width, s.size)  # directions beyond the kernel's rank stay zero
+        down, up = np.zeros((self.hidden_dim, width)), np.zeros((width, self.units))
+        down[:, :used] = u[:, :used] * np.sqrt(s[:used])
+        up[:used] = np.sqrt(s[:used])[:, None] * vt[:used]
+        self.fc1.kernel.assign(down.astype("float32"))
+        self.fc1.bias.assign(np.zeros(width, "float32"))
+        self.fc2.kernel.assign(up.astype("float32"))
+        self.fc2.bias.assign(np.zeros(self.units, "float32") if bias is None else np.asarray(bias, "float32"))
