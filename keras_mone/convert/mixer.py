@@ -58,7 +58,9 @@ def read_mixer_state(path, format):
     if format not in FORMATS:
         raise ValueError(f"MLP-Mixer checkpoints come in the formats {FORMATS}, got `format`={format!r}.")
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"format {format!r} takes the path of a checkpoint file as `source`, got {type(path).__name__}.")
+        raise TypeError(
+            f"format {format!r} takes the path of a checkpoint file as `source`, got {type(path).__name__}."
+        )
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
@@ -79,15 +81,17 @@ def read_mixer_state(path, format):
 def mixer_state_from_npz(arrays):
     """A Mixer state from the arrays of a vision_transformer Mixer ``.npz``."""
     reader = KeyReader(arrays, _NPZ_REASONS)
-    _require(reader, ["stem/kernel", "MixerBlock_0/LayerNorm_0/scale", "pre_head_layer_norm/scale"], "vision_transformer")
+    _require(reader, ["stem/kernel", "MixerBlock_0/LayerNorm_0/scale", "pre_head_layer_norm/scale"],
+             "vision_transformer")
     state = _State(reader)
     state.add("patch_embedding/projection/kernel", "stem/kernel")
     state.add("patch_embedding/projection/bias", "stem/bias")
     indices = contiguous_blocks(_block_indices(reader, r"MixerBlock_(\d+)/"), "'MixerBlock_{i}/'")
     for i in indices:
         for part, (flax, _) in _BLOCK_PARTS.items():
-            norm = part.startswith("layer_norm")
-            for mine, theirs in (("gamma", "scale"), ("beta", "bias")) if norm else (("kernel", "kernel"), ("bias", "bias")):
+            names = (("gamma", "scale"), ("beta", "bias")) if part.startswith("layer_norm") else \
+                (("kernel", "kernel"), ("bias", "bias"))
+            for mine, theirs in names:
                 state.add(f"block_{i}/{part}/{mine}", f"MixerBlock_{i}/{flax}/{theirs}", f"block 'MixerBlock_{i}'")
     state.add("norm/gamma", "pre_head_layer_norm/scale")
     state.add("norm/beta", "pre_head_layer_norm/bias")
@@ -108,7 +112,8 @@ def mixer_state_from_timm(state_dict):
             where = f"block 'blocks.{i}'"
             norm = part.startswith("layer_norm")
             transform = None if norm else np.transpose
-            state.add(f"block_{i}/{part}/{'gamma' if norm else 'kernel'}", f"blocks.{i}.{name}.weight", where, transform)
+            state.add(f"block_{i}/{part}/{'gamma' if norm else 'kernel'}", f"blocks.{i}.{name}.weight", where,
+                      transform)
             state.add(f"block_{i}/{part}/{'beta' if norm else 'bias'}", f"blocks.{i}.{name}.bias", where)
     state.add("norm/gamma", "norm.weight")
     state.add("norm/beta", "norm.bias")
