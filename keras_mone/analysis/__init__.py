@@ -11,6 +11,7 @@ from keras_mone.analysis.flops import (
 )
 from keras_mone.analysis import acm_flops, mixer_flops  # noqa: F401  (register their counters)
 from keras_mone.analysis.routing import expert_share_of_tokens
+from keras_mone.analysis.routing_plot import plot_routing, routing_map
 from keras_mone.analysis.throughput import images_per_second
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "flops",
     "images_per_second",
     "patch_embedding_macs",
+    "plot_routing",
     "register_flop_counter",
+    "routing_map",
     "vit_block_macs",
 ]

@@ -51,6 +51,8 @@ def _presets(args):
         return _publish(args)
     if args.action == "verify":
         return _verify()
+    if args.action == "show":
+        return _show(args)
     for name in list_presets():
         spec = get_preset(name)
         marker = "[weights]" if spec.get("weights") else ""
@@ -75,6 +77,20 @@ def _publish(args):
     accuracy = ", ".join(f"{k}: {100 * v:.2f}%" for k, v in entry["eval"]["accuracy"].items())
     print(f"Published {args.name}: {entry['file']} sha256 {entry['sha256']}; test accuracy by "
           f"{entry['eval']['setting']}: {accuracy}")
+    return 0
+
+
+def _show(args):
+    from keras_mone.presets.card import model_card
+
+    if not args.run_dir:
+        print("error: `keras-mone presets show NAME` (names: `keras-mone presets`)", file=sys.stderr)
+        return 2
+    try:
+        print(model_card(args.run_dir))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -149,10 +165,14 @@ def build_parser():
     train.add_argument("--restart", action="store_true", help="start over: move the run directory's old run (checkpoints, history, model) to previous/<n>/")
     train.set_defaults(run=_train)
     presets = commands.add_parser(
-        "presets", help="list the model presets; publish a trained run as a preset's weights; verify them"
+        "presets",
+        help="list the model presets; show one's model card; publish a trained run as a preset's weights; verify them",
     )
-    presets.add_argument("action", nargs="?", choices=("list", "publish", "verify"), default="list")
-    presets.add_argument("run_dir", nargs="?", help="publish: the run directory of `keras-mone train`")
+    presets.add_argument("action", nargs="?", choices=("list", "show", "publish", "verify"), default="list")
+    presets.add_argument(
+        "run_dir", nargs="?", metavar="NAME_OR_RUN_DIR",
+        help="show: the preset name; publish: the run directory of `keras-mone train`",
+    )
     presets.add_argument("--name", help="publish: the preset whose weights the run becomes")
     presets.add_argument("--command", default="", help="publish: how the run was made (recorded)")
     presets.set_defaults(run=_presets)
