@@ -70,7 +70,7 @@ class TokenGroups:
         if self.passed is not None:
             labels.append(ops.full((self.passed.shape[1],), SKIPPED, dtype="int32"))
         labels = ops.concatenate(labels) if len(labels) > 1 else labels[0]
-        return to_original(ops.broadcast_to(labels, ops.shape(batch_like)[:1] + labels.shape), self.order)
+        return to_original(ops.broadcast_to(labels, (ops.shape(batch_like)[0], *labels.shape)), self.order)
 
     def compute_per_token(self, batch_like, hidden_dim):
         """``(batch, tokens)`` float32 share of the full width each token runs at
@@ -79,7 +79,7 @@ class TokenGroups:
         if self.passed is not None:
             shares.append(ops.zeros((self.passed.shape[1],), dtype="float32"))
         shares = ops.concatenate(shares) if len(shares) > 1 else shares[0]
-        return to_original(ops.broadcast_to(shares, ops.shape(batch_like)[:1] + shares.shape), self.order)
+        return to_original(ops.broadcast_to(shares, (ops.shape(batch_like)[0], *shares.shape)), self.order)
 
 
 def to_original(x, order):
