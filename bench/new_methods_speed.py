@@ -11,13 +11,13 @@ functions, timed round-robin so machine noise hits all alike; quote ratios::
 
 import argparse
 import sys
-import time
 
 import keras
 import numpy as np
 
-from keras_mone import flops, models
+from keras_mone import flops
 from keras_mone.models.methods import architectures
+from interleaved import TABLE_HEADER, speed_rows, time_models
 from training_targets import write_section
 
 SECTION = "## ACM, Mixer and Sparse-MLP: forward speed against dense"
@@ -43,29 +43,16 @@ def main(argv=None):
     named["Mixer-B/16"] = build("mixer", "B/16")
     named["Sparse-MLP-B"] = build("sparse_mlp", "B/16")
     x = np.random.default_rng(0).normal(size=(args.batch_size, 224, 224, 3)).astype("float32")
-    for model in named.values():
-        model.predict_on_batch(x)  # compile
-    times = {name: [] for name in named}
-    for _ in range(args.repeats):
-        for name, model in named.items():
-            started = time.perf_counter()
-            keras.ops.convert_to_numpy(model.predict_on_batch(x))
-            times[name].append(time.perf_counter() - started)
-    reference = "ViT-B/16 (dense)"
-    dense_time, dense_macs = np.median(times[reference]), flops(named[reference]).total
+    times = time_models(named, x, args.repeats)
     lines = [
         SECTION, "",
         f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/new_methods_speed.py --betas {args.betas} "
         f"--batch-size {args.batch_size} --repeats {args.repeats}`; 224x224, compiled `predict_on_batch`, median "
         "of interleaved repeats; speed-up and FLOP ratio against the dense ViT-B/16; efficiency = speed-up / FLOP "
         "ratio (1.0 = time per GMAC of the dense ViT).", "",
-        "| model | GMACs / image | FLOP ratio | median s / batch | speed-up | efficiency |",
-        "| --- | --- | --- | --- | --- | --- |",
+        *TABLE_HEADER,
     ]
-    for name, model in named.items():
-        macs, seconds = flops(model).total, np.median(times[name])
-        ratio, speedup = dense_macs / macs, dense_time / seconds
-        lines.append(f"| {name} | {macs / 1e9:.2f} | {ratio:.2f}x | {seconds:.3f} | {speedup:.2f}x | {speedup / ratio:.2f} |")
+    lines += speed_rows(named, times, "ViT-B/16 (dense)")
     mixer, sparse = "Mixer-B/16", "Sparse-MLP-B"
     mixer_ratio = flops(named[mixer]).total / flops(named[sparse]).total
     mixer_speedup = np.median(times[mixer]) / np.median(times[sparse])

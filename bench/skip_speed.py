@@ -10,13 +10,13 @@ machine noise hits all alike; the figures to quote are ratios::
 
 import argparse
 import sys
-import time
 
 import keras
 import numpy as np
 
-from keras_mone import flops, models
+from keras_mone import models
 from keras_mone.models import decode_variant
+from interleaved import TABLE_HEADER, speed_rows, time_models
 from training_targets import write_section
 
 SECTION = "## Token skipping: forward speed against dense"
@@ -42,27 +42,15 @@ def main(argv=None):
         named[f"MoD C={capacity:g}"] = build(models.MoDViTBackbone, args.variant, capacity=capacity)
         named[f"A-MoD C={capacity:g}"] = build(models.AMoDViTBackbone, args.variant, capacity=capacity)
     x = np.random.default_rng(0).normal(size=(args.batch_size, 224, 224, 3)).astype("float32")
-    for model in named.values():
-        model.predict_on_batch(x)  # compile
-    times = {name: [] for name in named}
-    for _ in range(args.repeats):
-        for name, model in named.items():
-            started = time.perf_counter()
-            keras.ops.convert_to_numpy(model.predict_on_batch(x))
-            times[name].append(time.perf_counter() - started)
-    dense_time, dense_macs = np.median(times["dense"]), flops(named["dense"]).total
+    times = time_models(named, x, args.repeats)
     lines = [
         SECTION, "",
         f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/skip_speed.py --variant {args.variant} "
         f"--capacities {args.capacities} --batch-size {args.batch_size} --repeats {args.repeats}`; 224x224, "
         "compiled `predict_on_batch`, median of interleaved repeats; efficiency = speed-up / FLOP ratio.", "",
-        "| model | GMACs / image | FLOP ratio | median s / batch | speed-up | efficiency |",
-        "| --- | --- | --- | --- | --- | --- |",
+        *TABLE_HEADER,
     ]
-    for name, model in named.items():
-        macs, seconds = flops(model).total, np.median(times[name])
-        ratio, speedup = dense_macs / macs, dense_time / seconds
-        lines.append(f"| {name} | {macs / 1e9:.2f} | {ratio:.2f}x | {seconds:.3f} | {speedup:.2f}x | {speedup / ratio:.2f} |")
+    lines += speed_rows(named, times, "dense")
     text = "\n".join(lines) + "\n"
     write_section(text, args.benchmarks, SECTION)
     print(text)

@@ -15,6 +15,7 @@ from keras_mone.layers.mixer import MixerBlock, SparseMixerBlock
 from keras_mone.layers.patch_embedding import PatchEmbedding
 from keras_mone.layers.re_represent import ReRepresent1, ReRepresent2
 from keras_mone.models.backbone import Backbone
+from keras_mone.models.variants import size_decoder
 
 #: Mixer sizes (Tolstikhin et al. 2021, Table 1), and the CPU size of the digits tasks.
 MIXER_SIZES = {
@@ -41,20 +42,8 @@ SPARSE_MLP_SIZES = {
 }
 
 
-def _size_decoder(table, family):
-    def decode(variant):
-        size, _, patch = str(variant).partition("/")
-        if size not in table or not patch.isdigit():
-            raise ValueError(
-                f"`variant` of a {family} must look like 'B/16' with a size in {list(table)}, got {variant!r}."
-            )
-        return {**table[size], "patch_size": int(patch)}
-
-    return decode
-
-
-decode_mixer_variant = _size_decoder(MIXER_SIZES, "Mixer")
-decode_sparse_mlp_variant = _size_decoder(SPARSE_MLP_SIZES, "Sparse-MLP")
+decode_mixer_variant = size_decoder(MIXER_SIZES, "Mixer")
+decode_sparse_mlp_variant = size_decoder(SPARSE_MLP_SIZES, "Sparse-MLP")
 
 
 @register

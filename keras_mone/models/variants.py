@@ -15,11 +15,20 @@ VIT_SIZES = {
 }
 
 
-def decode_variant(variant):
-    """``"B/16"`` -> ``{hidden_dim, depth, num_heads, mlp_dim, patch_size}``."""
-    size, _, patch = str(variant).partition("/")
-    if size not in VIT_SIZES or not patch.isdigit():
-        raise ValueError(
-            f"`variant` must look like 'B/16' with a size in {list(VIT_SIZES)}, got {variant!r}."
-        )
-    return {**VIT_SIZES[size], "patch_size": int(patch)}
+def size_decoder(table, family):
+    """``variant -> arguments`` for a size ``table`` (``{"B": {...}}``): ``"B/16"`` gives
+    ``{**table["B"], "patch_size": 16}``; an error names ``family`` and the sizes otherwise."""
+
+    def decode(variant):
+        size, _, patch = str(variant).partition("/")
+        if size not in table or not patch.isdigit():
+            raise ValueError(
+                f"`variant` of a {family} must look like 'B/16' with a size in {list(table)}, got {variant!r}."
+            )
+        return {**table[size], "patch_size": int(patch)}
+
+    return decode
+
+
+decode_variant = size_decoder(VIT_SIZES, "ViT")
+"""``"B/16"`` -> ``{hidden_dim, depth, num_heads, mlp_dim, patch_size}`` (the ViT size table)."""
