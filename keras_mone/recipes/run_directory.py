@@ -112,7 +112,7 @@ def _check_writable(directory, name):
     """Raises ``RecipeError`` naming the first path of the run that cannot be written."""
 
     def fail(path, why):
-        raise RecipeError(f"recipe {name!r}: {path!r} {why}; the run writes there. Nothing was written.")
+        raise RecipeError(f"recipe {name!r}: {path!r} {why}; the run writes there (fix it, or choose another output_dir).")
 
     for sub in ("", CHECKPOINT_FOLDER):
         path = os.path.join(directory, sub) if sub else directory
