@@ -5,6 +5,8 @@ previous block's attention map (``numpy_reference``); numpy gathers for what
 a routed block does to selected and skipped tokens.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -168,3 +170,15 @@ def dense_of(model):
     config = {k: v for k, v in model.backbone.get_config().items() if k in ("image_size", "patch_size", "hidden_dim", "depth", "num_heads", "mlp_dim")}
     dense = models.ViTBackbone(**config)
     return dense
+
+
+@pytest.mark.parametrize("cls", [models.MoDViTBackbone, models.AMoDViTBackbone])
+def test_capacity_rounded_to_whole_tokens_warns(cls):
+    # Issue 24 item 6: 0.01 of 16 tokens runs 1 token (capacity 0.0625) and must say so;
+    # a capacity that whole tokens meet exactly must not warn. Rules out a silent clamp.
+    with pytest.warns(UserWarning, match=r"realised as 0\.062.*at least one token"):
+        backbone = cls(**TINY, capacity=0.01)
+    assert backbone.realised_capacity == 1 / 16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backbone.set_capacity(0.5)

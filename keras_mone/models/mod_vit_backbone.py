@@ -19,6 +19,7 @@ model is the dense ViT it shares its weights with.
 """
 
 import math
+import warnings
 
 import keras
 from keras_mone.layers import arguments
@@ -91,8 +92,18 @@ class MoDViTBackbone(ViTBackbone):
 
     # -- capacity -----------------------------------------------------------
     def set_capacity(self, capacity):
-        """Runs routed blocks on ``floor(capacity * tokens)`` tokens from now on."""
+        """Runs routed blocks on ``floor(capacity * tokens)`` tokens (at least 1) from now on;
+        warns when whole tokens move the capacity (``realised_capacity`` reports it)."""
         self.capacity = capacity_lib.validate_effective_capacity(capacity, None, "capacity")
+        clamped = math.floor(self.capacity * self.num_tokens + 1e-9) < 1
+        if clamped or abs(self.realised_capacity - self.capacity) > capacity_lib.REALISED_CAPACITY_TOLERANCE:
+            warnings.warn(
+                f"`capacity`={capacity} is realised as {self.realised_capacity:.3f} with {self.num_tokens} "
+                f"tokens per example: routed blocks run {self.selected_tokens()} whole token(s)"
+                + (" (the minimum: at least one token runs)" if clamped else "")
+                + "; `realised_capacity` reports it and FLOP counts follow it.",
+                stacklevel=2,
+            )
 
     def selected_tokens(self):
         """Static ``k``: tokens a routed block processes per image (at least 1)."""

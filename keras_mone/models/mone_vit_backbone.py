@@ -12,8 +12,6 @@ from keras_mone.routing import capacity as capacity_lib
 from keras_mone.routing.parts import NestedExperts
 
 ROUTER_TYPES = ("learned", "random")
-REALISED_CAPACITY_TOLERANCE = 0.02
-"""Warn when whole-token rounding moves the effective capacity further than this."""
 
 
 @register
@@ -136,7 +134,7 @@ class MoNEViTBackbone(ViTBackbone):
         self.capacity = capacity
         if hasattr(self, "patch_embedding"):
             realised = self.realised_capacity
-            if abs(realised - capacity) > REALISED_CAPACITY_TOLERANCE:
+            if abs(realised - capacity) > capacity_lib.REALISED_CAPACITY_TOLERANCE:
                 warnings.warn(
                     f"`capacity`={capacity} is realised as {realised:.3f} with "
                     f"{self.num_tokens} tokens per example (experts take whole tokens); "

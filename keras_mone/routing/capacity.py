@@ -12,6 +12,9 @@ import math
 
 import numpy as np
 
+REALISED_CAPACITY_TOLERANCE = 0.02
+"""Models warn when whole-token rounding moves the capacity further than this."""
+
 _SOLVER_TOLERANCE = 1e-9
 
 
