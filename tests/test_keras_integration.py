@@ -101,3 +101,17 @@ def test_onnx_export_serves_the_same_outputs(capacity, tmp_path):
     session = ort.InferenceSession(path)
     assert session.get_inputs()[0].shape == [1, *model.backbone.input_shape_per_example]
     np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x[:1]})[0], expected[:1], atol=1e-5)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the [onnx] extra is needed for ONNX export on torch only")
+def test_onnx_export_without_the_extra_names_it(monkeypatch, tmp_path):
+    # Issue 24 item 8: without onnx / onnxscript Keras falls back to TorchScript
+    # tracing, which breaks routing; the error must name the extra instead.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
+    model = _served_model(1.0)
+    with pytest.raises(ImportError, match=r"onnxscript.*keras-mone\[onnx\]"):
+        model.export(str(tmp_path / "served.onnx"), format="onnx", verbose=False)
+    assert not (tmp_path / "served.onnx").exists()

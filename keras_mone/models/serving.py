@@ -1,6 +1,11 @@
 """``model.export`` without a first call: the input signature from the model's own geometry."""
 
+import importlib.util
+
 import keras
+
+ONNX_MODULES = ("onnx", "onnxscript")
+"""What Keras' dynamo ONNX exporter needs on the torch backend (the ``[onnx]`` extra)."""
 
 
 class ServingMixin:
@@ -22,6 +27,13 @@ class ServingMixin:
         return [keras.InputSpec(shape=(batch, *shape), dtype="float32")]
 
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        if format == "onnx" and keras.backend.backend() == "torch":
+            missing = [m for m in ONNX_MODULES if importlib.util.find_spec(m) is None]
+            if missing:  # Keras would fall back to TorchScript tracing, which breaks routed models
+                raise ImportError(
+                    f"ONNX export on the torch backend needs {', '.join(ONNX_MODULES)} (missing: "
+                    f"{', '.join(missing)}); install them with `pip install \"keras-mone[onnx]\"`."
+                )
         if not self.built:
             self.build()
         if input_signature is None:
