@@ -130,3 +130,26 @@ def test_mixer_recipe_builds_with_its_own_size_table(tmp_path):
     assert isinstance(setup.model.backbone, models.MixerBackbone) and setup.model.backbone.hidden_dim == 64
     with pytest.raises(RecipeError, match="dropout_rate"):  # a ViT-only recipe key is not dropped
         recipes.load("cluttered_digits_mixer", dropout_rate=0.1, output_dir=str(tmp_path / "b"))
+
+
+def test_sparse_mlp_starts_from_mixer_weights():
+    # Issue 26 item 4: the dense blocks, patch embedding and final norm come from
+    # the Mixer; only RR layers and sparse blocks stay new. Rules out copying the
+    # Mixer's *last* blocks or leaving the dense part random.
+    from keras_mone.models.weight_transfer import sparse_mlp_from_mixer
+
+    mixer = models.MixerBackbone(**{**TINY, "depth": 3})
+    mixer.build()
+    randomize_weights(mixer, seed=5)
+    sparse = models.SparseMLPBackbone(**{**SPARSE_TINY, "depth": 2})
+    sparse.build()
+    left = sparse_mlp_from_mixer(mixer, sparse)
+    assert left and all(p.split("/")[0] in ("re_represent_1", "re_represent_2") or p.startswith("sparse_block_")
+                        for p in left)
+    x = images(size=TINY["image_size"])
+    expected, got = mixer.patch_embedding(x), sparse.patch_embedding(x)
+    for i in range(2):
+        expected, got = mixer.blocks[i](expected), sparse.blocks[i](got)
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(expected))
+    with pytest.raises(ValueError, match="needs 4"):
+        sparse_mlp_from_mixer(mixer, models.SparseMLPBackbone(**{**SPARSE_TINY, "depth": 4}))

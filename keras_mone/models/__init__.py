@@ -22,7 +22,7 @@ from keras_mone.models.vivit_backbone import (
     ViViTBackbone,
     video_form,
 )
-from keras_mone.models.weight_transfer import transfer_weights
+from keras_mone.models.weight_transfer import sparse_mlp_from_mixer, transfer_weights
 
 __all__ = [
     "ACMViTBackbone",
@@ -50,6 +50,7 @@ __all__ = [
     "VideoClassifier",
     "decode_variant",
     "load_image_weights",
+    "sparse_mlp_from_mixer",
     "transfer_weights",
     "video_form",
     "vivit_from_image_backbone",
