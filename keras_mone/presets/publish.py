@@ -4,7 +4,7 @@ The run directory of ``keras-mone train`` holds ``model.keras`` and the
 resolved ``recipe.toml``. Publishing copies the trained weights into the
 preset's architecture (``from_preset(name, load_weights=False)``: a run that
 does not fit the preset is refused), measures test accuracy on the recipe's
-test split at every capacity (MoNE) or width (MatViT), writes
+test split at every capacity (MoNE), width (MatViT) or execution (ACM), writes
 ``<zoo>/weights/<name>.weights.h5`` atomically and records file, sha256,
 recipe, command and accuracies in ``<zoo>/weights/manifest.toml``.
 """
@@ -27,6 +27,7 @@ from keras_mone.presets.weights import (
 
 MONE_CAPACITIES = (0.2, 0.3, 0.5, 0.75, 1.0)
 MATVIT_WIDTHS = (0.125, 0.25, 0.5, 1.0)
+ACM_EXECUTIONS = ("exact", "grouped")
 EVAL_BATCH_SIZE = 512
 
 
@@ -35,6 +36,8 @@ def evaluation_settings(model):
     backbone = model.backbone
     if hasattr(backbone, "set_width"):
         return "width", MATVIT_WIDTHS
+    if hasattr(backbone, "set_execution"):  # ACM: exact (each token its gate's count) and grouped (quotas)
+        return "execution", ACM_EXECUTIONS
     if backbone.routed:
         return "capacity", MONE_CAPACITIES
     return "capacity", (1.0,)
@@ -73,19 +76,24 @@ def load_test_split(test_split, dataset="cluttered_digits"):
 
 
 def measure_accuracy(model, setting, values, test_split, dataset="cluttered_digits"):
-    """``{str(value): test accuracy}`` of ``model`` at each capacity / width on
+    """``{str(value): test accuracy}`` of ``model`` at each capacity / width / ACM execution on
     the test split of ``dataset`` rendered with ``test_split``."""
     images, labels = load_test_split(test_split, dataset)
     accuracy = {}
+    initial_execution = getattr(model.backbone, "execution", None)
     for value in values:
         if setting == "width":
             model.set_width(value)
+        elif setting == "execution":
+            model.backbone.set_execution(value)
         elif model.backbone.routed:
             model.set_capacity(value)
         logits = model.predict(images, batch_size=EVAL_BATCH_SIZE, verbose=0)
         accuracy[str(value)] = float(np.mean(np.argmax(logits, axis=-1) == labels))
     if setting == "width":
         model.set_width(1.0)
+    if setting == "execution":
+        model.backbone.set_execution(initial_execution)
     return accuracy
 
 

@@ -29,6 +29,8 @@ def untrained_parts(backbone):
         parts.append("the blocks, never trained to skip tokens (A-MoD has no router parameters)")
     if hasattr(backbone, "set_width"):
         parts.append("the smaller widths (only the full width comes from the checkpoint)")
+    if hasattr(backbone, "acm_gates"):
+        parts.append("the ACM gates (each token's learner count) and the learners' partial sums")
     return parts
 
 
@@ -57,6 +59,17 @@ def warn_untrained(model, name, tag, architecture, variant):
     if not parts:
         return
     setting = "width=1.0" if hasattr(backbone, "set_width") else "capacity=1.0"
+    if hasattr(backbone, "acm_gates"):
+        warnings.warn(
+            f"Preset {name!r} loaded the dense checkpoint {tag!r} as an initialisation: untrained are "
+            f"{'; '.join(parts)}. With every gate choosing all learners it equals the dense checkpoint; "
+            "its gates choose at random until trained. Train them with the ACM recipe's end_to_end mode "
+            "(keras-mone train cluttered_digits_acm_from_dense shows the keys: architecture=acm_vit "
+            "mode=end_to_end beta_target=... init_from=...).",
+            UntrainedWeightsWarning,
+            stacklevel=3,
+        )
+        return
     current = getattr(backbone, "width_fraction", None) if hasattr(backbone, "set_width") else getattr(backbone, "capacity", None)
     warnings.warn(
         f"Preset {name!r} loaded the dense checkpoint {tag!r} as an initialisation: untrained are "
