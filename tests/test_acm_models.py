@@ -1,5 +1,7 @@
 """ACM-ViT on the method registry and the loss-term hook (issue 25 items 2-5)."""
 
+import csv
+
 import keras
 import numpy as np
 import pytest
@@ -119,3 +121,27 @@ def test_bad_acm_arguments_are_named():
         ACMViTBackbone(**TINY, beta=1.5)
     with pytest.raises(ValueError, match="num_learners|mlp_dim"):
         ACMViTBackbone(**TINY, num_learners=3)  # 64 hidden units do not split into 3 learners
+
+
+def test_gates_phase_trains_only_the_gates_on_tau_labels(tmp_path):
+    # Phase 2 through the recipe: learners, attention and head frozen (rules out a
+    # phase that moves the converted model), the stream runs every learner (the
+    # logits equal the dense model's), the gate cross-entropy is logged and falls.
+    from keras_mone import recipes
+    from recipe_helpers import tiny_overrides
+
+    setup = recipes.load(
+        "cluttered_digits_acm_from_dense",
+        **tiny_overrides(tmp_path, init_from="", mode="gates", learning_rate=0.05, steps_per_epoch=6, epochs=2),
+    )
+    model, backbone = setup.model, setup.model.backbone
+    assert backbone.teacher_stream
+    assert model.trainable_variables and all("acm_gate_" in v.path for v in model.trainable_variables)
+    weights = [v for v in model.non_trainable_variables if "seed_generator" not in v.path]
+    frozen = [to_numpy(v).copy() for v in weights]
+    setup.fit(verbose=0, save=False)
+    with open(tmp_path / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[-1]["acm_gate_ce"]) < float(rows[0]["acm_gate_ce"])
+    for before, variable in zip(frozen, weights):
+        np.testing.assert_array_equal(before, to_numpy(variable))

@@ -83,8 +83,13 @@ class ACMViTBackbone(ViTBackbone):
             raise ValueError(f"`execution` must be one of {EXECUTIONS}, got {execution!r}.")
         self.execution = execution
 
+    teacher_stream = False
+    """Phase 2 (gate training): the residual stream runs every learner (the
+    converted dense model) while the gates see its inputs and the record holds
+    every ``h(z, k)``; set by the ``gates`` training mode, not saved."""
+
     def routing_key(self):
-        return ("acm", self.execution)
+        return ("acm", self.execution, self.teacher_stream)
 
     def _build_extra(self, token_shape):
         for gate in self.acm_gates:
@@ -93,14 +98,20 @@ class ACMViTBackbone(ViTBackbone):
     def encode(self, tokens, training=None, return_intermediates=False):
         """Dense attention, then per token the gate's count of MLP learners (Sec. 3)."""
         mode = "exact" if training else self.execution
-        choices, probs, blocks = [], [], []
+        choices, probs, blocks, teacher = [], [], [], []
         for block, gate in zip(self.blocks, self.acm_gates):
             attended = block.attention([block.norm1(tokens)], training=training)[0]
             tokens = tokens + block.drop_path(attended, training=training)
             z = block.norm2(tokens)
             choice, prob = gate(z, training=training)
             confidence = ops.max(prob, axis=-1)
-            update = block.mlp(z, ops.cast(choice, z.dtype), confidence=confidence, mode=mode, training=training)
+            if self.teacher_stream:  # phase 2: the stream is the dense model; gates learn the tau labels
+                outputs = ops.stop_gradient(block.mlp.all_outputs(z))
+                update = outputs[..., -1, :]
+                if return_intermediates:
+                    teacher.append(outputs)
+            else:
+                update = block.mlp(z, ops.cast(choice, z.dtype), confidence=confidence, mode=mode, training=training)
             tokens = tokens + block.drop_path(update, training=training)
             if return_intermediates:
                 counts = block.mlp.final_counts(choice, confidence, mode=mode)
@@ -110,6 +121,10 @@ class ACMViTBackbone(ViTBackbone):
                     "assignment": counts,
                     "compute": ops.cast(counts, "float32") / self.num_learners,
                 })
-        record = {"acm_choices": choices, "acm_probs": probs, "blocks": blocks} if return_intermediates else {}
+        record = {}
+        if return_intermediates:
+            record = {"acm_choices": choices, "acm_probs": probs, "blocks": blocks}
+            if self.teacher_stream:
+                record["acm_outputs"] = teacher  # per block (batch, tokens, N + 1, D): h(z, 0..N)
         return self.norm(tokens), record
 

@@ -171,6 +171,7 @@ def load(name_or_path, resume=True, **overrides):
                 raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
         mode = training_mode(recipe)
         epochs = mode.epochs(recipe, model.backbone, recipe["epochs"])
+        mode.prepare(recipe, model)
         terms = mode.loss_terms(recipe)
         if terms:  # the mode's own loss terms (else the model's defaults), logged by name
             model.set_loss_terms(terms)

@@ -60,6 +60,7 @@ KEYS = {
     "model_args": _k({}, dict, "other backbone / classifier arguments (e.g. hidden_dim, depth)"),
     "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", high=1.0, above=0.0),
     "beta_target": _k(0.5, (int, float), "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference", above=0.0, high=1.0),
+    "gate_tau": _k(0.833, (int, float), "ACM phase 2 (mode 'gates'): label = smallest n >= 2 with d(n) >= tau d(n-1) (the official code's factor 1.2 is tau 1/1.2)", above=0.0),
     "router_type": _k("learned", str, "MoNE router", ("learned", "random")),
     "width_fraction": _k(1.0, float, "MatViT width to evaluate at (1/8, 1/4, 1/2 or 1)", high=1.0, above=0.0),
     "num_classes": _k(0, int, "head size; 0 = the dataset's class count", low=0),

@@ -51,6 +51,10 @@ def _no_terms(recipe):
     return ()
 
 
+def _nothing_to_prepare(recipe, model):
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingMode:
     """What a recipe's ``mode`` changes in training.
@@ -65,6 +69,8 @@ class TrainingMode:
         epochs: ``(recipe, backbone, recipe epochs) -> epochs to train``.
         loss_terms: ``recipe -> (LossTerm, ...)``: the method's own loss terms,
             added to the task loss and logged by name.
+        prepare: ``(recipe, model) -> None``, run on the built model before
+            ``compile`` (e.g. freezing what a phase does not train).
     """
 
     name: str
@@ -74,6 +80,7 @@ class TrainingMode:
     callbacks: Callable = _no_callbacks
     epochs: Callable = _same_epochs
     loss_terms: Callable = _no_terms
+    prepare: Callable = _nothing_to_prepare
 
 
 def dense_counterpart(backbone):
