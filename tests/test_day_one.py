@@ -10,7 +10,7 @@ from keras_mone.cli.main import main
 from keras_mone.data import ImageConverter, load_cluttered_digits, preprocess
 from keras_mone.models import ImageClassifier, MoNEViTBackbone, VideoClassifier, ViTBackbone
 from keras_mone.models.mixer_backbone import MixerBackbone
-from keras_mone.presets import evaluation_data, from_preset, get_preset, save_to_preset
+from keras_mone.presets import evaluation_data, from_preset, get_preset, save_to_preset, shipped_presets
 
 # vit_digits' predicted class of the first 256 evaluation images (jax; every
 # top-1 margin is > 0.05, so every backend agrees). 251 of them are correct.
@@ -164,6 +164,15 @@ def test_presets_show_prints_the_model_card(capsys):
     assert "one model serves every budget" in capsys.readouterr().out
     assert main(["presets", "show", "vit_digits"]) == 0
     assert "one budget: no routing" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", shipped_presets())
+def test_presets_show_gives_every_recorded_accuracy(name, capsys):
+    """Every shipped preset, whatever its setting (capacity, width, ACM's execution)."""
+    assert main(["presets", "show", name]) == 0
+    card = capsys.readouterr().out
+    for accuracy in get_preset(name)["weights"]["eval"]["accuracy"].values():
+        assert f"{100 * accuracy:.2f}%" in card
 
 
 def test_presets_show_unknown_name_is_an_error(capsys):

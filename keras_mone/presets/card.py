@@ -26,13 +26,24 @@ def _training_recipes(spec):
 
 
 def _gmacs(model, setting, value):
+    """GMACs at ``set_<setting>(value)`` (capacity, width, ACM's execution)."""
     from keras_mone.analysis.flops import flops
 
-    if setting == "width":
-        model.set_width(value)
-    else:
-        model.set_capacity(value)
+    owner = model if hasattr(model, f"set_{setting}") else model.backbone
+    getattr(owner, f"set_{setting}")(value)
     return flops(model).gmacs
+
+
+def _key(value):
+    """A manifest accuracy key as the value it names (``"0.5"`` -> 0.5, ``"exact"`` stays)."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def _mode(preset):
+    return _recipe(get_preset(preset)["weights"]["recipe"])["mode"]
 
 
 def budget_statement(name, model):
@@ -42,21 +53,26 @@ def budget_statement(name, model):
     entry = spec.get("weights")
     if hasattr(model, "set_width"):
         return "one model serves every trained width (set_width): the widths D/8..D are trained jointly."
+    mode = _mode(name) if entry else None
+    if mode is not None and mode != "fixed" and not mode.startswith("adaptive"):
+        return f"trained with recipe mode {mode!r} (recipe {entry['recipe']}); scored as above."
     if not model.backbone.routed:
         return "one budget: no routing (capacity 1.0 only)."
     if not entry:
-        return "no shipped weights: how well each budget is served depends on its training (recipe mode adaptive trains for every budget)."
-    recipe = _recipe(entry["recipe"])
-    if recipe["mode"].startswith("adaptive"):
-        low, high = min(recipe["adaptive_capacities"]), max(recipe["adaptive_capacities"])
-        return f"one model serves every budget: trained with adaptive capacity (e_c {low:g}..{high:g}); set_capacity picks any."
+        return "no shipped weights: how well each budget is served depends on its training (mode=adaptive: all)."
+    if mode.startswith("adaptive"):
+        capacities = _recipe(entry["recipe"])["adaptive_capacities"]
+        return (
+            f"one model serves every budget: trained with adaptive capacity (e_c {min(capacities):g}.."
+            f"{max(capacities):g}); set_capacity picks any."
+        )
     adaptive = [
         other for other in shipped_presets()
-        if get_preset(other)["architecture"] == spec["architecture"] and _recipe(get_preset(other)["weights"]["recipe"])["mode"].startswith("adaptive")
+        if get_preset(other)["architecture"] == spec["architecture"] and _mode(other).startswith("adaptive")
     ]
     return (
-        f"trained at e_c {recipe['capacity']:g} only: set_capacity runs other budgets, but accuracy drops away from "
-        f"it (see above). For every budget: {', '.join(adaptive) or 'train with mode=adaptive'}."
+        f"trained at e_c {_recipe(entry['recipe'])['capacity']:g} only: set_capacity runs other budgets, but accuracy "
+        f"drops away from it (see above). For every budget: {', '.join(adaptive) or 'train with mode=adaptive'}."
     )
 
 
@@ -70,19 +86,20 @@ def model_card(name):
     setting, values = evaluation_settings(model)
     entry = spec.get("weights")
     accuracy = entry["eval"]["accuracy"] if entry else {}
-    if accuracy:
-        values = tuple(float(v) for v in accuracy)
+    if accuracy and entry["eval"]["setting"] == setting:
+        values = tuple(_key(v) for v in accuracy)
     lines = [
         f"{name}: {spec['description']}",
         f"  architecture   {spec['architecture']} {spec['variant']}: {type(model).__name__}({type(backbone).__name__})",
         f"  input          {tuple(backbone.input_shape_per_example)} in [-1, 1] (data.ImageConverter maps uint8); "
         f"{model.num_classes} classes",
         f"  parameters     {model.count_params():,}",
-        f"  {setting:<14} GMACs{'   test accuracy' if accuracy else ''}",
+        f"  {setting:<14} GMACs{'   test accuracy' if str(values[0]) in accuracy else ''}",
     ]
     for value in values:
         score = f"   {100 * accuracy[str(value)]:.2f}%" if str(value) in accuracy else ""
-        lines.append(f"  {value:<14g} {_gmacs(model, setting, value):.4g}{score}")
+        lines.append(f"  {format(value, 'g') if isinstance(value, float) else value:<14} "
+                     f"{_gmacs(model, setting, value):.4g}{score}")
     if entry:
         scored = entry["eval"]
         lines += [
