@@ -13,6 +13,7 @@ from keras_mone.presets.registry import (
 from keras_mone.presets.untrained import UntrainedWeightsWarning
 
 __all__ = [
-    "ARCHITECTURES", "evaluation_data", "from_preset", "get_preset", "list_presets", "save_to_preset", "shipped_presets", "weights_tags",
+    "ARCHITECTURES", "evaluation_data", "from_preset", "get_preset", "list_presets", "save_to_preset",
+    "shipped_presets", "weights_tags",
     "UntrainedWeightsWarning",
 ]
