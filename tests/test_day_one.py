@@ -203,3 +203,21 @@ def test_plot_routing_needs_a_mone_model(scored, tmp_path):
     with pytest.raises(ValueError, match="`num_images` must be an int >= 1"):
         analysis.plot_routing(from_preset("mone_vit_digits"), scored[0], tmp_path / "r.png", num_images=0)
     assert not (tmp_path / "r.png").exists()
+
+
+@pytest.mark.large
+def test_preset_descriptions_give_the_gmacs_of_the_built_model():
+    """The preset list's "N GMACs at 224" is keras_mone.flops of the preset as
+    built. Rules out: the published class-token figures (17.58) on GAP builds (17.47)."""
+    import re
+
+    from keras_mone.presets import list_presets
+
+    checked = 0
+    for name in list_presets():
+        match = re.search(r"([\d.]+) GMACs at 224", get_preset(name)["description"])
+        if match:
+            decimals = len(match.group(1).partition(".")[2])
+            assert round(flops(from_preset(name, load_weights=False)).gmacs, decimals) == float(match.group(1)), name
+            checked += 1
+    assert checked >= 10
