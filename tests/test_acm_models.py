@@ -145,3 +145,8 @@ def test_gates_phase_trains_only_the_gates_on_tau_labels(tmp_path):
     assert float(rows[-1]["acm_gate_ce"]) < float(rows[0]["acm_gate_ce"])
     for before, variable in zip(frozen, weights):
         np.testing.assert_array_equal(before, to_numpy(variable))
+    # evaluation runs the gated ACM, the computation its GMACs describe, not the teacher stream
+    x = images(size=TINY["image_size"])
+    gated = to_numpy(model(x))
+    backbone.teacher_stream = False
+    np.testing.assert_array_equal(to_numpy(model(x)), gated)

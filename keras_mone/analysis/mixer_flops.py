@@ -14,8 +14,9 @@ and the dispatched expert compute at the configured capacity, the work the
 static shapes do: ``N_E * capacity * 2 * F * H`` per MoE layer, ``capacity =
 ceil(capacity_factor * K * items / N_E)`` (MoE_S: items = C' columns, F = S',
 H = D_S'; MoE_C: items = S' tokens, F = C', H = D_C'; a dense MoE_C is
-``2 * S' * C' * D_C'``). Mixer-B/16 is 12.61 GMACs at 224, L/16 44.57 (the
-Mixer paper's 12.61 and 44.57 GFLOPs, which count MACs).
+``2 * S' * C' * D_C'``). Mixer-B/16 counts 12.60 GMACs at 224 with a
+1000-class head, L/16 44.55 (the Mixer paper's 12.61 and 44.57 GFLOPs, which
+count MACs).
 """
 
 from keras_mone.analysis.flops import FlopCount, patch_embedding_macs, register_flop_counter

@@ -84,9 +84,11 @@ class ACMViTBackbone(ViTBackbone):
         self.execution = execution
 
     teacher_stream = False
-    """Phase 2 (gate training): the residual stream runs every learner (the
-    converted dense model) while the gates see its inputs and the record holds
-    every ``h(z, k)``; set by the ``gates`` training mode, not saved."""
+    """Phase 2 (gate training): in training calls the residual stream runs every
+    learner (the converted dense model) while the gates see its inputs and the
+    record holds every ``h(z, k)``; evaluation and inference run the gated ACM
+    (so a run's accuracy and GMACs describe one computation). Set by the
+    ``gates`` training mode, not saved."""
 
     def routing_key(self):
         return ("acm", self.execution, self.teacher_stream)
@@ -105,7 +107,7 @@ class ACMViTBackbone(ViTBackbone):
             z = block.norm2(tokens)
             choice, prob = gate(z, training=training)
             confidence = ops.max(prob, axis=-1)
-            if self.teacher_stream:  # phase 2: the stream is the dense model; gates learn the tau labels
+            if self.teacher_stream and training:  # phase 2: the stream is the dense model; gates learn tau labels
                 outputs = ops.stop_gradient(block.mlp.all_outputs(z))
                 update = outputs[..., -1, :]
                 if return_intermediates:
@@ -124,7 +126,7 @@ class ACMViTBackbone(ViTBackbone):
         record = {}
         if return_intermediates:
             record = {"acm_choices": choices, "acm_probs": probs, "blocks": blocks}
-            if self.teacher_stream:
+            if teacher:
                 record["acm_outputs"] = teacher  # per block (batch, tokens, N + 1, D): h(z, 0..N)
         return self.norm(tokens), record
 

@@ -52,7 +52,11 @@ class LossTermsMixin:
         return self.default_loss_terms() if terms is None else terms
 
     def set_loss_terms(self, terms):
-        """Trains with ``terms`` (a sequence of ``LossTerm``) instead of the defaults."""
+        """Trains with ``terms`` (a sequence of ``LossTerm``) instead of the defaults.
+
+        Training state, like the compiled loss: not saved with the model (a
+        loaded model trains with its class's ``default_loss_terms()``; a
+        recipe sets its mode's terms again when it resumes)."""
         terms = tuple(terms)
         names = [term.name for term in terms]
         if len(set(names)) != len(names) or any(not isinstance(t, LossTerm) for t in terms):

@@ -27,6 +27,12 @@ class MatViTClassifier(ImageClassifier):
         super().__init__(backbone, **kwargs)
         self.joint_training = joint_training
 
+    def set_loss_terms(self, terms):
+        """Joint training stacks the logits of every width and takes no method loss terms."""
+        if tuple(terms) and self.joint_training:
+            raise ValueError("MatViT joint training (joint_training=True) takes no method loss terms.")
+        super().set_loss_terms(terms)
+
     def set_width(self, width_fraction=1.0, layer_width_fractions=None):
         """Sets the backbone's width (see ``MatViTBackbone.set_width``)."""
         self.backbone.set_width(width_fraction, layer_width_fractions)
