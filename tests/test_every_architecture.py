@@ -17,8 +17,10 @@ def test_architecture_passes_the_harness(name, tmp_path):
 
 def tiny_preset_overrides(spec):
     """The tiny geometry, keeping the preset's method settings (capacity, routers, widths)."""
-    video = architectures()[spec["architecture"]].video
-    overrides = dict(TINY_VIDEO if video else TINY, num_classes=3)
+    entry = architectures()[spec["architecture"]]
+    # the ViT family's shared tiny sizes; other families (Mixer, Sparse-MLP) their registry entry's
+    tiny = TINY_VIDEO if entry.video else TINY if entry.tiny is None else entry.tiny_config
+    overrides = dict(tiny, num_classes=3)
     depth = overrides["depth"]
     for key in ("router_positions", "routed_blocks"):  # the preset's blocks, within the tiny depth
         if key in spec:
