@@ -176,7 +176,8 @@ def token_counts(capacities, num_tokens):
     the remaining tokens are dropped.
 
     ``c_j N`` is floored after rounding away binary representation error
-    (1e-9), so that ``c = 0.3, N = 10`` gives 3 tokens, as ``0.3 * 10`` means.
+    (1e-9), so that ``c = 0.57, N = 100`` gives 57 tokens (``0.57 * 100`` is
+    56.99999999999999 in float64; ``0.3 * 10`` is exactly 3.0 and needs no rounding).
     """
     c = [float(v) for v in capacities]
 
