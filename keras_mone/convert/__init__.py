@@ -30,6 +30,7 @@ with ``gelu_approximate=True``) and ``"timm"`` (``keras_mone.convert.mixer``).
 import os
 
 from keras_mone.convert import big_vision, keras_hub, mixer, timm
+from keras_mone.convert.checkpoint_file import read_checkpoint_file
 from keras_mone.convert.vit_state import load_vit_state
 
 FORMATS = ("vision_transformer", "big_vision", "timm", "keras_hub")
@@ -41,26 +42,10 @@ def read_vit_state(source, format):
         raise ValueError(f"`format` must be one of {FORMATS}, got {format!r}.")
     if format == "keras_hub":
         return keras_hub.vit_state_from_keras_hub(source)
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(
-            f"format {format!r} takes the path of a checkpoint file as `source`, got "
-            f"{type(source).__name__}; a keras-hub model object takes format 'keras_hub'."
-        )
-    path = os.fspath(source)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
-    if format in big_vision.LAYOUTS:
-        arrays, convert = big_vision.read_npz(path), lambda a: big_vision.vit_state_from_npz(a, format)
-    elif path.endswith(".safetensors"):
-        arrays, convert = timm.read_safetensors(path), timm.vit_state_from_timm
-    elif path.endswith((".pth", ".pt", ".bin")):
-        arrays, convert = timm.read_pth(path), timm.vit_state_from_timm
-    else:
-        raise ValueError(f"timm checkpoints are .safetensors or .pth files, got {path!r}.")
-    try:
-        return convert(arrays)
-    except ValueError as error:  # name the file in every message about its content
-        raise ValueError(f"{format} checkpoint {path!r}: {error}") from error
+    return read_checkpoint_file(
+        source, format, big_vision.LAYOUTS, lambda arrays: big_vision.vit_state_from_npz(arrays, format),
+        timm.vit_state_from_timm, hint="; a keras-hub model object takes format 'keras_hub'",
+    )
 
 
 def load_checkpoint(model, source, format, strict=True):

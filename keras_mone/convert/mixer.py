@@ -21,16 +21,14 @@ checkpoint key}, "depth", "head_kernel" / "head_bias" (optional),
 it after checking every shape and, in strict mode, that every key is used.
 """
 
-import os
 import re
 import warnings
 
 import numpy as np
 
-from keras_mone.convert.big_vision import read_npz
+from keras_mone.convert.checkpoint_file import read_checkpoint_file
 from keras_mone.convert.keys import KeyReader, contiguous_blocks, describe_unused
 from keras_mone.models.mixer_backbone import MixerBackbone, SparseMLPBackbone
-from keras_mone.convert.timm import read_pth, read_safetensors
 from keras_mone.models.weight_transfer import relative_weight_paths
 
 FORMATS = ("vision_transformer", "timm")
@@ -57,25 +55,7 @@ def read_mixer_state(path, format):
     """The Mixer state of the checkpoint file at ``path`` in ``format``."""
     if format not in FORMATS:
         raise ValueError(f"MLP-Mixer checkpoints come in the formats {FORMATS}, got `format`={format!r}.")
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"format {format!r} takes the path of a checkpoint file as `source`, got {type(path).__name__}."
-        )
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
-    if format == "vision_transformer":
-        arrays, convert = read_npz(path), mixer_state_from_npz
-    elif path.endswith(".safetensors"):
-        arrays, convert = read_safetensors(path), mixer_state_from_timm
-    elif path.endswith((".pth", ".pt", ".bin")):
-        arrays, convert = read_pth(path), mixer_state_from_timm
-    else:
-        raise ValueError(f"timm checkpoints are .safetensors or .pth files, got {path!r}.")
-    try:
-        return convert(arrays)
-    except ValueError as error:  # name the file in every message about its content
-        raise ValueError(f"{format} checkpoint {path!r}: {error}") from error
+    return read_checkpoint_file(path, format, ("vision_transformer",), mixer_state_from_npz, mixer_state_from_timm)
 
 
 def mixer_state_from_npz(arrays):

@@ -49,7 +49,8 @@ def _transpose(x):
     return ops.transpose(x, (0, 2, 1))
 
 
-def _check_sequence(layer, input_shape):
+def check_sequence(layer, input_shape):
+    """Raises if ``input_shape`` is not ``(batch, layer.num_tokens, layer.hidden_dim)``."""
     expected = (layer.num_tokens, layer.hidden_dim)
     if len(input_shape) != 3 or tuple(input_shape[1:]) != expected:
         raise ValueError(
@@ -58,8 +59,29 @@ def _check_sequence(layer, input_shape):
         )
 
 
+def layer_norms(layer):
+    """``layer``'s ``layer_norm_0`` and ``layer_norm_1`` at its ``layer_norm_epsilon`` and dtype policy."""
+    return [
+        keras.layers.LayerNormalization(
+            epsilon=layer.layer_norm_epsilon, dtype=layer.dtype_policy, name=f"layer_norm_{i}"
+        )
+        for i in (0, 1)
+    ]
+
+
+class _TwoSublayers:
+    """Builds a block of ``LN -> token mixing`` and ``LN -> channel mixing`` on ``(batch, S, C)``."""
+
+    def build(self, input_shape):
+        check_sequence(self, input_shape)
+        self.layer_norm_0.build(input_shape)
+        self.token_mixing.build((None, self.hidden_dim, self.num_tokens))
+        self.layer_norm_1.build(input_shape)
+        self.channel_mixing.build(input_shape)
+
+
 @register
-class MixerBlock(ConfigMixin, keras.layers.Layer):
+class MixerBlock(_TwoSublayers, ConfigMixin, keras.layers.Layer):
     """``y1 = x + (MLP_S((LN x)^T))^T; y = y1 + MLP_C(LN y1)`` on ``(batch, S, C)``.
 
     Args:
@@ -85,26 +107,14 @@ class MixerBlock(ConfigMixin, keras.layers.Layer):
         )
         self.gelu_approximate = bool(gelu_approximate)
         policy = self.dtype_policy
-        self.layer_norm_0 = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_0"
-        )
+        self.layer_norm_0, self.layer_norm_1 = layer_norms(self)
         self.token_mixing = MlpBlock(
             self.num_tokens, self.token_mlp_dim, self.gelu_approximate, dtype=policy, name="token_mixing"
-        )
-        self.layer_norm_1 = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_1"
         )
         self.channel_mixing = MlpBlock(
             self.hidden_dim, self.channel_mlp_dim, self.gelu_approximate, dtype=policy,
             name="channel_mixing",
         )
-
-    def build(self, input_shape):
-        _check_sequence(self, input_shape)
-        self.layer_norm_0.build(input_shape)
-        self.token_mixing.build((None, self.hidden_dim, self.num_tokens))
-        self.layer_norm_1.build(input_shape)
-        self.channel_mixing.build(input_shape)
 
     def call(self, inputs):
         mixed = _transpose(self.token_mixing(_transpose(self.layer_norm_0(inputs))))
@@ -116,7 +126,7 @@ class MixerBlock(ConfigMixin, keras.layers.Layer):
 
 
 @register
-class SparseMixerBlock(ConfigMixin, keras.layers.Layer):
+class SparseMixerBlock(_TwoSublayers, ConfigMixin, keras.layers.Layer):
     """A Sparse-MLP block's two residual sublayers, MoE_S then MoE_C (Sec. 2.3).
 
     ``y1 = x + (MoE_S((LN x)^T))^T; y = y1 + MoE_C(LN y1)`` on ``(batch, S', C')``:
@@ -163,15 +173,9 @@ class SparseMixerBlock(ConfigMixin, keras.layers.Layer):
         )
         self.gelu_approximate = bool(gelu_approximate)
         self.seed = seed
-        policy = self.dtype_policy
-        self.layer_norm_0 = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_0"
-        )
+        self.layer_norm_0, self.layer_norm_1 = layer_norms(self)
         self.token_mixing = self._sublayer(
             "token", self.num_tokens, self.token_num_experts, self.token_expert_dim, token_top_k, seed
-        )
-        self.layer_norm_1 = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_1"
         )
         self.channel_mixing = self._sublayer(
             "channel", self.hidden_dim, self.channel_num_experts, self.channel_expert_dim,
@@ -191,13 +195,6 @@ class SparseMixerBlock(ConfigMixin, keras.layers.Layer):
             aux_loss_weight=self.aux_loss_weight, gelu_approximate=self.gelu_approximate, seed=seed,
             dtype=self.dtype_policy, name=name,
         )
-
-    def build(self, input_shape):
-        _check_sequence(self, input_shape)
-        self.layer_norm_0.build(input_shape)
-        self.token_mixing.build((None, self.hidden_dim, self.num_tokens))
-        self.layer_norm_1.build(input_shape)
-        self.channel_mixing.build(input_shape)
 
     @staticmethod
     def _apply(sublayer, inputs, training):

@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_mone.layers import arguments
 from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.mixer import check_sequence, layer_norms
 
 
 class _ReRepresent(ConfigMixin, keras.layers.Layer):
@@ -38,12 +39,7 @@ class _ReRepresent(ConfigMixin, keras.layers.Layer):
         )
         self.gelu_approximate = bool(gelu_approximate)
         policy = self.dtype_policy
-        self.layer_norm_0 = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_0"
-        )
-        self.layer_norm_1 = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=policy, name="layer_norm_1"
-        )
+        self.layer_norm_0, self.layer_norm_1 = layer_norms(self)
         self.token_projection = keras.layers.Dense(
             self.output_tokens, dtype=policy, name="token_projection"
         )
@@ -52,12 +48,7 @@ class _ReRepresent(ConfigMixin, keras.layers.Layer):
         )
 
     def build(self, input_shape):
-        expected = (self.num_tokens, self.hidden_dim)
-        if len(input_shape) != 3 or tuple(input_shape[1:]) != expected:
-            raise ValueError(
-                f"{type(self).__name__} `{self.name}` takes inputs (batch, num_tokens={expected[0]}, "
-                f"hidden_dim={expected[1]}), got shape {tuple(input_shape)}."
-            )
+        check_sequence(self, input_shape)
         s, c, s_out, c_out = self.num_tokens, self.hidden_dim, self.output_tokens, self.output_dim
         # the second LayerNorm sees the channels after the first projection
         mid_channels = c if self.tokens_first else c_out
