@@ -11,7 +11,7 @@ MLP half of a block drops to about half (the paper's ACM on the MLPs only).
 
 from keras_mone.analysis.flops import FlopCount, flops, register_flop_counter
 from keras_mone.models.acm_vit_backbone import ACMViTBackbone
-from keras_mone.models.vit_backbone import ViTBackbone
+from keras_mone.models.vivit_backbone import dense_counterpart
 
 
 def acm_mlp_macs(backbone):
@@ -25,7 +25,7 @@ def acm_mlp_macs(backbone):
 
 @register_flop_counter(ACMViTBackbone)
 def _acm_vit_flops(backbone):
-    dense = flops(ViTBackbone(**_dense_keys(backbone)))
+    dense = flops(dense_counterpart(backbone))
     counts = dict(dense.breakdown)
     hidden = backbone.acm_gates[0].hidden_units
     counts["mlp"] = acm_mlp_macs(backbone)
@@ -35,9 +35,3 @@ def _acm_vit_flops(backbone):
     label = f"ACMViTBackbone({dense.label}, N={backbone.num_learners}, {backbone.execution}, beta={backbone.beta})"
     return FlopCount(counts, label=label)
 
-
-def _dense_keys(backbone):
-    from keras_mone.layers.config import config_argument_names
-
-    config = backbone.get_config()
-    return {k: config[k] for k in config_argument_names(ViTBackbone) if k in config}

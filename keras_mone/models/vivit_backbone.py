@@ -2,7 +2,7 @@
 
 from keras import ops
 
-from keras_mone.layers.config import register
+from keras_mone.layers.config import config_argument_names, register
 from keras_mone.layers.sequence_encoder import SequenceEncoder
 from keras_mone.layers.tubelet_embedding import (
     TubeletEmbedding,
@@ -187,3 +187,11 @@ MoDViViTBackbone.__doc__ = """MoD-ViViT-FE: Mixture-of-Depths in the spatial tra
 
 AMoDViViTBackbone = video_form(AMoDViTBackbone)
 AMoDViViTBackbone.__doc__ = """A-MoD-ViViT-FE: attention-routed MoD in the spatial transformer, per frame index."""
+
+
+def dense_counterpart(backbone):
+    """The (unbuilt) dense ``ViTBackbone`` (``ViViTBackbone`` for video) of ``backbone``'s size:
+    the reference of isoFLOPs epochs and of the FLOP counts of MLP variants (ACM)."""
+    dense = ViViTBackbone if isinstance(backbone, ViViTBackbone) else ViTBackbone
+    config = backbone.get_config()
+    return dense(**{k: config[k] for k in config_argument_names(dense) if k in config})

@@ -6,7 +6,7 @@ from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
 from keras_mone.models.weights_file import load_saved_model
-from keras_mone.recipes.schema import PRESET_PREFIX, allowed_args, changed_unused_keys
+from keras_mone.recipes.schema import PRESET_PREFIX, allowed_args
 
 
 def build_classifier(recipe, num_classes):
@@ -17,7 +17,8 @@ def build_classifier(recipe, num_classes):
     ...), the method's and the training mode's arguments, then ``model_args``.
     A size-table, method, mode or ``model_args`` argument that neither the
     backbone nor the task takes is an error naming it; a shared recipe key
-    the architecture has no use for is skipped only at its default value.
+    the architecture has no use for is skipped (recipe validation,
+    ``schema.changed_unused_keys``, has refused it unless at its default).
     """
     architecture_name = recipe["architecture"]
     architecture = architectures()[architecture_name]
@@ -39,9 +40,7 @@ def build_classifier(recipe, num_classes):
     }
     backbone_keys, task_keys = allowed_args(architecture_name)
     accepted = backbone_keys | task_keys
-    unused = changed_unused_keys(recipe)
-    if unused:
-        raise ValueError(f"architecture {architecture_name!r} takes no {sorted(unused)} (set to {unused}).")
+    # shared keys the architecture does not take: schema.validate refused them unless at their default
     config = {k: v for k, v in shared.items() if k in accepted}
     config.update(specific)
     config.update(recipe["model_args"])

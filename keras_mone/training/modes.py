@@ -26,7 +26,6 @@ The standard modes:
 import dataclasses
 from typing import Callable
 
-from keras_mone.layers.config import config_argument_names
 from keras_mone.training.adaptive_capacity import AdaptiveCapacity
 from keras_mone.training.losses import SumOverWidths
 
@@ -83,16 +82,6 @@ class TrainingMode:
     prepare: Callable = _nothing_to_prepare
 
 
-def dense_counterpart(backbone):
-    """The (unbuilt) dense ``ViTBackbone`` (``ViViTBackbone`` for video) of ``backbone``'s size."""
-    from keras_mone.models.vit_backbone import ViTBackbone
-    from keras_mone.models.vivit_backbone import ViViTBackbone
-
-    dense = ViViTBackbone if isinstance(backbone, ViViTBackbone) else ViTBackbone
-    config = backbone.get_config()
-    return dense(**{k: config[k] for k in config_argument_names(dense) if k in config})
-
-
 def isoflops_epochs(epochs, backbone, capacities=None):
     """Epochs giving ``backbone`` the training MACs of a dense model trained
     ``epochs`` epochs: ``round(epochs * dense / MoNE MACs)``.
@@ -102,6 +91,7 @@ def isoflops_epochs(epochs, backbone, capacities=None):
     ``capacities``; the backbone's capacity is left as it was.
     """
     from keras_mone.analysis import flops
+    from keras_mone.models.vivit_backbone import dense_counterpart
 
     dense = flops(dense_counterpart(backbone)).total
     if capacities is None:
