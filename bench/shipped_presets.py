@@ -28,9 +28,12 @@ def rows():
         for value, accuracy in entry["eval"]["accuracy"].items():
             if setting == "width":
                 model.set_width(float(value))
+            elif setting == "execution":  # ACM: "exact" or "grouped"
+                model.backbone.set_execution(value)
             elif model.backbone.routed:
                 model.set_capacity(float(value))
-            table.append((name, setting, float(value), accuracy, flops(model).gmacs))
+            value = value if setting == "execution" else float(value)
+            table.append((name, setting, value, accuracy, flops(model).gmacs))
     return table
 
 
@@ -42,13 +45,14 @@ def markdown(table):
         "`keras-mone presets publish` on the 5026-example test split of cluttered digits (images) or moving digits (8-frame clips, ratios against vivit_fe_digits) (and checked on "
         "every backend by `tests/test_shipped_presets.py`); each preset's training command is in "
         "`zoo/weights/manifest.toml`.", "",
-        "| preset | e_c or width | test accuracy | GMACs / example | vs the dense preset |",
+        "| preset | e_c, width or execution | test accuracy | GMACs / example | vs the dense preset |",
         "| --- | --- | --- | --- | --- |",
     ]
     for name, setting, value, accuracy, gmacs in table:
         reference = dense.get("vivit_fe_digits" if "vivit" in name else "vit_digits")
         ratio = f"{gmacs / reference:.2f}x" if reference else ""
-        lines.append(f"| {name} | {setting} {value:g} | {100 * accuracy:.2f}% | {gmacs:.5f} | {ratio} |")
+        shown = value if isinstance(value, str) else f"{value:g}"
+        lines.append(f"| {name} | {setting} {shown} | {100 * accuracy:.2f}% | {gmacs:.5f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
