@@ -1,7 +1,9 @@
-"""``keras-mone`` command line: quickstart, train, presets, bench."""
+"""``keras-mone`` command line: quickstart, train, presets, bench, analyze."""
 
 import argparse
 import sys
+
+from keras_mone.cli.analyze import add_subcommand as add_analyze
 
 
 def _quickstart(args):
@@ -206,6 +208,7 @@ def build_parser():
     )
     bench.add_argument("--quiet", action="store_true", help="no progress lines")
     bench.set_defaults(run=_bench)
+    add_analyze(commands)
     return parser
 
 

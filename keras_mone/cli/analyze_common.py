@@ -1,0 +1,60 @@
+"""Helpers every ``keras-mone analyze`` command shares: model and data loading, PNG + JSON output."""
+
+import json
+import os
+
+
+def common_arguments(parser):
+    parser.add_argument(
+        "model", help="a preset name (`keras-mone presets`), a preset folder or a .keras file",
+    )
+    parser.add_argument(
+        "--data", default=None, metavar="PRESET",
+        help="the shipped preset whose test split to analyse (default: MODEL when it is one)",
+    )
+    parser.add_argument("--output", required=True, help="directory for the PNG and the JSON")
+    parser.add_argument("--num-images", type=int, default=None, help="first N test examples (default: analysis' own)")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--capacity", type=float, default=None, help="set_capacity(e_c) before the analysis")
+
+
+def load_model(args):
+    """The model ``args.model`` names (preset, preset folder or ``.keras`` file) at ``args.capacity``."""
+    if str(args.model).endswith(".keras"):
+        import keras
+
+        import keras_mone  # noqa: F401  (registers the serializable classes)
+
+        model = keras.saving.load_model(args.model, compile=False)
+    else:
+        from keras_mone.presets import from_preset
+
+        model = from_preset(args.model)
+    if getattr(args, "capacity", None) is not None:
+        model.set_capacity(args.capacity)
+    return model
+
+
+def load_data(args, default_count=None):
+    """``(x, y)``: the first ``--num-images`` (else ``default_count``) examples of the test split of
+    ``--data`` (default: the model's preset)."""
+    from keras_mone.presets import evaluation_data
+
+    x, y = evaluation_data(args.data or args.model)
+    count = args.num_images or default_count
+    return (x, y) if count is None else (x[:count], y[:count])
+
+
+def write_outputs(args, name, figure, summary):
+    """Writes ``figure`` to ``<output>/<name>.png`` and ``summary`` (JSON-able) to
+    ``<output>/<name>.json``; prints both paths."""
+    os.makedirs(args.output, exist_ok=True)
+    png = os.path.join(args.output, f"{name}.png")
+    path = os.path.join(args.output, f"{name}.json")
+    figure.savefig(png, dpi=100)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=2, default=float)
+    print(f"wrote {png} and {path}")
+    return png, path
+
+
