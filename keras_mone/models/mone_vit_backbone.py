@@ -38,7 +38,11 @@ class MoNEViTBackbone(ViTBackbone):
         num_experts: ``E``, number of nested experts (4 in the paper).
         capacity: effective capacity ``e_c`` in ``(0, 1]`` (at least
             ``2**-(E-1)`` unless ``capacity_method="mod_greedy"``).
-        capacity_method: "mone" (Eq. 3), "greedy" or "mod_greedy" (Table 2).
+        capacity_method: how ``e_c`` is split over the experts (Table 2):
+            "mone" (Eq. 3), "greedy" (full + smallest expert), "mod_greedy"
+            (full expert, other tokens skip the blocks), or the static
+            "uniform" / "proportionate", which run at their own e_c only
+            (15/32 and 4/15 at E = 4; ``routing.capacity.method_capacity``).
         router_positions: indices of blocks that get a router (default: the
             first block, as in the paper).
         router_type: "learned" (Eq. 1 gates with the router probability) or
@@ -95,8 +99,9 @@ class MoNEViTBackbone(ViTBackbone):
         self.router_seed = router_seed
         self.class_token_to_full_expert = class_token_to_full_expert
         self.expert_widths = [hidden_dim // 2 ** (num_experts - 1 - j) for j in range(num_experts)]
+        start = capacity_lib.static_effective_capacity(capacity_method, num_experts) or 1.0
         self.routing = ExpertPreferredRouting(
-            num_experts, 1.0, capacity_method=capacity_method, name="routing"
+            num_experts, start, capacity_method=capacity_method, name="routing"
         )
         self.capacity = None
         self.set_capacity(capacity)
@@ -128,8 +133,7 @@ class MoNEViTBackbone(ViTBackbone):
         Weights are untouched; compiled ``predict`` / ``evaluate`` / ``fit``
         functions are rebuilt on their next use.
         """
-        minimum = None if self.capacity_method == "mod_greedy" else self.num_experts
-        capacity = capacity_lib.validate_effective_capacity(capacity, minimum, "capacity")
+        capacity = capacity_lib.method_capacity(self.capacity_method, capacity, self.num_experts)
         self.routing.set_capacity(capacity)
         self.capacity = capacity
         if hasattr(self, "patch_embedding"):

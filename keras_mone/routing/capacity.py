@@ -194,14 +194,62 @@ DISTRIBUTIONS = {
 }
 """Dynamic-budget distributions, ``fn(effective_capacity, num_experts)``."""
 
+STATIC_DISTRIBUTIONS = {
+    "uniform": uniform_distribution,
+    "proportionate": proportionate_distribution,
+}
+"""Static-budget distributions of Table 2, ``fn(num_experts)``: each fixes its
+own e_c (0.47 and 0.27 at E = 4), which is why the paper calls them inflexible."""
+
+CAPACITY_METHODS = tuple(DISTRIBUTIONS) + tuple(STATIC_DISTRIBUTIONS)
+"""Every ``capacity_method`` of MoNE models (Table 2's columns; "mone" = Eq. 3)."""
+
+STATIC_CAPACITY_TOLERANCE = 0.005
+"""A static method accepts a requested ``e_c`` this close to its own (Table
+2 prints them to two decimals: 0.47 for 15/32, 0.27 for 4/15)."""
+
+
+def static_effective_capacity(method, num_experts=4):
+    """The e_c a static method runs at (``None`` for a dynamic-budget one)."""
+    _check_method(method)
+    if method not in STATIC_DISTRIBUTIONS:
+        return None
+    return effective_capacity(STATIC_DISTRIBUTIONS[method](num_experts))
+
+
+def method_capacity(method, effective_capacity, num_experts=4):
+    """The e_c that ``method`` runs at when asked for ``effective_capacity``.
+
+    Dynamic methods run at the requested value (validated; "mod_greedy" may go
+    below ``2**-(E-1)`` since it drops tokens). A static method runs at its own
+    e_c and accepts only a request within ``STATIC_CAPACITY_TOLERANCE`` of it.
+    """
+    own = static_effective_capacity(method, num_experts)
+    minimum = None if method == "mod_greedy" else num_experts
+    requested = validate_effective_capacity(effective_capacity, minimum, "capacity")
+    if own is None:
+        return requested
+    if abs(requested - own) > STATIC_CAPACITY_TOLERANCE:
+        raise ValueError(
+            f"`capacity_method`={method!r} fixes the effective capacity at {own:.6g} with "
+            f"{num_experts} experts (a static budget, MoNE Table 2), got `capacity`={requested}. "
+            f"Pass capacity={own:.6g}, or a dynamic method ({', '.join(DISTRIBUTIONS)}) for other budgets."
+        )
+    return own
+
 
 def distribution_for(method, effective_capacity, num_experts):
-    """Capacities of a named dynamic-budget method (see ``DISTRIBUTIONS``)."""
-    if method not in DISTRIBUTIONS:
-        raise ValueError(
-            f"`capacity_method` must be one of {sorted(DISTRIBUTIONS)}, got {method!r}."
-        )
+    """Capacities of a named method (see ``CAPACITY_METHODS``) at ``effective_capacity``."""
+    if method in STATIC_DISTRIBUTIONS:
+        method_capacity(method, effective_capacity, num_experts)
+        return STATIC_DISTRIBUTIONS[method](num_experts)
+    _check_method(method)
     return DISTRIBUTIONS[method](effective_capacity, num_experts=num_experts)
+
+
+def _check_method(method):
+    if method not in CAPACITY_METHODS:
+        raise ValueError(f"`capacity_method` must be one of {list(CAPACITY_METHODS)}, got {method!r}.")
 
 
 def _greedy(e_c, widths):
