@@ -158,6 +158,7 @@ def _part(layer):
 def block_stack(
     depth, hidden_dim, num_heads, mlp_dim, gates=None, dropout_rate=0.0, drop_path_rate=0.0,
     layer_norm_epsilon=1e-6, dtype=None, alpha_init=0.0, gelu_approximate=False, mlp_factory=None,
+    attention_factory=None,
 ):
     """``depth`` blocks named ``block_{i}``, stochastic depth rising linearly from 0
     at the first block to ``drop_path_rate`` at the last (ViT / DeiT schedule);
@@ -165,7 +166,8 @@ def block_stack(
     none); MoNE's ``alpha`` starts at ``alpha_init``; ``gelu_approximate``
     picks the MLP's GELU (see ``NestedMLP``); ``mlp_factory(hidden_dim, mlp_dim,
     dropout_rate, gelu_approximate, dtype)``, if given, makes each block's MLP
-    part (ACM's ``ACMMLP``)."""
+    part (ACM's ``ACMMLP``); ``attention_factory(hidden_dim, num_heads,
+    dropout_rate, dtype)`` likewise the attention part (ACM's ``ACMAttention``)."""
     gates = gates or {}
     return [
         MoNEBlock(
@@ -177,6 +179,7 @@ def block_stack(
             layer_norm_epsilon=layer_norm_epsilon,
             gelu_approximate=gelu_approximate,
             mlp=None if mlp_factory is None else mlp_factory(hidden_dim, mlp_dim, dropout_rate, gelu_approximate, dtype),
+            attention=None if attention_factory is None else attention_factory(hidden_dim, num_heads, dropout_rate, dtype),
             dtype=dtype,
             name=f"block_{index}",
         )

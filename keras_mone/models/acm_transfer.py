@@ -1,0 +1,64 @@
+"""Starting an ACM-ViT with ACM projections from a dense ViT (Wojcik et al., ``acm.txt``, Sec. 3.2)."""
+
+import numpy as np
+from keras import ops
+
+from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
+
+
+def acm_from_dense(source, target):
+    """Copies a dense ViT into an ACM-ViT; projections by truncated SVD.
+
+    Every ``source`` weight whose path exists in ``target`` is copied (patch
+    embedding, norms, MLPs as learner slices, head between classifiers of the
+    same class count), as ``transfer_weights`` does. With
+    ``acm_projections`` each block's fused ``attention/qkv`` and
+    ``attention/out`` kernels have no counterpart by path: they initialise the
+    query, key, value and out ``ACMLinear`` learners by truncated SVD
+    (``ACMAttention.load_dense``), so ``k = N`` is the best rank-``N r``
+    approximation of each dense projection (exact when ``N r >= D``). This is
+    a deterministic starting point; the paper distils the learners from a
+    random initialisation instead (its phase 1), which can follow.
+
+    Both models are built backbones or both classifiers. Returns the sorted
+    paths of ``target`` left at their initialisation (the gates, and for
+    ACM projections nothing else). Raises ``ValueError`` (nothing copied) if
+    a source weight fits nowhere or a shape differs.
+    """
+    backbone = getattr(target, "backbone", target)
+    if not getattr(backbone, "acm_projections", False):
+        return transfer_weights(source, target)
+    source_weights, target_weights = relative_weight_paths(source), relative_weight_paths(target)
+    prefix = "backbone/" if backbone is not target else ""
+    dense_attention = {}
+    for index in range(backbone.depth):
+        names = [f"{prefix}block_{index}/attention/{part}/{kind}" for part in ("qkv", "out") for kind in ("kernel", "bias")]
+        if not all(name in source_weights for name in names[::2]):
+            raise ValueError(
+                f"Cannot start '{target.name}' from '{source.name}': no dense attention kernels at {names[::2]}."
+            )
+        dense_attention[index] = [
+            np.asarray(ops.convert_to_numpy(source_weights.pop(name))) if name in source_weights else None
+            for name in names
+        ]
+    missing = sorted(set(source_weights) - set(target_weights))
+    mismatched = [
+        f"{path}: {tuple(v.shape)} vs {tuple(target_weights[path].shape)}"
+        for path, v in source_weights.items()
+        if path in target_weights and tuple(v.shape) != tuple(target_weights[path].shape)
+    ]
+    if missing or mismatched:
+        raise ValueError(
+            f"Cannot start '{target.name}' from '{source.name}': weights absent in the target: {missing}; "
+            f"shape mismatches: {mismatched}."
+        )
+    for path, variable in source_weights.items():
+        target_weights[path].assign(ops.copy(variable.value))
+    loaded = set(source_weights)
+    for index, (qkv_kernel, qkv_bias, out_kernel, out_bias) in dense_attention.items():
+        attention = backbone.blocks[index].attention
+        attention.load_dense(qkv_kernel, qkv_bias, out_kernel, out_bias)
+        loaded.update(
+            path for path in target_weights if path.startswith(f"{prefix}block_{index}/attention/")
+        )
+    return sorted(set(target_weights) - loaded)
