@@ -8,7 +8,9 @@ width ``D_C``::
     channel_mixing    2 * S * C * D_C      per Mixer block
 
 Sparse-MLP adds, around its ``L_2`` sparse blocks on ``(S', C')``:
-``re_represent`` = RR1 ``S*S'*C + S'*C*C'`` plus RR2 ``S'*S*C' + S*C'*C``;
+``re_represent`` = RR1 ``S*S'*C + S'*C*C'`` plus RR2 ``S'*S*C' + S*C'*C``
+per Re-represent pair (one per sparse block by default, one for all with
+``re_represent="shared"``, none with ``"none"``, when the blocks run on ``(S, C)``);
 per sparse block, ``moe_gates`` (MoE_S: ``C' * S' * N_S``, MoE_C: ``S' * C' * N_C``)
 and the dispatched expert compute at the configured capacity, the work the
 static shapes do: ``N_E * capacity * 2 * F * H`` per MoE layer, ``capacity =
@@ -54,7 +56,8 @@ def _sparse_mlp_flops(backbone):
     counts = _mixer_body(backbone)
     s, c = backbone.num_tokens, backbone.hidden_dim
     s2, c2 = backbone.sparse_tokens, backbone.sparse_hidden_dim
-    counts["re_represent"] = (s * s2 * c + s2 * c * c2) + (s2 * s * c2 + s * c2 * c)
+    pairs = len(backbone.re_represent_pairs())
+    counts["re_represent"] = pairs * ((s * s2 * c + s2 * c * c2) + (s2 * s * c2 + s * c2 * c))
     token_gate, token_experts = _moe_macs(
         c2, s2, backbone.token_num_experts, backbone.token_expert_dim, backbone.token_top_k, backbone.capacity_factor
     )
@@ -67,6 +70,6 @@ def _sparse_mlp_flops(backbone):
     counts["channel_moe"] = backbone.sparse_depth * channel_experts
     label = (
         f"SparseMLPBackbone(C={c}, {backbone.depth} dense + {backbone.sparse_depth} sparse blocks, "
-        f"S'={s2}, C'={c2}, capacity factor {backbone.capacity_factor})"
+        f"S'={s2}, C'={c2}, Re-represent {backbone.re_represent}, capacity factor {backbone.capacity_factor})"
     )
     return FlopCount(counts, label=label)

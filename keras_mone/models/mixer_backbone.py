@@ -127,13 +127,19 @@ class MixerBackbone(Backbone):
 
 @register
 class SparseMLPBackbone(MixerBackbone):
-    """Sparse-MLP: ``depth`` Mixer blocks, RR1, ``sparse_depth`` sparse blocks, RR2, LayerNorm.
+    """Sparse-MLP: ``depth`` Mixer blocks, then ``sparse_depth`` sparse blocks, LayerNorm.
 
     Sparse blocks (``SparseMixerBlock``) mix tokens with MoE_S (the ``C'``
     channel columns routed top-``token_top_k`` over ``token_num_experts``
     experts) and channels with MoE_C (the ``S'`` tokens, top-``channel_top_k``;
-    ``channel_num_experts=0`` is a dense MLP, Sparse-S). RR1 maps ``(S, C)``
-    to ``(S', C')`` before them and RR2 back (Sec. 2.4), no residual. The
+    ``channel_num_experts=0`` is a dense MLP, Sparse-S). Re-represent layers
+    (Sec. 2.4, Algorithm 1, no residual) map ``(S, C)`` to ``(S', C')`` and
+    back: ``re_represent="per_block"`` (the paper: "at the beginning and the
+    end of each Sparse block"; with Table 2's sizes this gives 22.9 / 70.7 /
+    131.2M parameters, 1000-class head, against the table's 22 / 69 / 130M),
+    ``"shared"`` (one RR1 before the first sparse block and one RR2 after the
+    last; identical to ``per_block`` when ``sparse_depth`` is 1) or ``"none"``
+    (Table 7's "w/o r_layers": the sparse blocks run on ``(S, C)``). The
     forward record (``return_intermediates=True``) holds ``"aux_loss"``: the
     sum over sparse blocks of the load-balancing loss
     ``aux_loss_weight * (CV^2(importance) + CV^2(load)) / 2`` per MoE layer
@@ -141,7 +147,10 @@ class SparseMLPBackbone(MixerBackbone):
 
     Args (beyond ``MixerBackbone``'s):
         sparse_depth: ``L_2``, the sparse blocks (last, as Table 2).
-        sparse_tokens, sparse_hidden_dim: ``S'`` and ``C'``.
+        sparse_tokens, sparse_hidden_dim: ``S'`` and ``C'``; ``None`` is the
+            paper's ``2S`` and ``C / 2`` (Sec. 2.4), or ``S`` and ``C``
+            without Re-represent layers (other values are then an error).
+        re_represent: ``"per_block"`` (default), ``"shared"`` or ``"none"``.
         token_num_experts, token_expert_dim, token_top_k: MoE_S.
         channel_num_experts, channel_expert_dim, channel_top_k: MoE_C.
         capacity_factor: each expert takes at most
@@ -149,24 +158,35 @@ class SparseMLPBackbone(MixerBackbone):
         aux_loss_weight: 0.01 (the paper).
         noise: the gates' training noise ``N(0, 1/N_E^2)`` (inference never has it).
         seed: seed of the gate noise.
+
+    The first sparse block's Re-represent layers are ``re_represent_1`` and
+    ``re_represent_2`` (the weight paths of the ``shared`` layout); those of
+    the later blocks, with ``per_block``, are ``later_re_represents``
+    (RR1, RR2 of block 1, then of block 2, ...).
     """
 
     default_name = "sparse_mlp_backbone"
+    RE_REPRESENT = ("per_block", "shared", "none")
 
     def __init__(
         self, image_size=224, patch_size=16, hidden_dim=768, depth=10, token_mlp_dim=384,
-        channel_mlp_dim=3072, sparse_depth=2, sparse_tokens=392, sparse_hidden_dim=384,
+        channel_mlp_dim=3072, sparse_depth=2, sparse_tokens=None, sparse_hidden_dim=None,
         token_num_experts=8, token_expert_dim=768, channel_num_experts=4, channel_expert_dim=1536,
         token_top_k=1, channel_top_k=2, capacity_factor=1.25, aux_loss_weight=0.01, noise=True, seed=None,
-        **kwargs,
+        re_represent="per_block", **kwargs,
     ):
         super().__init__(
             image_size=image_size, patch_size=patch_size, hidden_dim=hidden_dim, depth=depth,
             token_mlp_dim=token_mlp_dim, channel_mlp_dim=channel_mlp_dim, **kwargs,
         )
+        if re_represent not in self.RE_REPRESENT:
+            raise ValueError(f"re_represent must be one of {self.RE_REPRESENT}, got {re_represent!r}.")
+        self.re_represent = re_represent
+        tokens = self.patch_embedding.num_tokens
         self.sparse_depth = arguments.integer("sparse_depth", sparse_depth)
-        self.sparse_tokens = arguments.integer("sparse_tokens", sparse_tokens)
-        self.sparse_hidden_dim = arguments.integer("sparse_hidden_dim", sparse_hidden_dim)
+        self.sparse_tokens, self.sparse_hidden_dim = self._sparse_shape(
+            tokens, hidden_dim, sparse_tokens, sparse_hidden_dim
+        )
         self.token_num_experts, self.token_expert_dim = token_num_experts, token_expert_dim
         self.channel_num_experts, self.channel_expert_dim = channel_num_experts, channel_expert_dim
         self.token_top_k, self.channel_top_k = token_top_k, channel_top_k
@@ -175,10 +195,6 @@ class SparseMLPBackbone(MixerBackbone):
         common = dict(
             layer_norm_epsilon=self.layer_norm_epsilon, gelu_approximate=self.gelu_approximate,
             dtype=self.dtype_policy,
-        )
-        tokens = self.patch_embedding.num_tokens
-        self.re_represent_1 = ReRepresent1(
-            tokens, hidden_dim, self.sparse_tokens, self.sparse_hidden_dim, name="re_represent_1", **common
         )
         self.sparse_blocks = [
             SparseMixerBlock(
@@ -189,23 +205,68 @@ class SparseMLPBackbone(MixerBackbone):
             )
             for i in range(self.sparse_depth)
         ]
-        self.re_represent_2 = ReRepresent2(
-            self.sparse_tokens, self.sparse_hidden_dim, tokens, hidden_dim, name="re_represent_2", **common
-        )
+        pairs = {"per_block": self.sparse_depth, "shared": 1, "none": 0}[re_represent]
+        rr = [
+            (
+                ReRepresent1(tokens, hidden_dim, self.sparse_tokens, self.sparse_hidden_dim,
+                             name=f"re_represent_1{suffix}", **common),
+                ReRepresent2(self.sparse_tokens, self.sparse_hidden_dim, tokens, hidden_dim,
+                             name=f"re_represent_2{suffix}", **common),
+            )
+            for suffix in [""] + [f"_block_{i}" for i in range(1, pairs)]
+        ][:pairs]
+        if rr:
+            self.re_represent_1, self.re_represent_2 = rr[0]
+        self.later_re_represents = [layer for pair in rr[1:] for layer in pair]
+
+    def _sparse_shape(self, tokens, hidden_dim, sparse_tokens, sparse_hidden_dim):
+        """``(S', C')``: given, the paper's ``(2S, C/2)`` by default, ``(S, C)`` without RR layers."""
+        if self.re_represent == "none":
+            for name, value, size in (("sparse_tokens", sparse_tokens, tokens),
+                                      ("sparse_hidden_dim", sparse_hidden_dim, hidden_dim)):
+                if value is not None and value != size:
+                    raise ValueError(
+                        f"{name}={value}: without Re-represent layers (re_represent='none') the sparse "
+                        f"blocks run on the Mixer's shape, so {name} must be None or {size}."
+                    )
+            return tokens, hidden_dim
+        s2 = 2 * tokens if sparse_tokens is None else arguments.integer("sparse_tokens", sparse_tokens)
+        if sparse_hidden_dim is None:
+            if hidden_dim % 2:
+                raise ValueError(f"sparse_hidden_dim=None means C / 2, but hidden_dim={hidden_dim} is odd.")
+            sparse_hidden_dim = hidden_dim // 2
+        return s2, arguments.integer("sparse_hidden_dim", sparse_hidden_dim)
+
+    def re_represent_pairs(self):
+        """``[(RR1, RR2), ...]``: one per sparse block (``per_block``), one (``shared``) or none."""
+        if self.re_represent == "none":
+            return []
+        later = self.later_re_represents
+        return [(self.re_represent_1, self.re_represent_2)] + list(zip(later[0::2], later[1::2]))
 
     def _build_tail(self, shape):
-        self.re_represent_1.build(shape)
         sparse_shape = (None, self.sparse_tokens, self.sparse_hidden_dim)
+        for rr1, rr2 in self.re_represent_pairs():
+            rr1.build(shape)
+            rr2.build(sparse_shape)
         for block in self.sparse_blocks:
             block.build(sparse_shape)
-        self.re_represent_2.build(sparse_shape)
         super()._build_tail(shape)
 
     def _tail(self, tokens, training):
-        tokens = self.re_represent_1(tokens)
+        pairs = self.re_represent_pairs()
+        if self.re_represent == "per_block":
+            schedule = [(rr1, block, rr2) for (rr1, rr2), block in zip(pairs, self.sparse_blocks)]
+        else:
+            schedule = [(None, block, None) for block in self.sparse_blocks]
+            if pairs:
+                schedule[0] = (pairs[0][0], schedule[0][1], None)
+                schedule[-1] = (schedule[-1][0], schedule[-1][1], pairs[0][1])
         aux_loss, stats = 0.0, []
-        for block in self.sparse_blocks:
+        for rr1, block, rr2 in schedule:
+            tokens = rr1(tokens) if rr1 is not None else tokens
             tokens, block_stats = block(tokens, training=training, return_stats=True)
+            tokens = rr2(tokens) if rr2 is not None else tokens
             aux_loss = aux_loss + block_stats["aux_loss"]
             stats.append(block_stats)
-        return self.re_represent_2(tokens), {"aux_loss": aux_loss, "moe": stats}
+        return tokens, {"aux_loss": aux_loss, "moe": stats}
