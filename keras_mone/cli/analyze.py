@@ -7,14 +7,17 @@ sub-command (the shared ones, ``MODEL``, ``--data``, ``--output``,
 ``analyze_common.common_arguments``); ``run(args)`` does the work and
 returns the exit status. ``analyze_common`` has the shared loading
 (``load_model``, ``load_data``) and output (``write_outputs``) helpers.
-Adding an analysis is a module with those two functions and one entry here.
+Adding an analysis is a module with those two functions and one entry here
+(issue 28's routing maps, argmax routing, token importance and budget are in
+``analyze_commands.COMMANDS``).
 """
 
 import sys
 
+from keras_mone.cli.analyze_commands import COMMANDS
 from keras_mone.cli.analyze_common import common_arguments
 
-ANALYSES = {}
+ANALYSES = {**COMMANDS}
 
 
 def add_subcommand(commands):

@@ -9,12 +9,51 @@ a capacity per step from a small set).
 """
 
 import functools
+import warnings
 
 _FUNCTIONS = ("train_function", "test_function", "predict_function")
 _STEPS = ("train_step", "test_step", "predict_step")
 
 
 class CapacityControlMixin:
+    def set_capacity_within(self, cost, budget, capacities):
+        """Sets the largest of ``capacities`` whose ``cost(self)`` is at most ``budget``.
+
+        One trained model serving a compute or latency budget (MoNE Sec. 5,
+        adaptive capacity): ``cost`` is any measurement of the model at its
+        current capacity, e.g. GMACs (``keras_mone.flops(model).gmacs``) or
+        measured seconds per batch (``keras_mone.analysis.budget``, which
+        builds both). Capacities are tried from the largest down and the
+        search stops at the first that fits (cost falls with capacity);
+        capacities the model refuses (``set_capacity`` raises) are skipped.
+
+        Returns:
+            dict: ``"capacity"``, its ``"cost"``, and ``"tried"``, the
+            ``(capacity, cost)`` pairs measured. Raises a ``ValueError`` (with
+            the cheapest cost seen) when none fits; the capacity is then
+            restored.
+        """
+        previous = self.capacity
+        tried = []
+        for capacity in sorted({float(c) for c in capacities}, reverse=True):
+            try:
+                with warnings.catch_warnings():  # whole-token rounding warnings: `tried` reports the costs
+                    warnings.simplefilter("ignore")
+                    self.set_capacity(capacity)
+            except ValueError:
+                continue
+            tried.append((capacity, float(cost(self))))
+            if tried[-1][1] <= budget:
+                return {"capacity": capacity, "cost": tried[-1][1], "tried": tried}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.set_capacity(previous)
+        cheapest = min(tried, key=lambda pair: pair[1]) if tried else None
+        raise ValueError(
+            f"No capacity fits the budget {budget:g}: "
+            + (f"the cheapest, {cheapest[0]:g}, costs {cheapest[1]:g}." if cheapest else "the model accepts none of them.")
+        )
+
     def routing_key(self):
         """Hashable description of the current routing (overridden by models)."""
         return None
