@@ -1,22 +1,35 @@
-"""ACM's registry entry and training modes (Wojcik et al., ``acm.txt``, Sec. 3.3 phase 3).
+"""ACM's registry entry and training modes (Wojcik et al., ``acm.txt``, Sec. 3.2-3.3).
 
-``gates`` (phase 2) trains only the gates, with a cross-entropy on the tau
-labels (``acm_losses.gate_labels``; targets: the converted dense MLP's output,
-``h(z, N)`` of slice-initialised learners), while the residual stream runs
-every learner; ``end_to_end`` (phase 3) trains the converted model with
-``CE + 0.1 L_budget + 0.05 L_entropy - 0.05 L_diversity`` (the paper's
-weights), each term read from the forward record's gate choices and logged
-by name (``acm_budget``, ``acm_entropy``, ``acm_diversity``); ``fixed`` trains
-with the task loss alone. Phase 1 (learner distillation) is not a recipe mode:
-learners start as slices of the dense MLP (exact at k = N); its loss is
-``acm_losses.distillation_loss``. Phases run as separate commands, each
-starting from the previous run's ``model.keras`` (``init_from``).
+The conversion of a dense model, one mode per phase (a recipe's ``phases``
+runs them in order in one run directory, ``keras_mone.recipes.phases``):
+
+* ``distill`` (phase 1): only the learners train, on ``acm_distill`` =
+  ``acm_losses.distillation_loss``: mean over tokens, modules and ``n = 1..N``
+  of ``||h(z, n) - o||^2``, ``z`` and ``o`` each module's input and output in
+  the frozen dense teacher (recipe key ``teacher_from``, else ``init_from``;
+  the stream is the teacher's, ``layers.acm_teacher``); gates unused. Learners
+  start as slices of the dense MLP (``acm_init = "slices"``: exact at
+  ``k = N`` from the first step) or random (``"random"``: the paper's).
+* ``gates`` (phase 2): learners, attention and head frozen, the stream is the
+  dense teacher (else ``h(z, N)``), the gates learn the tau labels
+  (``acm_losses.gate_labels``, targets ``o``), logged as ``acm_gate_ce``.
+* ``end_to_end`` (phase 3): ``CE + 0.1 L_budget + 0.05 L_entropy - 0.05
+  L_diversity`` (the paper's weights), each term read from the forward
+  record's gate choices and logged by name (``acm_budget``, ``acm_entropy``,
+  ``acm_diversity``).
+
+``fixed`` trains with the task loss alone. Every loss term reads the record's
+per-module lists (``acm_outputs``, ``acm_targets``, ``acm_choices``,
+``acm_probs``), so every ACM module there (MLPs and, with
+``acm_projections``, the Q/K/V/O projections) is distilled and gated alike.
+The modes' ``prepare`` gets the teacher from ``recipe["load_teacher"]()``
+(set by ``keras_mone.recipes.loader``).
 """
 
 from keras_mone.models.acm_vit_backbone import ACMViTBackbone
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.loss_terms import LossTerm
-from keras_mone.training import acm_losses
+from keras_mone.training import acm_losses, acm_phases
 from keras_mone.training.modes import FIXED, TrainingMode
 
 BUDGET_WEIGHT, ENTROPY_WEIGHT, DIVERSITY_WEIGHT = 0.1, 0.05, -0.05
@@ -35,27 +48,63 @@ def end_to_end_terms(beta_target):
 
 
 def gate_terms(tau):
-    """Phase 2's loss term: the gates' cross-entropy on the tau labels of every block
-    (``acm_losses.gate_labels``, targets ``o = h(z, N)``: the converted dense MLP)."""
+    """Phase 2's loss term: the gates' cross-entropy on the tau labels of every ACM module
+    (``acm_losses.gate_labels``, targets ``o``: the dense module's output)."""
 
     def gate_cross_entropy(record, y, logits):
         labels = [
-            acm_losses.gate_labels(outputs, outputs[..., -1, :], tau) for outputs in record["acm_outputs"]
+            acm_losses.gate_labels(outputs, target, tau)
+            for outputs, target in zip(record["acm_outputs"], record["acm_targets"], strict=True)
         ]
         return acm_losses.gate_cross_entropy(record["acm_probs"], labels)
 
     return (LossTerm("acm_gate_ce", gate_cross_entropy, 1.0),)
 
 
-def train_gates_only(recipe, model):
-    """Phase 2: the stream is the converted dense model (every learner), only the gates train."""
+def distill_terms():
+    """Phase 1's loss term: ``acm_losses.distillation_loss`` over every ACM module of the record."""
+    return (LossTerm(
+        "acm_distill",
+        lambda record, y, logits: acm_losses.distillation_loss(record["acm_outputs"], record["acm_targets"]),
+        1.0,
+    ),)
+
+
+def _teacher(recipe):
+    load = recipe.get("load_teacher")
+    return load() if load is not None else None
+
+
+def train_learners_only(recipe, model):
+    """Phase 1: the stream is the frozen dense teacher, only the learners train (from
+    slices of the dense model, or redrawn at random with ``acm_init = "random"``)."""
     backbone = model.backbone
+    try:
+        acm_phases.attach_teachers(backbone, _teacher(recipe), required=True)
+    except ValueError as error:
+        raise ValueError(f"mode 'distill': {error}") from error
+    if recipe["acm_init"] == "random":
+        acm_phases.reinitialise_learners(backbone, seed=recipe["seed"])
+    backbone.teacher_stream = True
+    acm_phases.train_learners_only(model)
+
+
+def train_gates_only(recipe, model):
+    """Phase 2: the stream is the dense teacher (else every learner), only the gates train."""
+    backbone = model.backbone
+    acm_phases.attach_teachers(backbone, _teacher(recipe))
     backbone.teacher_stream = True
     frozen = [*backbone.blocks, backbone.patch_embedding, backbone.norm]
     frozen += [layer for layer in model.layers if layer is not backbone]  # head, pre-logits
     for layer in frozen:
         layer.trainable = False
 
+
+DISTILL = TrainingMode(
+    "distill", "ACM phase 1: learners distilled from the frozen dense teacher's modules (gates unused)",
+    loss_terms=lambda recipe: distill_terms(),
+    prepare=train_learners_only,
+)
 
 GATES = TrainingMode(
     "gates", "ACM phase 2: learners frozen (the stream runs them all), gates trained on the tau labels",
@@ -73,6 +122,6 @@ def register(register_method, Method, Architecture):
     register_method(Method(
         "acm",
         image=Architecture("acm_vit", ACMViTBackbone, ImageClassifier, video=False),
-        modes=(FIXED, GATES, END_TO_END),
+        modes=(FIXED, DISTILL, GATES, END_TO_END),
         recipe_arguments=lambda recipe: dict(beta=recipe["beta_target"], gate_seed=recipe["seed"]),
     ))

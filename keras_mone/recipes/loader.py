@@ -11,6 +11,14 @@ Run directory (``output_dir``, default ``runs/<recipe>``)::
     history.csv          per-epoch metrics (appended across resumptions)
     model.keras          the trained model (written when training finishes)
     results.json         final evaluation metrics, MACs per image, steps
+
+A recipe with ``phases`` runs several modes in one directory
+(``keras_mone.recipes.phases``: ``load`` returns a ``PhasedSetup``). Every key
+is checked, and the backbone constructed without weights (its argument
+checks), before the run directory is touched. A mode's ``prepare`` gets the
+recipe plus ``"load_teacher"``: ``() ->`` the model ``teacher_from`` (else
+``init_from``) names, loaded (``None`` if neither is set); ACM's conversion
+phases take their dense teacher from it.
 """
 
 import dataclasses
@@ -24,7 +32,8 @@ from keras_mone.recipes import schema
 from keras_mone.recipes.builders import checkpoint_dir, make_callbacks, make_loss, make_optimizer, training_mode
 from keras_mone.recipes.data_sources import data_sources, digits_stream, in_memory_eval_data
 from keras_mone.recipes.files import resolve
-from keras_mone.recipes.model import build_classifier, init_from_saved_model
+from keras_mone.recipes.model import _saved_model, build_classifier, init_from_saved_model
+from keras_mone.recipes.phases import PhasedSetup, preflight
 from keras_mone.recipes.run_directory import claim, to_toml
 from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.distribution import distribution_scope, num_replicas
@@ -140,9 +149,17 @@ def load(name_or_path, resume=True, **overrides):
             ``load("augreg_vit_b16_i1k", epochs=1, batch_size=8)``.
 
     Returns:
-        A ``TrainingSetup``.
+        A ``TrainingSetup`` (a ``PhasedSetup`` for a recipe with ``phases``).
     """
     recipe, name = resolve(name_or_path, **overrides)
+    if recipe["phases"]:
+        return PhasedSetup(recipe, name, resume, _load_resolved)
+    preflight(recipe, name)
+    return _load_resolved(recipe, name, resume)
+
+
+def _load_resolved(recipe, name, resume):
+    """``load`` of one resolved (validated) recipe."""
     claim(recipe, name, resume)  # refuses another recipe's checkpoints before anything is built
     keras.utils.set_random_seed(recipe["seed"])
     train_source, eval_source = data_sources(recipe)
@@ -171,7 +188,10 @@ def load(name_or_path, resume=True, **overrides):
                 raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
         mode = training_mode(recipe)
         epochs = mode.epochs(recipe, model.backbone, recipe["epochs"])
-        mode.prepare(recipe, model)
+        try:
+            mode.prepare({**recipe, "load_teacher": lambda: _teacher(recipe)}, model)
+        except ValueError as error:
+            raise schema.RecipeError(f"recipe {name!r}: {error}") from error
         terms = mode.loss_terms(recipe)
         if terms:  # the mode's own loss terms (else the model's defaults), logged by name
             model.set_loss_terms(terms)
@@ -229,3 +249,9 @@ def load(name_or_path, resume=True, **overrides):
         initial_step=initial_step, make_train_data=make_train_data,
         distribution=distribution, num_devices=replicas,
     )
+
+
+def _teacher(recipe):
+    """The model ``teacher_from`` (else ``init_from``) names, or ``None``."""
+    path = recipe["teacher_from"] or recipe["init_from"]
+    return _saved_model(os.path.expanduser(path)) if path else None

@@ -61,6 +61,8 @@ KEYS = {
     "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", high=1.0, above=0.0),
     "beta_target": _k(0.5, (int, float), "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference", above=0.0, high=1.0),
     "gate_tau": _k(0.833, (int, float), "ACM phase 2 (mode 'gates'): label = smallest n >= 2 with d(n) >= tau d(n-1) (the official code's factor 1.2 is tau 1/1.2)", above=0.0),
+    "acm_init": _k("slices", str, "ACM mode 'distill': learners start as slices of the dense MLP (exact at k = N) or 'random' (the paper's: drawn afresh, then distilled)", ("slices", "random")),
+    "teacher_from": _k("", str, "ACM modes 'distill' / 'gates': the dense model (.keras file or 'preset:<name>') whose modules' outputs are the targets; '' = init_from"),
     "router_type": _k("learned", str, "MoNE router", ("learned", "random")),
     "width_fraction": _k(1.0, float, "MatViT width to evaluate at (1/8, 1/4, 1/2 or 1)", high=1.0, above=0.0),
     "num_classes": _k(0, int, "head size; 0 = the dataset's class count", low=0),
@@ -113,6 +115,10 @@ KEYS = {
     # MoNE / MatViT training modes (MoNE Sec. 5)
     "mode": _k("fixed", str, "training mode, owned by the architecture's method (`keras-mone train --help` lists each architecture's; e.g. mone_vit: fixed/adaptive/isoflops/adaptive_isoflops, matvit: fixed/joint)", MODE_NAMES),
     "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive' or 'adaptive_isoflops')"),
+    # several training modes in one run directory (keras_mone.recipes.phases)
+    "phases": _k([], list, "modes run in order, each from the previous one's weights, in one run directory (e.g. ACM's ['distill', 'gates', 'end_to_end']); [] = one run of `mode`"),
+    "phase_epochs": _k([], list, "epochs of each phase (one per entry of `phases`); [] = `epochs` each"),
+    "phase_learning_rates": _k([], list, "peak learning rate of each phase (one per entry of `phases`); [] = `learning_rate` each"),
     # infrastructure
     "distribution": _k("none", str, "multi-device training; auto = data_parallel over every local GPU/TPU when there are several, else none", DISTRIBUTIONS),
     "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),
@@ -185,6 +191,7 @@ def _check_cross_keys(recipe, recipe_name):
             f"key 'mode' must be one of {list(allowed)} for architecture "
             f"{recipe['architecture']!r}, got {recipe['mode']!r}."
         )
+    _check_phases(recipe, allowed, fail)
     if recipe["dataset"] == "tfds" and not recipe["tfds_name"]:
         fail("dataset='tfds' needs key 'tfds_name' (e.g. 'imagenet2012').")
     if recipe["dataset"] == "image_folder" and not recipe["data_dir"]:
@@ -237,14 +244,51 @@ def _check_video_keys(recipe, fail):
         fail(f"key 'scale_jitter' must be [low, high] with 0 < low <= high, got {jitter!r}.")
     if recipe["dataset"] == "video_folder" and not recipe["data_dir"]:
         fail("dataset='video_folder' needs key 'data_dir' (the folder holding <split>/<class>/<clip>/ frames).")
-    source = recipe["init_from"]
+    _check_model_source("init_from", recipe, fail)
+
+
+def _check_model_source(key, recipe, fail):
+    """``recipe[key]`` names a preset with weights, an existing file, or nothing."""
+    source = recipe[key]
     if source.startswith(PRESET_PREFIX):
         from keras_mone.presets import shipped_presets
 
         if source[len(PRESET_PREFIX):] not in shipped_presets():
-            fail(f"key 'init_from': {source!r} names no preset with weights; choose from {shipped_presets()}.")
+            fail(f"key {key!r}: {source!r} names no preset with weights; choose from {shipped_presets()}.")
     elif source and not os.path.isfile(os.path.expanduser(source)):
-        fail(f"key 'init_from': model file {source!r} does not exist.")
+        fail(f"key {key!r}: model file {source!r} does not exist.")
+
+
+def _check_phases(recipe, allowed, fail):
+    """``phases`` name modes of the architecture, ``phase_*`` lists match them, ACM's keys fit the modes."""
+    phases = recipe["phases"]
+    if phases and recipe["mode"] != KEYS["mode"].default:
+        fail(f"set either key 'phases' ({phases!r}) or key 'mode' ({recipe['mode']!r}), not both.")
+    for name in phases:
+        if name not in allowed:
+            fail(
+                f"key 'phases': {name!r} is no training mode of architecture {recipe['architecture']!r}; "
+                f"its modes: {list(allowed)}."
+            )
+    for key, kind, what in (("phase_epochs", int, "integers >= 1"), ("phase_learning_rates", (int, float), "numbers > 0")):
+        values = recipe[key]
+        if values and not phases:
+            fail(f"key {key!r} needs key 'phases'.")
+        if values and len(values) != len(phases):
+            fail(f"key {key!r} needs one entry per phase ({len(phases)}: {phases}), got {values!r}.")
+        if any(isinstance(v, bool) or not isinstance(v, kind) or not v > 0 or not math.isfinite(v) for v in values):
+            fail(f"key {key!r} must hold {what}, got {values!r}.")
+    modes = phases or [recipe["mode"]]
+    if recipe["acm_init"] == "random" and modes[0] != "distill":
+        fail(
+            "key 'acm_init' = 'random' needs learner distillation first (mode 'distill', or 'distill' as the "
+            f"first of 'phases'), got {modes!r}."
+        )
+    if "distill" in modes and not (recipe["teacher_from"] or recipe["init_from"]):
+        fail("mode 'distill' needs the dense teacher: set key 'teacher_from' or 'init_from' (a dense ViT).")
+    _check_model_source("teacher_from", recipe, fail)
+    if phases:
+        _check_model_source("init_from", recipe, fail)
 
 
 #: Video geometry comes from recipe keys (they also drive the data pipeline), not model_args.
