@@ -186,6 +186,24 @@ def test_memory_probe_reports_rss(capsys):
     assert data["baseline_bytes"] > 0 and data["peak_bytes"] > 0 and data["peak_before_bytes"] > 0
 
 
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_memory_probe_reports_allocations(capsys, mode):
+    # jax: compiled temporaries, torch: profiler allocation peak, tensorflow: none (peak RSS stands)
+    specs = benchmark._model_specs("Ti/16", (0.5,), TINY["image_size"], OVERRIDES)
+    _, preset, kwargs = specs[1]
+    spec = dict(preset=preset, kwargs=kwargs, mode=mode, batch_size=2, seed=0, calls=1)
+    benchmark._memory_child(spec)
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    if keras.backend.backend() == "tensorflow":
+        assert data["allocation_peak_bytes"] is None and data["allocation_measure"] is None
+    else:
+        # at least the (batch, tokens, D) activations of one block
+        model = benchmark._build(preset, kwargs)
+        tokens, width = model.backbone.num_tokens, model.backbone.hidden_dim
+        assert data["allocation_peak_bytes"] >= 2 * tokens * width * 4
+        assert data["allocation_measure"]
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

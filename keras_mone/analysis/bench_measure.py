@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from keras_mone.version import __version__ as KERAS_MONE_VERSION
+from keras_mone.analysis.bench_memory import allocation_measure, peak_allocation_bytes
 from keras_mone.analysis.bench_models import _batch, _build, _compile
 
 def _stats(times, batch_size):
@@ -138,7 +139,10 @@ def _memory_child(spec):
     for _ in range(spec["calls"] - 1):
         step()
     peak_rest = peak()
+    allocated = peak_allocation_bytes(model, images, labels, train)  # after the RSS marks: it compiles again
     print(json.dumps({
+        "allocation_peak_bytes": allocated,
+        "allocation_measure": allocation_measure(),
         "baseline_bytes": baseline,
         "peak_before_bytes": peak_before,
         "peak_bytes": max(peak_first, peak_rest),
@@ -176,6 +180,8 @@ def _measure_memory(label, preset, kwargs, mode, batch_size, seed, calls, log):
             else max(data["steady_peak_bytes"] - data["baseline_bytes"], 0) / 2**20
         ),
         "calls": calls,
+        "allocation_peak_mb": None if data.get("allocation_peak_bytes") is None else data["allocation_peak_bytes"] / 2**20,
+        "allocation_measure": data.get("allocation_measure"),
     }
     log(f"memory: {label} {mode} +{out['peak_minus_baseline_mb']:.0f} MB ({elapsed:.1f} s)")
     return out

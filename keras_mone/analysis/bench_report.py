@@ -192,26 +192,31 @@ def format_markdown(result):
             "",
         ]
     if s.get("memory"):
-        memory_rows = []
+        memory_rows, measure = [], None
         for r in result["models"]:
             for mode, m in (r.get("memory") or {}).items():
                 if "error" in m:
-                    memory_rows.append([r["label"], mode, "-", "-", f"error: {m['error'][:80]}", "-"])
+                    memory_rows.append([r["label"], mode, "-", "-", f"error: {m['error'][:80]}", "-", "-"])
                     continue
                 steady = m.get("steady_peak_minus_baseline_mb")
                 memory_rows.append([
                     r["label"], mode, f"{m['baseline_rss_mb']:.0f}", f"{m['peak_rss_mb']:.0f}",
                     f"{m['peak_minus_baseline_mb']:.0f}" + ("" if m["exact"] else " (lower bound)"),
                     "-" if steady is None else f"{steady:.0f}",
+                    "-" if m.get("allocation_peak_mb") is None else f"{m['allocation_peak_mb']:.1f}",
                 ])
+                measure = m.get("allocation_measure") or measure
         lines += [
             f"**Peak memory** (one subprocess per model and mode, {s.get('memory_calls', '?')} calls; baseline = "
             "RSS after imports and model build; peak = peak RSS over all calls, compilation included "
             "(VmHWM after a reset of the mark; ru_maxrss where that is not possible); "
-            "steady = peak over the calls after the first; the peak mark is reset before each)",
+            "steady = peak over the calls after the first; the peak mark is reset before each; "
+            f"allocated = {measure or 'none on this backend (no CPU allocator statistics): peak RSS is the measure'}, "
+            "train mode on jax: forward + backward without the optimizer update)",
             "",
             _table(
-                ["model", "mode", "RSS after build MB", "peak RSS MB", "peak - baseline MB", "steady peak - baseline MB"],
+                ["model", "mode", "RSS after build MB", "peak RSS MB", "peak - baseline MB", "steady peak - baseline MB",
+                 "allocated MiB"],
                 memory_rows,
             ),
             "",

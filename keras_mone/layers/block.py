@@ -6,7 +6,7 @@ from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
-from keras_mone.layers.nested_dense import pad_features
+from keras_mone.layers.nested_dense import after, pad_features
 from keras_mone.layers.regularization import DropPath
 
 
@@ -127,6 +127,8 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         mids = [g + a for g, a in zip(groups, attended)]
         updates = []
         for z, width, gate in zip(mids, widths, gates):
+            if updates:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
+                z = after(z, updates[-1])
             update = self.mlp(self.norm2(z), width=width, pad_output=False, training=training)
             update = self._gate.scale_mlp(update, gate, self.alpha)
             updates.append(pad_features(update, self.hidden_dim))

@@ -1,0 +1,77 @@
+"""Peak allocations of one forward pass or training step, per backend (``keras-mone bench --memory``).
+
+Peak RSS (``bench_measure``) counts the process: compiler, allocator caches
+and code. The figure here counts the tensors a step allocates, measured the
+way each backend allows on CPU:
+
+* jax: the temporaries of the compiled program (XLA ``memory_analysis()``:
+  every buffer that is neither an argument nor an output, as laid out by the
+  compiler), for the forward pass and for forward + backward (the gradients
+  of the cross-entropy loss with respect to every trainable weight; the
+  optimizer update, the same for dense and MoNE, is left out);
+* torch: the peak of the bytes held by tensors allocated during one call
+  (``predict_on_batch`` or ``train_on_batch``), from the allocation events of
+  ``torch.profiler`` (``profile_memory=True``), above what was live before;
+* tensorflow: none; its CPU allocator reports no peak
+  (``tf.config.experimental.get_memory_info`` serves GPUs only), so peak RSS
+  is the measure there.
+"""
+
+import keras
+
+MEASURES = {
+    "jax": "compiled temporaries (XLA memory_analysis)",
+    "torch": "peak tensor allocations during the call (torch.profiler memory events)",
+}
+
+
+def allocation_measure():
+    """What ``peak_allocation_bytes`` measures on this backend, or ``None``."""
+    return MEASURES.get(keras.backend.backend())
+
+
+def peak_allocation_bytes(model, images, labels, train):
+    """Bytes the step allocates at its peak (see the module docstring); ``None`` on tensorflow."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return _jax_temporaries(model, images, labels, train)
+    if backend == "torch":
+        return _torch_peak(model, images, labels, train)
+    return None
+
+
+def _jax_temporaries(model, images, labels, train):
+    import jax
+
+    trainable = [v.value for v in model.trainable_variables]
+    other = [v.value for v in model.non_trainable_variables]
+
+    def forward(trainable, other, x, training=False):
+        return model.stateless_call(trainable, other, x, training=training)[0]
+
+    if train:
+        def loss(trainable, other, x, y):
+            logits = forward(trainable, other, x, training=True)
+            return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+        function, arguments = jax.grad(loss), (trainable, other, images, labels)
+    else:
+        function, arguments = forward, (trainable, other, images)
+    analysis = jax.jit(function).lower(*arguments).compile().memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
+
+
+def _torch_peak(model, images, labels, train):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        if train:
+            model.train_on_batch(images, labels)
+        else:
+            model.predict_on_batch(images)
+    events = [e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
