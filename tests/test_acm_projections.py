@@ -218,5 +218,26 @@ def test_bad_projection_arguments_are_named():
     with pytest.raises(ValueError, match="acm_projections"):
         ACMViTBackbone(**TINY, acm_projections="yes")
     _, acm, _ = _pair()
-    with pytest.raises(ValueError, match="qkv"):  # the source holds no dense attention
-        acm_from_dense(acm, acm)
+    shallow = models.ViTBackbone(**{**TINY, "depth": 1})
+    shallow.build()
+    with pytest.raises(ValueError, match="qkv"):  # no dense attention for block 1
+        acm_from_dense(shallow, acm)
+
+
+def test_init_from_a_saved_dense_classifier_converts_the_projections(tmp_path):
+    # rules out: recipes' init_from refusing an ACM model with projections (no qkv path
+    # in the target) or copying the head but not the SVD projections.
+    from keras_mone.recipes.model import init_from_saved_model
+
+    dense = models.ImageClassifier(models.ViTBackbone(**TINY), num_classes=3)
+    dense.build()
+    randomize_weights(dense, seed=5)
+    dense.save(tmp_path / "dense.keras")
+    acm = models.ImageClassifier(
+        ACMViTBackbone(**TINY, acm_projections=True, projection_rank=D // N, gate_seed=0), num_classes=3
+    )
+    acm.build()
+    left = init_from_saved_model(acm, str(tmp_path / "dense.keras"))
+    assert left and all("acm_gate_" in path for path in left)
+    _force(acm.backbone, N, N)
+    np.testing.assert_allclose(to_numpy(acm(images())), to_numpy(dense(images())), atol=5e-5)

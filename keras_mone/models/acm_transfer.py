@@ -20,13 +20,18 @@ def acm_from_dense(source, target):
     a deterministic starting point; the paper distils the learners from a
     random initialisation instead (its phase 1), which can follow.
 
-    Both models are built backbones or both classifiers. Returns the sorted
+    Without projections to convert (a target without ``acm_projections``, or
+    a source that has them too) it is ``transfer_weights``; recipes'
+    ``init_from`` copies image models through it. Both models are built
+    backbones or both classifiers. Returns the sorted
     paths of ``target`` left at their initialisation (the gates, and for
     ACM projections nothing else). Raises ``ValueError`` (nothing copied) if
     a source weight fits nowhere or a shape differs.
     """
     backbone = getattr(target, "backbone", target)
-    if not getattr(backbone, "acm_projections", False):
+    if not getattr(backbone, "acm_projections", False) or getattr(
+        getattr(source, "backbone", source), "acm_projections", False
+    ):  # no projections to convert: weight by weight
         return transfer_weights(source, target)
     source_weights, target_weights = relative_weight_paths(source), relative_weight_paths(target)
     prefix = "backbone/" if backbone is not target else ""

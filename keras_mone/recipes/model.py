@@ -1,10 +1,11 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
+from keras_mone.models.acm_transfer import acm_from_dense
 from keras_mone.models.methods import architectures, method_of
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
-from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
+from keras_mone.models.weight_transfer import relative_weight_paths
 from keras_mone.models.weights_file import load_saved_model
 from keras_mone.recipes.schema import PRESET_PREFIX, allowed_args
 
@@ -72,8 +73,8 @@ def _saved_model(path):
 def _copy_with_head(saved, backbone, model):
     same_head = saved is not backbone and tuple(saved.head.kernel.shape) == tuple(model.head.kernel.shape)
     if same_head:
-        return transfer_weights(saved, model)
-    left = transfer_weights(backbone, model.backbone)
+        return acm_from_dense(saved, model)  # transfer_weights unless ACM projections need the SVD
+    left = acm_from_dense(backbone, model.backbone)
     return sorted(left + [p for p in relative_weight_paths(model) if not p.startswith("backbone/")])
 
 
