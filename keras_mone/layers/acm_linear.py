@@ -9,10 +9,17 @@ from keras_mone.layers.config import ConfigMixin, register
 
 
 def default_rank(input_dim, units, num_learners):
-    """The paper's learner rank: ``N`` learners cost about one dense layer.
+    """The learner rank ``r``: ``N`` learners have about the parameters of one dense layer.
 
     ``r = round((D_in D_out + D_out) / (N (D_in + D_out + 1)))`` (at least 1),
     i.e. ``(D^2 + D) / (N (2D + 1))`` for a square projection (96 for ViT-B, N = 4).
+    The paper gives the rule, not the number (Sec. 3.1: "we always pick N and
+    the size of a single learner such that the entire ACM module has
+    approximately the same computational cost and the number of parameters
+    as the substituted block"); the formula is the official code's
+    ``attention_linear_block_dim`` with ``block_flops_factor = 1 / N``
+    (``acmize_vit``), recorded in ``../shared/notes/methods.md``. For ViT-B the
+    ``N`` learners then cost exactly ``D^2`` MACs per token, the dense projection's.
     """
     return max(1, round((input_dim * units + units) / (num_learners * (input_dim + units + 1))))
 
