@@ -84,8 +84,10 @@ def importance_vs_score(model, images, labels, decision=None, images_per_pass=16
     Returns:
         ``(importance, score, summary)``: maps ``(n, gh, gw)`` and a JSON-able
         summary: Spearman per image (mean, spread, share of positive), pooled
-        over every token of the set, and the overlap of the quarter of tokens
-        most important with the quarter scored highest (0.25 by chance).
+        over every token of the set, the same for the importance's magnitude
+        ``|loss change|`` (a distractor whose removal lowers the loss still
+        matters to the model), and the overlap of the quarter of tokens most
+        important with the quarter scored highest (0.25 by chance).
     """
     importance, full_loss = leave_one_out(model, images, labels, images_per_pass)
     record = token_record(model, images, decision=decision, batch_size=batch_size)
@@ -94,6 +96,8 @@ def importance_vs_score(model, images, labels, decision=None, images_per_pass=16
     flat_s = score.reshape(len(images), -1)
     per_image = np.array([spearman(i, s) for i, s in zip(flat_i, flat_s)])
     valid = per_image[~np.isnan(per_image)]
+    magnitude = np.array([spearman(np.abs(i), s) for i, s in zip(flat_i, flat_s)])
+    magnitude = magnitude[~np.isnan(magnitude)]
     quarter = max(1, flat_i.shape[1] // 4)
     top_i = np.argsort(-flat_i, axis=1, kind="mergesort")[:, :quarter]
     top_s = np.argsort(-flat_s, axis=1, kind="mergesort")[:, :quarter]
@@ -107,6 +111,8 @@ def importance_vs_score(model, images, labels, decision=None, images_per_pass=16
         "spearman_per_image_std": float(valid.std()) if len(valid) else None,
         "spearman_per_image_positive_share": float((valid > 0).mean()) if len(valid) else None,
         "spearman_pooled": spearman(flat_i, flat_s),
+        "spearman_magnitude_per_image_mean": float(magnitude.mean()) if len(magnitude) else None,
+        "spearman_magnitude_pooled": spearman(np.abs(flat_i), flat_s),
         "top_quarter_overlap": float(overlap),
         "top_quarter_overlap_by_chance": quarter / flat_i.shape[1],
         "mean_full_loss": float(full_loss.mean()),

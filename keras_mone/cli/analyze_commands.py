@@ -44,7 +44,7 @@ def run_argmax(args):
     summary = argmax_difficulty(model, x, y, args.decision, args.batch_size, args.top)
     summary.update(model=args.model, capacity=float(model.capacity))
     write_outputs(args, "argmax_routing", plot_argmax_difficulty(x, summary, args.top), summary)
-    print(f"Spearman(argmax compute, loss) = {summary['spearman_compute_loss']:.4f} over {summary['examples']} "
+    print(f"Spearman(argmax compute, loss) = {_number(summary['spearman_compute_loss'])} over {summary['examples']} "
           f"examples; mean compute correct {summary['mean_compute_correct']}, wrong {summary['mean_compute_wrong']}")
     return 0
 
@@ -63,8 +63,10 @@ def run_importance(args):
     importance, score, summary = importance_vs_score(model, x, y, args.decision, args.images_per_pass, args.batch_size)
     summary.update(model=args.model, capacity=float(model.capacity))
     write_outputs(args, "token_importance", plot_importance(x, importance, score, summary, args.shown), summary)
-    print(f"Spearman(leave-one-out, router score): per image {summary['spearman_per_image_mean']:.4f} +- "
-          f"{summary['spearman_per_image_std']:.4f}, pooled {summary['spearman_pooled']:.4f}; top-quarter overlap "
+    print(f"Spearman(leave-one-out, router score): per image {_number(summary['spearman_per_image_mean'])} +- "
+          f"{_number(summary['spearman_per_image_std'])}, pooled {_number(summary['spearman_pooled'])}; of |loss "
+          f"change|: per image {_number(summary['spearman_magnitude_per_image_mean'])}, pooled "
+          f"{_number(summary['spearman_magnitude_pooled'])}; top-quarter overlap "
           f"{summary['top_quarter_overlap']:.3f} (chance {summary['top_quarter_overlap_by_chance']:.3f})")
     return 0
 
@@ -98,6 +100,10 @@ def run_budget(args):
     print(f"capacity {choice['capacity']:g} (realised {choice['realised_capacity']:.3f}): {choice['cost']:.5g} "
           f"{choice['unit']} <= target {choice['target']:.5g}; {choice['gmacs']:.5f} GMACs")
     return 0
+
+
+def _number(value):
+    return "n/a" if value is None or value != value else f"{value:.4f}"
 
 
 def _backend():

@@ -53,8 +53,21 @@ def write_outputs(args, name, figure, summary):
     path = os.path.join(args.output, f"{name}.json")
     figure.savefig(png, dpi=100)
     with open(path, "w") as f:
-        json.dump(summary, f, indent=2, default=float)
+        json.dump(_plain(summary), f, indent=2)
     print(f"wrote {png} and {path}")
     return png, path
 
 
+
+
+def _plain(value):
+    """JSON-able copy: numpy scalars to Python numbers, NaN (an undefined correlation) to null."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not hasattr(value, "__len__"):
+        value = value.item()
+    if isinstance(value, float) and value != value:
+        return None
+    return value
