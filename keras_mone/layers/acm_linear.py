@@ -2,10 +2,12 @@
 
 import keras
 import numpy as np
+from keras import ops
 
 from keras_mone.layers.acm import LearnerStack
 from keras_mone.layers.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.routing.epr import gather_tokens, inverse_permutation
 
 
 def default_rank(input_dim, units, num_learners):
@@ -69,6 +71,35 @@ class ACMLinear(ConfigMixin, LearnerStack):
 
     def _activate(self, x):
         return x
+
+    def _grouped(self, inputs, counts, confidence):
+        """Grouped execution (``LearnerStack``'s quotas and reassignment): learner 1,
+        which every token runs, on the tokens in place; learners ``2..N`` on one
+        gather of the first ``caps[1]`` ranked tokens (each on its prefix
+        ``caps[n-1]``), scattered back once. Same result, fewer token copies."""
+        num_tokens, width = inputs.shape[1], self.learner_width
+        caps = self.caps(num_tokens)
+        dtype = self.compute_dtype
+        w1, b1 = ops.cast(self.fc1.kernel, dtype), ops.cast(self.fc1.bias, dtype)
+        w2, b2 = ops.cast(self.fc2.kernel, dtype), ops.cast(self.fc2.bias, dtype)
+        outputs = ops.matmul(ops.matmul(inputs, w1[:, :width]) + b1[:width], w2[:width]) + b2
+        if self.num_learners == 1 or caps[1] == 0:
+            return outputs
+        order, ranked, _ = self._assign(counts, confidence)
+        ranked_tokens = gather_tokens(inputs, order[:, :caps[1]])
+        extra = None
+        for n, cap in enumerate(caps[1:], start=2):
+            if cap == 0:
+                break
+            lo, hi = (n - 1) * width, n * width
+            part = ops.matmul(ops.matmul(ranked_tokens[:, :cap], w1[:, lo:hi]) + b1[lo:hi], w2[lo:hi])
+            part = part * ops.cast(ops.expand_dims(ranked[:, :cap] >= n, -1), dtype)
+            if cap < caps[1]:
+                part = ops.pad(part, [[0, 0], [0, caps[1] - cap], [0, 0]])
+            extra = part if extra is None else extra + part
+        if caps[1] < num_tokens:
+            extra = ops.pad(extra, [[0, 0], [0, num_tokens - caps[1]], [0, 0]])
+        return outputs + gather_tokens(extra, inverse_permutation(order))
 
     def load_dense(self, kernel, bias=None):
         """Sets the learners to the truncated SVD of a dense ``(D, units)`` kernel (+ bias)."""
