@@ -127,3 +127,34 @@ def test_bad_phase_recipes_fail_before_any_run_directory(tmp_path, change, messa
     with pytest.raises(recipes.RecipeError, match=message):
         recipes.load(RECIPE, **{**overrides, **change})
     assert not (tmp_path / "run").exists()
+
+
+def test_projection_learners_are_distilled_from_the_dense_attention(tmp_path):
+    # Rules out: distillation reading only the MLPs (the record's projection
+    # entries ignored), a projection teacher taken from the wrong third of the
+    # fused qkv kernel, and random init skipping the projection learners.
+    dense, path = _dense_file(tmp_path)
+    model_args = dict(tiny_overrides(tmp_path)["model_args"], acm_projections=True)
+    setup = recipes.load(
+        RECIPE,
+        **tiny_overrides(tmp_path / "run", init_from=path, phases=[], phase_epochs=[], phase_learning_rates=[],
+                         mode="distill", acm_init="random", learning_rate=0.01, steps_per_epoch=8, model_args=model_args),
+    )
+    model = setup.model
+    trainable = {v.path.split("/", 2)[2] for v in model.trainable_variables}
+    parts = ["mlp/fc1", "mlp/fc2"] + [f"attention/{p}/{w}" for p in ("query", "key", "value", "out") for w in ("down", "up")]
+    assert trainable == {f"block_{i}/{p}/{w}" for i in range(2) for p in parts for w in ("kernel", "bias")}
+    x = images(batch=8, size=TINY["image_size"])
+    _, record = model.backbone(x, training=True, return_intermediates=True)
+    assert len(record["acm_outputs"]) == len(record["acm_targets"]) == 5 * 2
+    block = dense.backbone.blocks[0]
+    z = block.norm1(dense.backbone.patch_embedding(x))
+    d = TINY["hidden_dim"]
+    key = to_numpy(z) @ to_numpy(block.attention.qkv.kernel)[:, d:2 * d] + to_numpy(block.attention.qkv.bias)[d:2 * d]
+    np.testing.assert_allclose(to_numpy(record["acm_targets"][2 + 1]), key, atol=1e-4)  # block 0's key projection
+    projections = slice(2, None)
+    before = float(to_numpy(acm_losses.distillation_loss(record["acm_outputs"][projections], record["acm_targets"][projections])))
+    setup.fit(verbose=0, save=False)
+    _, record = model.backbone(x, training=True, return_intermediates=True)
+    after = float(to_numpy(acm_losses.distillation_loss(record["acm_outputs"][projections], record["acm_targets"][projections])))
+    assert after < 0.95 * before
