@@ -25,14 +25,17 @@ it; see ``keras_mone.routing.acm_quotas``).
 The forward record (``return_intermediates=True``) holds one entry per ACM
 module in ``"acm_choices"`` (one-hot choices ``(batch, tokens, N + 1)`` over
 ``k = 0..N``; straight-through in training), ``"acm_probs"`` (the gate's
-softmax, same shape) and, in the gates phase, ``"acm_outputs"`` (``(batch,
-tokens, N + 1, D)``: ``h(z, k)`` for ``k = 0..N``, zeros at ``k = 0``). Entries
+softmax, same shape), ``"acm_counts"`` (int32 ``(batch, tokens)``: the count
+run, after grouped quotas) and, in the teacher stream of phases 1-2,
+``"acm_outputs"`` (``(batch, tokens, N + 1, D)``: ``h(z, k)`` for ``k = 0..N``,
+zeros at ``k = 0``) and ``"acm_targets"`` (the dense module's output). Entries
 are the blocks' MLPs in block order, then, with ``acm_projections``, each
 block's query, key, value and out projections (``acm_module_names()`` names
 them in this order, ``acm_learner_costs()`` gives each module's MACs per
 learner and token: the ``p_l`` of the paper's L_budget, Eq. 7). A projection
 never chooses ``k = 0``: its column 0 is 0 in choices and probs, and its
-``h(z, 0)`` (zeros) is no valid output. ``"blocks"`` holds per block the MLP's
+``h(z, 0)`` (zeros) is no valid output. Without ``acm_projections`` the lists
+hold the MLPs only, as before. ``"blocks"`` holds per block the MLP's
 ``assignment`` (the count run) and ``compute`` (its share ``k / N``). The
 loss terms (``keras_mone.training.acm_losses``) read these lists.
 """
@@ -54,7 +57,7 @@ EXECUTIONS = ("exact", "grouped")
 
 @register
 class ACMViTBackbone(ViTBackbone):
-    """ViT with an ACM in place of every block's MLP.
+    """ViT with an ACM in place of every block's MLP (and, optionally, of its Q, K, V, O projections).
 
     Args (beyond ``ViTBackbone``'s):
         num_learners: ``N`` learners per MLP (4 in the paper); ``mlp_dim`` must divide by it.
