@@ -1,0 +1,129 @@
+"""MoNE router ablations at CPU scale (Sec. 6 / Fig. 7, App. A.3); writes BENCHMARKS.md.
+
+1. Trained variants of recipe cluttered_digits_mone at e_c ``--capacity``
+   (default 0.3, where routing matters), ``--epochs`` each, per seed of
+   ``--seeds``: the router at block 0 (the paper's default), at block 1 or 2
+   (Fig. 7a: blocks before it run at full width, so GMACs grow), two routers
+   (blocks 0 and 2) or four (every block; Fig. 7b), and the random router
+   (Fig. 7c), each evaluated at the capacity it was trained at.
+2. Learned-router models evaluated under a random router at the same
+   capacities (App. A.3: about 6 points lost on ImageNet-1K), with
+   ``keras_mone.analysis.router_ablation``: the block-0 models of step 1 at
+   their capacity and the shipped presets mone_vit_digits(_adaptive) at
+   e_c 0.2, 0.3 and 0.5, random draws of seeds 0, 1, 2.
+
+Trained runs are kept under ``--output/seed_<s>/<variant>`` and reused by a
+later call (``bench/training_targets.py``'s ``run_seed``)::
+
+    KERAS_BACKEND=jax python bench/router_ablations.py --epochs 1 --seeds 0,1
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import keras
+
+from keras_mone import presets
+from keras_mone.analysis.router_ablation import learned_vs_random_router
+from training_targets import _mean, _std, run_seed, write_section
+
+SECTION = "## Router ablations: position, number of routers, random router (MoNE Sec. 6, App. A.3)"
+VARIANTS = {
+    "block0": ("router at block 0 (default)", {}),
+    "block1": ("router at block 1", {"model_args": {"router_positions": [1]}}),
+    "block2": ("router at block 2", {"model_args": {"router_positions": [2]}}),
+    "blocks0_2": ("routers at blocks 0 and 2", {"model_args": {"router_positions": [0, 2]}}),
+    "every_block": ("routers at every block", {"model_args": {"router_positions": [0, 1, 2, 3]}}),
+    "random": ("random router", {"router_type": "random"}),
+}
+SHIPPED = ("mone_vit_digits", "mone_vit_digits_adaptive")
+RANDOM_SEEDS = (0, 1, 2)
+
+
+def specs(capacity):
+    return {
+        name: ("cluttered_digits_mone", {"capacity": capacity, **overrides}, (capacity,))
+        for name, (_, overrides) in VARIANTS.items()
+    }
+
+
+def random_router_rows(output, seeds, capacity, x, y):
+    """``{label: records}``: the trained block-0 models, then the shipped presets, under random routers."""
+    rows = {}
+    for seed in seeds:
+        path = os.path.join(output, f"seed_{seed}", "block0", "model.keras")
+        model = keras.saving.load_model(path, compile=False)
+        rows[f"trained here, seed {seed}"] = learned_vs_random_router(model, x, y, (capacity,), RANDOM_SEEDS)
+    for name in SHIPPED:
+        rows[name] = learned_vs_random_router(presets.from_preset(name), x, y, (0.2, 0.3, 0.5), RANDOM_SEEDS)
+    return rows
+
+
+def markdown(records, random_rows, command, capacity):
+    seeds = list(records)
+    lines = [
+        SECTION, "",
+        f"Command: `{command}` (backend {keras.backend.backend()}; recipe cluttered_digits_mone, "
+        f"{records[seeds[0]]['epochs']} epoch(s) of 23,008 fresh renderings per model, e_c {capacity}; "
+        "two cores shared with other jobs, which changes times, not results). Cells: test accuracy on the "
+        "5026-image split (one image is 0.02 points); std over seeds (sample).", "",
+        "| variant | GMACs / image | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | std |",
+        "| --- | --- |" + " --- |" * (len(seeds) + 2),
+    ]
+    key = str(capacity)
+    for name, (label, _) in VARIANTS.items():
+        accs = [records[s]["models"][name]["accuracy"][key] for s in seeds if name in records[s]["models"]]
+        if not accs:
+            continue
+        gmacs = records[seeds[0]]["models"][name]["gmacs"][key]
+        cells = " | ".join(f"{100 * a:.1f}%" for a in accs)
+        lines.append(f"| {label} | {gmacs:.5f} | {cells} | {100 * _mean(accs):.1f}% | {100 * _std(accs):.1f} |")
+    lines += [
+        "", "Learned-router models evaluated under a random router at the same capacity (App. A.3). "
+        "`learned`: as trained; `gate 1`: same routing, Eq. 1's gate alpha r + 1 set to 1; `random`: "
+        f"random assignment with the same token counts and no gate, mean +- std over draws {list(RANDOM_SEEDS)}:", "",
+        "| model | e_c | learned | gate 1 | random | learned - random |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for label, rows in random_rows.items():
+        for r in rows:
+            lines.append(
+                f"| {label} | {r['capacity']:g} | {100 * r['learned']:.2f}% | {100 * r['learned_no_gate']:.2f}% | "
+                f"{100 * r['random_mean']:.2f}% +- {100 * r['random_std']:.2f} | {100 * r['drop']:+.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--capacity", type=float, default=0.3)
+    parser.add_argument("--output", default="runs/router_ablations")
+    parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    started = time.time()
+    records = {s: run_seed(s, args.epochs, args.output, list(VARIANTS), specs=specs(args.capacity)) for s in seeds}
+    print(f"trained in {time.time() - started:.0f} s", flush=True)
+    x, y = presets.evaluation_data("mone_vit_digits")
+    random_rows = random_router_rows(args.output, seeds, args.capacity, x, y)
+    with open(os.path.join(args.output, "random_router.json"), "w") as f:
+        json.dump(random_rows, f, indent=2)
+    command = (
+        f"KERAS_BACKEND={keras.backend.backend()} python bench/router_ablations.py --epochs {args.epochs} "
+        f"--seeds {args.seeds} --capacity {args.capacity}"
+    )
+    text = markdown(records, random_rows, command, args.capacity)
+    if args.benchmarks != os.devnull:
+        write_section(text, args.benchmarks, SECTION)
+    print(text)
+    print(f"total {time.time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
