@@ -176,8 +176,9 @@ class PhasedSetup:
 
         Each phase saves its ``model.keras`` (the next phase starts from it);
         ``save`` applies to the run's own ``model.keras`` and ``results.json``.
-        Returns the last trained phase's results (after the last phase: with
-        ``phases``, every phase's results)."""
+        Returns the last trained phase's results; after the last phase, the
+        run's: the final model's, ``steps`` summed over the phases (``results.json``
+        also lists each phase's under ``phases``)."""
         stop = len(self.phases) if until is None else min(int(until), len(self.phases))
         results = None
         while self.current < stop:
@@ -189,14 +190,14 @@ class PhasedSetup:
             self._write_history()
         if self.current < len(self.phases):
             return results
-        results = dict(self._results(-1), recipe=self.name)
-        results["phases"] = [dict(self._results(i), phase=p["mode"]) for i, p in enumerate(self.phases)]
+        phases = [dict(self._results(i), phase=p["mode"]) for i, p in enumerate(self.phases)]
+        results = dict(self._results(-1), recipe=self.name, steps=sum(p["steps"] for p in phases))
         if save:
             shutil.copyfile(
                 os.path.join(self.phases[-1]["output_dir"], "model.keras"), os.path.join(self.output_dir, "model.keras")
             )
             with open(os.path.join(self.output_dir, "results.json"), "w") as f:
-                json.dump(results, f, indent=2)
+                json.dump({**results, "phases": phases}, f, indent=2)
         return results
 
     def _write_history(self):

@@ -43,6 +43,10 @@ def distillation_loss(outputs, targets):
     squared norm sums over features; modules are averaged with equal weight
     (the paper's mean when they see the same tokens). Gradients flow through
     every term (the official code detaches each learner's predecessors).
+    The paper's Sec. 3.2 formula writes the target as ``o_i^l`` (per image);
+    it is each token's output ``o_{i,j}^l``, as in its ``d(n)`` and Sec. 5.1.
+    ``o`` is the frozen dense module's output on the dense model's stream
+    (``layers.acm_teacher``); ``k = 0`` (zeros) is no choice to fit.
     """
     losses = []
     for out, target in zip(_modules(outputs), _modules(targets), strict=True):
