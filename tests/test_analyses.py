@@ -9,7 +9,7 @@ import pytest
 from conftest import images, to_numpy, videos
 from harness import build_classifier
 
-from keras_mone.analysis import budget, token_record as tr
+from keras_mone.analysis import budget, token_maps as tr
 from keras_mone.analysis.argmax_routing import argmax_difficulty
 from keras_mone.analysis.routing_maps import routing_maps, threshold_sweep
 from keras_mone.analysis.token_importance import importance_vs_score, leave_one_out

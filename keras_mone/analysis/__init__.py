@@ -16,7 +16,7 @@ from keras_mone.analysis.budget import capacity_for_budget
 from keras_mone.analysis.routing import expert_share_of_tokens
 from keras_mone.analysis.routing_maps import routing_maps, threshold_sweep
 from keras_mone.analysis.token_importance import importance_vs_score, leave_one_out
-from keras_mone.analysis.token_record import spearman, token_record
+from keras_mone.analysis.token_maps import spearman, token_record
 from keras_mone.analysis.routing_plot import plot_routing, routing_map
 from keras_mone.analysis.throughput import images_per_second
 

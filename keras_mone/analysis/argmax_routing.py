@@ -11,7 +11,7 @@ router spends more on the images the model finds harder).
 
 import numpy as np
 
-from keras_mone.analysis.token_record import per_example_loss, spearman, token_record
+from keras_mone.analysis.token_maps import per_example_loss, spearman, token_record
 
 
 def argmax_compute(model, inputs, decision=None, batch_size=128):

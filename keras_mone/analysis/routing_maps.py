@@ -10,7 +10,7 @@ its own share of tokens above them: images the router finds busier keep more.
 
 import numpy as np
 
-from keras_mone.analysis.token_record import KINDS, frames_of, token_record
+from keras_mone.analysis.token_maps import KINDS, frames_of, token_record
 
 #: Shares of tokens above the threshold, pooled over the set (Fig. 1: left to right).
 DEFAULT_FRACTIONS = (1.0, 0.75, 0.5, 0.25, 0.1)

@@ -21,7 +21,7 @@ and pooled over all tokens of the set.
 import numpy as np
 from keras import ops
 
-from keras_mone.analysis.token_record import cross_entropy, padded_batches, spearman, token_record
+from keras_mone.analysis.token_maps import cross_entropy, padded_batches, spearman, token_record
 
 
 def _without_each_token(tokens, leading):
