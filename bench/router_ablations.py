@@ -50,15 +50,24 @@ def specs(capacity):
     }
 
 
-def random_router_rows(output, seeds, capacity, x, y):
-    """``{label: records}``: the trained block-0 models, then the shipped presets, under random routers."""
+def random_router_rows(output, seeds, capacity, x, y, shipped):
+    """``{label: records}``: the trained block-0 models, then the ``shipped`` presets, under random routers.
+
+    A shipped preset's records are read from ``--output/shipped_<name>/random_router.json`` when that
+    exists (what ``keras-mone analyze random-router <name> --output <that folder>`` writes)."""
     rows = {}
     for seed in seeds:
         path = os.path.join(output, f"seed_{seed}", "block0", "model.keras")
-        model = keras.saving.load_model(path, compile=False)
-        rows[f"trained here, seed {seed}"] = learned_vs_random_router(model, x, y, (capacity,), RANDOM_SEEDS)
-    for name in SHIPPED:
-        rows[name] = learned_vs_random_router(presets.from_preset(name), x, y, (0.2, 0.3, 0.5), RANDOM_SEEDS)
+        if os.path.exists(path):
+            model = keras.saving.load_model(path, compile=False)
+            rows[f"block 0 trained here, seed {seed}"] = learned_vs_random_router(model, x, y, (capacity,), RANDOM_SEEDS)
+    for name in shipped:
+        cached = os.path.join(output, f"shipped_{name}", "random_router.json")
+        if os.path.exists(cached):
+            with open(cached) as f:
+                rows[name] = json.load(f)["records"]
+        else:
+            rows[name] = learned_vs_random_router(presets.from_preset(name), x, y, (0.2, 0.3, 0.5), RANDOM_SEEDS)
     return rows
 
 
@@ -70,16 +79,17 @@ def markdown(records, random_rows, command, capacity):
         f"{records[seeds[0]]['epochs']} epoch(s) of 23,008 fresh renderings per model, e_c {capacity}; "
         "two cores shared with other jobs, which changes times, not results). Cells: test accuracy on the "
         "5026-image split (one image is 0.02 points); std over seeds (sample).", "",
-        "| variant | GMACs / image | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | std |",
-        "| --- | --- |" + " --- |" * (len(seeds) + 2),
+        "| variant | GMACs / image | accuracy per seed | mean | std |",
+        "| --- | --- | --- | --- | --- |",
     ]
     key = str(capacity)
     for name, (label, _) in VARIANTS.items():
-        accs = [records[s]["models"][name]["accuracy"][key] for s in seeds if name in records[s]["models"]]
-        if not accs:
+        have = [s for s in seeds if name in records[s]["models"]]
+        if not have:
             continue
-        gmacs = records[seeds[0]]["models"][name]["gmacs"][key]
-        cells = " | ".join(f"{100 * a:.1f}%" for a in accs)
+        accs = [records[s]["models"][name]["accuracy"][key] for s in have]
+        gmacs = records[have[0]]["models"][name]["gmacs"][key]
+        cells = ", ".join(f"{100 * a:.1f}% (seed {s})" for s, a in zip(have, accs))
         lines.append(f"| {label} | {gmacs:.5f} | {cells} | {100 * _mean(accs):.1f}% | {100 * _std(accs):.1f} |")
     lines += [
         "", "Learned-router models evaluated under a random router at the same capacity (App. A.3). "
@@ -104,13 +114,19 @@ def main(argv=None):
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--output", default="runs/router_ablations")
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    parser.add_argument("--shipped", default=",".join(SHIPPED), help="shipped presets evaluated under random routers")
+    parser.add_argument("--report-only", action="store_true", help="train nothing; report the models already trained")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.time()
-    records = {s: run_seed(s, args.epochs, args.output, list(VARIANTS), specs=specs(args.capacity)) for s in seeds}
+    records = {s: run_seed(
+        s, args.epochs, args.output, list(VARIANTS), train=not args.report_only, specs=specs(args.capacity)
+    ) for s in seeds}
     print(f"trained in {time.time() - started:.0f} s", flush=True)
     x, y = presets.evaluation_data("mone_vit_digits")
-    random_rows = random_router_rows(args.output, seeds, args.capacity, x, y)
+    random_rows = random_router_rows(
+        args.output, seeds, args.capacity, x, y, [n for n in args.shipped.split(",") if n]
+    )
     with open(os.path.join(args.output, "random_router.json"), "w") as f:
         json.dump(random_rows, f, indent=2)
     command = (

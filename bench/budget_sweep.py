@@ -1,0 +1,217 @@
+"""Every method of the zoo on cluttered digits across compute budgets (issue 28 item 8), one plot.
+
+For each target ratio of the dense ViT's GMACs (``--targets``, default 0.25,
+0.4, 0.6, 0.8) and each seed, trains with the same data and number of
+images (the CPU recipes' renderings, ``--epochs`` each):
+
+* isoFLOP dense: the ``cluttered_digits_vit`` recipe at the (depth, width)
+  whose GMACs are nearest the target;
+* MoNE fixed (``cluttered_digits_mone``), MoD and A-MoD (from scratch) at the
+  capacity whose GMACs equal the target (bisection on ``keras_mone.flops``;
+  a target below the method's lowest budget is reported as unreachable);
+* one MoNE adaptive model and one MatViT model per seed, evaluated at every
+  target (MatViT at its nested widths, the nearest GMACs it has);
+* ACM converted from the shipped ``vit_digits`` (``cluttered_digits_acm_from_dense``,
+  grouped execution) at the beta whose GMACs equal the target, where reachable.
+
+Writes ``--output``/budget_sweep.json, the accuracy-against-GMACs plot
+``--plot`` (mean +- sd over seeds, with the shipped presets and the Mixer /
+Sparse-MLP results of ``bench/new_methods.py`` where present) and a
+BENCHMARKS.md section::
+
+    KERAS_BACKEND=jax python bench/budget_sweep.py --seeds 0,1,2 --epochs 4
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import warnings
+
+import keras
+
+from budget_plot import plot_sweep
+from keras_mone import flops, presets, recipes
+from new_methods import accuracy, test_split, train
+from training_targets import write_section
+
+SECTION = "## Every method across budgets on cluttered digits (issue 28 item 8)"
+DENSE_SHAPES = [(d, w) for d in (1, 2, 3, 4) for w in (32, 48, 64)]
+MATVIT_WIDTHS = (0.125, 0.25, 0.5, 1.0)
+
+
+def probe(recipe, **overrides):
+    """The recipe's untrained model (built with one rendering per digit in a scratch folder)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return recipes.load(recipe, output_dir=scratch, samples_per_digit=1, test_samples_per_digit=1,
+                            **overrides).model
+
+
+def dense_gmacs():
+    return flops(probe("cluttered_digits_vit")).gmacs
+
+
+def solve_budget(gmacs_at, target_gmacs, low=0.01, high=1.0, steps=20, tolerance=0.03):
+    """The budget in ``[low, high]`` whose GMACs equal ``target_gmacs`` within ``tolerance``
+    (bisection; GMACs grow with the budget), or ``None`` when the method does not reach the target
+    (``gmacs_at`` raises ``ValueError`` for a budget below the method's lowest)."""
+    def at(value):
+        try:
+            return gmacs_at(value)
+        except ValueError:
+            return None
+
+    for _ in range(steps):
+        middle = (low + high) / 2
+        value = at(middle)
+        low, high = (middle, high) if value is None or value <= target_gmacs else (low, middle)
+    candidates = [(abs(g - target_gmacs), v) for v in (low, high) if (g := at(v)) is not None]
+    if not candidates or min(candidates)[0] > tolerance * target_gmacs:
+        return None
+    return round(min(candidates)[1], 4)
+
+
+def capacity_gmacs(model):
+    """``gmacs_at(capacity)`` of a routed model (the whole-token rounding warnings of the search muted)."""
+    def gmacs_at(value):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            model.set_capacity(value)
+        return flops(model).gmacs
+    return gmacs_at
+
+
+def set_capacity(model, value):
+    model.set_capacity(value)
+
+
+def beta_gmacs(classifier):
+    """``gmacs_at(beta)`` of an ACM classifier in grouped execution (a backbone rebuilt per beta)."""
+    config = classifier.backbone.get_config()
+
+    def gmacs_at(value):
+        backbone = type(classifier.backbone).from_config({**config, "beta": value, "execution": "grouped"})
+        return flops(backbone).gmacs + flops(classifier).breakdown.get("head", 0) / 1e9
+    return gmacs_at
+
+
+def plan(targets, dense):
+    """``{(method, target): (recipe, overrides, evaluate-at)}`` of one seed; unreachable targets absent."""
+    runs = {}
+    shapes = {shape: flops(probe("cluttered_digits_vit", model_args=dict(
+        depth=shape[0], hidden_dim=shape[1], mlp_dim=4 * shape[1]))).gmacs for shape in DENSE_SHAPES}
+    mone, mod, amod = probe("cluttered_digits_mone"), probe("cluttered_digits_mod"), probe("cluttered_digits_amod")
+    for target in targets:
+        depth, width = min(shapes, key=lambda s: abs(shapes[s] / dense - target))
+        runs[("isoFLOP dense", target)] = (
+            "cluttered_digits_vit", {"model_args": dict(depth=depth, hidden_dim=width, mlp_dim=4 * width)}, None)
+        for name, recipe, model in (("MoNE", "cluttered_digits_mone", mone), ("MoD", "cluttered_digits_mod", mod),
+                                    ("A-MoD", "cluttered_digits_amod", amod)):
+            capacity = solve_budget(capacity_gmacs(model), target * dense)
+            if capacity is not None:
+                runs[(name, target)] = (recipe, {"capacity": capacity}, capacity)
+    return runs
+
+
+def data_overrides(args):
+    return {} if args.samples_per_digit is None else {"samples_per_digit": args.samples_per_digit}
+
+
+def evaluate(model, images, labels, set_budget=None, value=None):
+    if set_budget is not None:
+        set_budget(model, value)
+    return dict(accuracy=accuracy(model, images, labels), gmacs=flops(model).gmacs)
+
+
+def sweep_seed(seed, targets, dense, runs, args, data):
+    """``[{method, target, accuracy, gmacs, setting}]`` of one seed."""
+    images, labels = data
+    out = []
+    for (name, target), (recipe, overrides, capacity) in runs.items():
+        folder = os.path.join(args.output, f"{name.replace(' ', '_')}_{target}_s{seed}")
+        model = train(recipe, folder, seed=seed, epochs=args.epochs, **overrides, **data_overrides(args))
+        row = evaluate(model, images, labels, set_capacity if capacity else None, capacity)
+        out.append(dict(method=name, target=target, setting=capacity, **row))
+    adaptive = train("cluttered_digits_mone_adaptive", os.path.join(args.output, f"MoNE_adaptive_s{seed}"),
+                     seed=seed, epochs=args.epochs, **data_overrides(args))
+    for target in targets:
+        capacity = solve_budget(capacity_gmacs(adaptive), target * dense)
+        if capacity is not None:
+            out.append(dict(method="MoNE adaptive", target=target, setting=capacity,
+                            **evaluate(adaptive, images, labels, set_capacity, capacity)))
+    matvit = train("cluttered_digits_matvit", os.path.join(args.output, f"MatViT_s{seed}"),
+                   seed=seed, epochs=args.epochs, **data_overrides(args))
+    for width in MATVIT_WIDTHS:
+        row = evaluate(matvit, images, labels, lambda m, w: m.set_width(w), width)
+        out.append(dict(method="MatViT", target=round(row["gmacs"] / dense, 2), setting=width, **row))
+    acm_probe = probe("cluttered_digits_acm_from_dense")
+    for target in targets:
+        beta = solve_budget(beta_gmacs(acm_probe), target * dense)
+        if beta is None:
+            continue
+        model = train("cluttered_digits_acm_from_dense", os.path.join(args.output, f"ACM_{target}_s{seed}"),
+                      seed=seed, beta_target=beta, **data_overrides(args))
+        model.backbone.set_execution("grouped")
+        out.append(dict(method="ACM (grouped)", target=target, setting=beta, **evaluate(model, images, labels)))
+    return out
+
+
+def summarise(rows):
+    """``{(method, target): {accuracy: [..], gmacs: mean, setting}}`` over seeds."""
+    table = {}
+    for row in rows:
+        entry = table.setdefault((row["method"], row["target"]), dict(accuracy=[], gmacs=[], setting=row["setting"]))
+        entry["accuracy"].append(row["accuracy"])
+        entry["gmacs"].append(row["gmacs"])
+    return table
+
+
+def report(table, dense, args, seeds, plot_path):
+    def spread(values):
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{100 * statistics.mean(values):.2f} +- {100 * sd:.2f}"
+
+    lines = [
+        SECTION, "",
+        f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/budget_sweep.py --seeds {args.seeds} "
+        f"--epochs {args.epochs} --targets {args.targets}`. Every model trained {args.epochs} epoch(s) of the CPU "
+        f"recipes' renderings (ACM: the conversion recipe's one epoch from `vit_digits`); 5026 test images; mean "
+        f"+- sd over seeds {seeds}; dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
+        "| method | target x dense | setting | GMACs | accuracy % |", "|---|---|---|---|---|",
+    ]
+    for (method, target), entry in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        gmacs = statistics.mean(entry["gmacs"])
+        lines.append(f"| {method} | {target} | {entry['setting']} | {gmacs:.5f} | {spread(entry['accuracy'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--targets", default="0.25,0.4,0.6,0.8")
+    parser.add_argument("--samples-per-digit", type=int, default=None,
+                        help="training renderings per digit (default: each recipe's; small for a smoke run)")
+    parser.add_argument("--output", default="runs/budget_sweep")
+    parser.add_argument("--plot", default="bench/figures/accuracy_vs_gmacs.png")
+    parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    targets = [float(t) for t in args.targets.split(",")]
+    images, labels, _ = test_split()
+    dense = dense_gmacs()
+    runs = plan(targets, dense)
+    rows = []
+    for seed in seeds:
+        rows += sweep_seed(seed, targets, dense, runs, args, (images, labels))
+        os.makedirs(args.output, exist_ok=True)
+        with open(os.path.join(args.output, "budget_sweep.json"), "w") as f:
+            json.dump(dict(dense_gmacs=dense, rows=rows), f, indent=2)
+    table = summarise(rows)
+    plot_sweep(table, dense, args.plot, extra=os.path.join("runs", "new_methods", "results.json"))
+    write_section(report(table, dense, args, seeds, args.plot), args.benchmarks, SECTION)
+
+
+if __name__ == "__main__":
+    main()
