@@ -34,7 +34,8 @@ def _without_each_token(tokens, leading):
 
 def _logits(model, tokens):
     backbone = model.backbone
-    encoded, _ = backbone.encode(tokens, training=False)
+    # encode is called directly (the token count varies), so the backend tensor is made here
+    encoded, _ = backbone.encode(ops.convert_to_tensor(tokens), training=False)
     return ops.convert_to_numpy(model.logits(backbone.output_tokens(encoded, training=False), training=False))
 
 
