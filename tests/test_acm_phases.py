@@ -120,6 +120,8 @@ def test_phases_resume_between_phases_equal_an_uninterrupted_run(tmp_path):
     (dict(model_args=dict(num_learners=3)), "num_learners"),
     (dict(phases=["gates", "end_to_end"], phase_epochs=[], phase_learning_rates=[], acm_init="random"), "acm_init"),
     (dict(teacher_from="preset:no_such_preset"), "teacher_from"),
+    (dict(acm_loss_weights=[0.1, 0.05]), "acm_loss_weights"),
+    (dict(acm_loss_weights=[0.1, "0", 0.0]), "acm_loss_weights"),
 ])
 def test_bad_phase_recipes_fail_before_any_run_directory(tmp_path, change, message):
     overrides = tiny_overrides(tmp_path / "run", init_from="preset:vit_digits")
@@ -158,3 +160,21 @@ def test_projection_learners_are_distilled_from_the_dense_attention(tmp_path):
     _, record = model.backbone(x, training=True, return_intermediates=True)
     after = float(to_numpy(acm_losses.distillation_loss(record["acm_outputs"][projections], record["acm_targets"][projections])))
     assert after < 0.95 * before
+
+
+def test_acm_loss_weights_reach_the_end_to_end_terms(tmp_path):
+    """Fig. 8's ablation (budget loss alone) is a recipe key: the phase-3 terms carry its weights."""
+    _, dense = _dense_file(tmp_path)
+    setup = recipes.load(
+        "cluttered_digits_acm_from_dense", **tiny_overrides(tmp_path / "run", init_from=dense),
+        mode="end_to_end", acm_loss_weights=[0.1, 0, 0],
+    )
+    terms = {term.name: term.weight for term in setup.model.loss_terms}
+    assert terms == {"acm_budget": 0.1, "acm_entropy": 0.0, "acm_diversity": 0.0}
+    default = recipes.load(
+        "cluttered_digits_acm_from_dense", **tiny_overrides(tmp_path / "default", init_from=dense),
+        mode="end_to_end",
+    )
+    assert {t.name: t.weight for t in default.model.loss_terms} == {
+        "acm_budget": 0.1, "acm_entropy": 0.05, "acm_diversity": -0.05
+    }

@@ -35,15 +35,17 @@ from keras_mone.training.modes import FIXED, TrainingMode
 BUDGET_WEIGHT, ENTROPY_WEIGHT, DIVERSITY_WEIGHT = 0.1, 0.05, -0.05
 
 
-def end_to_end_terms(beta_target):
-    """Phase 3's loss terms at ``beta_target`` (the diversity term enters with a negative weight)."""
+def end_to_end_terms(beta_target, weights=(BUDGET_WEIGHT, ENTROPY_WEIGHT, DIVERSITY_WEIGHT)):
+    """Phase 3's loss terms at ``beta_target``; ``weights`` of budget, entropy and diversity (the
+    paper's 0.1, 0.05, -0.05: the diversity term enters with a negative weight)."""
+    budget, entropy, diversity = (float(w) for w in weights)
     return (
         LossTerm("acm_budget", lambda record, y, logits: acm_losses.budget_loss(record["acm_choices"], beta_target),
-                 BUDGET_WEIGHT),
+                 budget),
         LossTerm("acm_entropy", lambda record, y, logits: acm_losses.entropy_loss(record["acm_choices"]),
-                 ENTROPY_WEIGHT),
+                 entropy),
         LossTerm("acm_diversity", lambda record, y, logits: acm_losses.diversity_loss(record["acm_choices"]),
-                 DIVERSITY_WEIGHT),
+                 diversity),
     )
 
 
@@ -113,8 +115,8 @@ GATES = TrainingMode(
 )
 
 END_TO_END = TrainingMode(
-    "end_to_end", "ACM phase 3: CE + 0.1 budget + 0.05 entropy - 0.05 diversity at beta_target",
-    loss_terms=lambda recipe: end_to_end_terms(recipe["beta_target"]),
+    "end_to_end", "ACM phase 3: CE + 0.1 budget + 0.05 entropy - 0.05 diversity at beta_target (acm_loss_weights)",
+    loss_terms=lambda recipe: end_to_end_terms(recipe["beta_target"], recipe["acm_loss_weights"]),
 )
 
 
