@@ -124,10 +124,23 @@ def evaluate(model, images, labels, set_budget=None, value=None):
     return dict(accuracy=accuracy(model, images, labels), gmacs=flops(model).gmacs)
 
 
-def sweep_seed(seed, targets, dense, runs, args, data):
-    """``[{method, target, accuracy, gmacs, setting}]`` of one seed."""
+class Rows(list):
+    """The sweep's rows, written to ``path`` after every append (an interrupted sweep keeps its rows)."""
+
+    def __init__(self, path, dense):
+        super().__init__()
+        self.path, self.dense = path, dense
+
+    def append(self, row):
+        super().append(row)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "w") as f:
+            json.dump(dict(dense_gmacs=self.dense, rows=list(self)), f, indent=2)
+
+
+def sweep_seed(seed, targets, dense, runs, args, data, out):
+    """Appends ``{method, target, accuracy, gmacs, setting}`` rows of one seed to ``out``."""
     images, labels = data
-    out = []
     for (name, target), (recipe, overrides, capacity) in runs.items():
         folder = os.path.join(args.output, f"{name.replace(' ', '_')}_{target}_s{seed}")
         model = train(recipe, folder, seed=seed, epochs=args.epochs, **overrides, **data_overrides(args))
@@ -154,7 +167,6 @@ def sweep_seed(seed, targets, dense, runs, args, data):
                       seed=seed, beta_target=beta, **data_overrides(args))
         model.backbone.set_execution("grouped")
         out.append(dict(method="ACM (grouped)", target=target, setting=beta, **evaluate(model, images, labels)))
-    return out
 
 
 def summarise(rows):
@@ -202,12 +214,9 @@ def main(argv=None):
     images, labels, _ = test_split()
     dense = dense_gmacs()
     runs = plan(targets, dense)
-    rows = []
+    rows = Rows(os.path.join(args.output, "budget_sweep.json"), dense)
     for seed in seeds:
-        rows += sweep_seed(seed, targets, dense, runs, args, (images, labels))
-        os.makedirs(args.output, exist_ok=True)
-        with open(os.path.join(args.output, "budget_sweep.json"), "w") as f:
-            json.dump(dict(dense_gmacs=dense, rows=rows), f, indent=2)
+        sweep_seed(seed, targets, dense, runs, args, (images, labels), rows)
     table = summarise(rows)
     plot_sweep(table, dense, args.plot, extra=os.path.join("runs", "new_methods", "results.json"))
     write_section(report(table, dense, args, seeds, args.plot), args.benchmarks, SECTION)
