@@ -19,6 +19,7 @@ from keras_mone.analysis.token_importance import importance_vs_score, leave_one_
 from keras_mone.analysis.token_maps import spearman, token_record
 from keras_mone.analysis.routing_plot import plot_routing, routing_map
 from keras_mone.analysis.throughput import images_per_second
+from keras_mone.analysis.token_merging import merged_gmacs, merging_tokens, token_merging_sweep
 
 __all__ = [
     "argmax_compute",
@@ -32,6 +33,8 @@ __all__ = [
     "images_per_second",
     "importance_vs_score",
     "leave_one_out",
+    "merged_gmacs",
+    "merging_tokens",
     "patch_embedding_macs",
     "plot_routing",
     "register_flop_counter",
@@ -39,6 +42,7 @@ __all__ = [
     "routing_maps",
     "spearman",
     "threshold_sweep",
+    "token_merging_sweep",
     "token_record",
     "vit_block_macs",
 ]

@@ -10,16 +10,17 @@ returns the exit status. ``analyze_common`` has the shared loading
 Adding an analysis is a module with those two functions and one entry here
 (issue 28's routing maps, argmax routing, token importance and budget are in
 ``analyze_commands.COMMANDS``; capacity-methods and random-router in
-``analyze_ablations.COMMANDS``).
+``analyze_ablations.COMMANDS``; token-merging in ``analyze_merging.COMMANDS``).
 """
 
 import sys
 
 from keras_mone.cli.analyze_ablations import COMMANDS as ABLATIONS
 from keras_mone.cli.analyze_commands import COMMANDS
+from keras_mone.cli.analyze_merging import COMMANDS as MERGING
 from keras_mone.cli.analyze_common import common_arguments
 
-ANALYSES = {**COMMANDS, **ABLATIONS}
+ANALYSES = {**COMMANDS, **ABLATIONS, **MERGING}
 
 
 def add_subcommand(commands):
