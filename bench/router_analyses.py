@@ -78,11 +78,16 @@ def budget_rows(name, shares, batch=256, repeats=15):
             "| --- | --- | --- | --- | --- |"]
     for kind, share in shares:
         target = dict(gmacs=share * dense_gmacs) if kind == "gmacs" else dict(latency=share * dense_time, inputs=x)
-        choice = capacity_for_budget(model, repeats=repeats, **target)
+        label = f"{share:g} x dense {'GMACs' if kind == 'gmacs' else 'latency'}"
+        try:
+            choice = capacity_for_budget(model, repeats=repeats, **target)
+        except ValueError as error:  # no capacity fits: say so in the table
+            rows.append(f"| {label} | none fits | {error} | | |")
+            print(rows[-1], flush=True)
+            continue
         times = time_models({"dense": dense, "chosen": model}, x, repeats)
         speedup = np.median(times["dense"]) / np.median(times["chosen"])
         unit = f"{1000 * choice['cost']:.1f} ms / {batch}" if kind == "latency" else f"{choice['cost']:.5f} GMACs"
-        label = f"{share:g} x dense {'GMACs' if kind == 'gmacs' else 'latency'}"
         rows.append(f"| {label} | {choice['capacity']:g} | {unit} | {choice['gmacs']:.5f} ({choice['gmacs'] / dense_gmacs:.2f}x) "
                     f"| {speedup:.2f}x |")
         print(rows[-1], flush=True)
