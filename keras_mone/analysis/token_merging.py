@@ -15,12 +15,14 @@ import contextlib
 import numpy as np
 
 from keras_mone.analysis.flops import flops
+from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.routing.token_merging import MergedTokens, merge_macs
 
 
 def _backbone(model):
     backbone = getattr(model, "backbone", model)
-    if "token_routing" not in dir(backbone) or type(backbone).__name__ not in ("ViTBackbone", "MoNEViTBackbone"):
+    if not (type(backbone) is ViTBackbone or isinstance(backbone, MoNEViTBackbone)):
         raise ValueError(
             f"token merging: needs a dense ViT or MoNE-ViT (image) classifier, got {type(backbone).__name__}."
         )
@@ -90,6 +92,6 @@ def token_merging_sweep(model, images, labels, schedules, capacities=(None,), ba
                 accuracy=float(np.mean(np.argmax(logits, axis=-1) == labels)),
                 gmacs=merged_gmacs(model, merges),
             ))
-    if restore is not None and capacities != (None,):
+    if any(capacity is not None for capacity in capacities):
         model.set_capacity(restore)
     return rows

@@ -3,7 +3,7 @@
 import numpy as np
 from keras import ops
 
-from keras_mone.models.weight_transfer import relative_weight_paths, transfer_weights
+from keras_mone.models.weight_transfer import copy_by_path, relative_weight_paths, transfer_weights
 
 
 def acm_from_dense(source, target):
@@ -46,19 +46,7 @@ def acm_from_dense(source, target):
             np.asarray(ops.convert_to_numpy(source_weights.pop(name))) if name in source_weights else None
             for name in names
         ]
-    missing = sorted(set(source_weights) - set(target_weights))
-    mismatched = [
-        f"{path}: {tuple(v.shape)} vs {tuple(target_weights[path].shape)}"
-        for path, v in source_weights.items()
-        if path in target_weights and tuple(v.shape) != tuple(target_weights[path].shape)
-    ]
-    if missing or mismatched:
-        raise ValueError(
-            f"Cannot start '{target.name}' from '{source.name}': weights absent in the target: {missing}; "
-            f"shape mismatches: {mismatched}."
-        )
-    for path, variable in source_weights.items():
-        target_weights[path].assign(ops.copy(variable.value))
+    copy_by_path(source_weights, target_weights, f"Cannot start '{target.name}' from '{source.name}'")
     loaded = set(source_weights)
     for index, (qkv_kernel, qkv_bias, out_kernel, out_bias) in dense_attention.items():
         attention = backbone.blocks[index].attention

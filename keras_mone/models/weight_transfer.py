@@ -42,6 +42,16 @@ def transfer_weights(source, target):
             differs; nothing is copied in that case.
     """
     source_weights, target_weights = relative_weight_paths(source), relative_weight_paths(target)
+    copy_by_path(source_weights, target_weights, f"Cannot transfer weights from '{source.name}' to '{target.name}'")
+    return sorted(set(target_weights) - set(source_weights))
+
+
+def copy_by_path(source_weights, target_weights, context):
+    """Copies each ``{path: variable}`` of ``source_weights`` into ``target_weights[path]``.
+
+    Checks first: a source path absent in the target or a shape that differs
+    raises ``ValueError`` (starting with ``context``) and nothing is copied.
+    """
     missing = sorted(set(source_weights) - set(target_weights))
     mismatched = [
         f"{path}: {tuple(v.shape)} vs {tuple(target_weights[path].shape)}"
@@ -49,15 +59,11 @@ def transfer_weights(source, target):
         if path in target_weights and tuple(v.shape) != tuple(target_weights[path].shape)
     ]
     if missing or mismatched:
-        raise ValueError(
-            f"Cannot transfer weights from '{source.name}' to '{target.name}': "
-            f"weights absent in the target: {missing}; shape mismatches: {mismatched}."
-        )
+        raise ValueError(f"{context}: weights absent in the target: {missing}; shape mismatches: {mismatched}.")
     for path, variable in source_weights.items():
         # A copy, not the source's buffer: on jax, training the source later
         # donates (deletes) its buffers, which the target would still hold.
         target_weights[path].assign(ops.copy(variable.value))
-    return sorted(set(target_weights) - set(source_weights))
 
 
 def sparse_mlp_from_mixer(mixer, sparse_mlp):

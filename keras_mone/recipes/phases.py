@@ -33,7 +33,7 @@ import keras
 
 from keras_mone.models.methods import architectures, method_of
 from keras_mone.recipes import schema
-from keras_mone.recipes.run_directory import RUN_FILES, differing_keys, to_toml
+from keras_mone.recipes.run_directory import RUN_FILES, archive, differing_keys, to_toml
 
 PHASES_FOLDER = "phases"
 
@@ -84,23 +84,6 @@ def _finished(phase):
     return os.path.isfile(os.path.join(phase["output_dir"], "model.keras"))
 
 
-def _archive(directory, name):
-    """Moves a run's top-level files and its phases to ``previous/<n>/``."""
-    present = [f for f in RUN_FILES + (PHASES_FOLDER,) if os.path.lexists(os.path.join(directory, f))]
-    if not present:
-        return
-    previous = os.path.join(directory, "previous")
-    try:
-        os.makedirs(previous, exist_ok=True)
-        number = 1 + max((int(n) for n in os.listdir(previous) if n.isdigit()), default=0)
-        target = os.path.join(previous, str(number))
-        os.makedirs(target)
-        for file in present:
-            shutil.move(os.path.join(directory, file), os.path.join(target, file))
-    except OSError as error:
-        raise schema.RecipeError(f"recipe {name!r}: cannot move the old run in {directory!r} to previous/: {error}") from error
-
-
 def _claim(recipe, name, resume):
     """The run directory for a phased run: refuses another recipe's run, moves an old one aside on restart."""
     directory = recipe["output_dir"]
@@ -117,7 +100,7 @@ def _claim(recipe, name, resume):
                 "to move the old run to previous/ and start over."
             )
     else:
-        _archive(directory, name)
+        archive(directory, name, RUN_FILES + (PHASES_FOLDER,))
     try:
         os.makedirs(directory, exist_ok=True)
         with open(recorded, "w") as f:

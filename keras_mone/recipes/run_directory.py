@@ -75,9 +75,10 @@ def differing_keys(recipe, name, path):
     }
 
 
-def _archive(directory, name):
-    """Moves the run files of ``directory`` into a new ``previous/<n>/``; returns it."""
-    present = [f for f in RUN_FILES if os.path.lexists(os.path.join(directory, f))]
+def archive(directory, name, files=RUN_FILES):
+    """Moves ``files`` (the run files by default) of ``directory`` into a new ``previous/<n>/``; returns it
+    (``None`` when none is there)."""
+    present = [f for f in files if os.path.lexists(os.path.join(directory, f))]
     if not present:
         return None
     previous = os.path.join(directory, "previous")
@@ -151,7 +152,7 @@ def claim(recipe, name, resume=True):
     if resume:
         _refuse_changed(recipe, name, directory, step)
     if step is None:  # nothing to resume: the old run's files move aside, never mixed
-        moved = _archive(directory, name)
+        moved = archive(directory, name)
         if moved and resume:
             warnings.warn(
                 f"recipe {name!r}: {directory!r} holds no checkpoint to resume from; the old run's files "
