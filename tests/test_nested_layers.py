@@ -497,3 +497,46 @@ def test_routed_block_round_trip_keeps_outputs():
     gates = [np.full((2, k), 0.3, "float32") for k in SIZES]
     for a, b in zip(block(groups, widths=WIDTHS, gates=gates), clone(groups, widths=WIDTHS, gates=gates)):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+
+
+class _AttentionOfVariable(keras.layers.Layer):
+    """``multi_head_attention`` of a (B, N, 3, H, head_dim) variable (inputs unused)."""
+
+    def __init__(self, qkv, **kwargs):
+        super().__init__(**kwargs)
+        self.qkv = self.add_weight(shape=qkv.shape, initializer=keras.initializers.Constant(qkv))
+
+    def call(self, inputs, training=None):
+        from keras_mone.layers.attention import multi_head_attention
+
+        return multi_head_attention(self.qkv)
+
+
+def _attention_gradient_reference(qkv, upstream):
+    """float64 d sum(attention(qkv) * upstream) / d qkv, the softmax backward written out:
+    dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)), dQ = s dS K, dK = s dS^T Q."""
+    q, k, v = (np.moveaxis(qkv[:, :, i].astype("float64"), 2, 1) for i in range(3))  # (B, H, N, d)
+    scale = qkv.shape[-1] ** -0.5
+    scores = scale * q @ np.swapaxes(k, -1, -2)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    d_out = np.moveaxis(upstream.astype("float64"), 2, 1)
+    d_v = np.swapaxes(p, -1, -2) @ d_out
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(d_p * p, -1, keepdims=True))
+    d_q, d_k = scale * d_s @ k, scale * np.swapaxes(d_s, -1, -2) @ q
+    return np.stack([np.moveaxis(g, 1, 2) for g in (d_q, d_k, d_v)], axis=2)
+
+
+def test_attention_gradient_matches_the_softmax_backward():
+    """The jax path stops the gradient of its max shift (exactly zero in exact arithmetic):
+    gradients equal the softmax backward on every backend's path. Large scores make the
+    shift matter: a wrong shift gradient would be O(1) off."""
+    from conftest import gradients
+
+    qkv = 3 * rand(2, 6, 3, 2, 4, seed=3)
+    upstream = rand(2, 6, 2, 4, seed=4)
+    model = keras.Sequential([keras.Input((1,)), _AttentionOfVariable(qkv)])
+    (grad,) = gradients(model, lambda out: keras.ops.sum(out * keras.ops.convert_to_tensor(upstream)), np.zeros((2, 1), "float32"),
+                        model.trainable_variables)
+    assert_f32_close(grad, _attention_gradient_reference(qkv, upstream))
