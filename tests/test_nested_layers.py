@@ -540,3 +540,27 @@ def test_attention_gradient_matches_the_softmax_backward():
     (grad,) = gradients(model, lambda out: keras.ops.sum(out * keras.ops.convert_to_tensor(upstream)), np.zeros((2, 1), "float32"),
                         model.trainable_variables)
     assert_f32_close(grad, _attention_gradient_reference(qkv, upstream))
+
+
+def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
+    """``layers.activations.gelu`` (erf form on jax, ``ops.gelu`` elsewhere) against float64
+    x Phi(x) and Phi(x) + x phi(x), over the range activations take, tails included."""
+    from conftest import gradients
+    from keras_mone.layers.activations import gelu
+
+    x = np.linspace(-12, 12, 2401, dtype="float32").reshape(1, -1)
+    x64 = x.astype("float64")
+    phi = np.exp(-0.5 * x64**2) / np.sqrt(2 * np.pi)
+    cdf = 0.5 * (1 + np.vectorize(__import__("math").erf)(x64 / np.sqrt(2)))
+    assert_f32_close(to_numpy(gelu(keras.ops.convert_to_tensor(x))), x64 * cdf)
+
+    class OfVariable(keras.layers.Layer):
+        def build(self, _):
+            self.x = self.add_weight(shape=x.shape, initializer=keras.initializers.Constant(x))
+
+        def call(self, inputs):
+            return gelu(self.x)
+
+    model = keras.Sequential([keras.Input((1,)), OfVariable()])
+    (grad,) = gradients(model, keras.ops.sum, np.zeros((1, 1), "float32"), model.trainable_variables)
+    assert_f32_close(grad, cdf + x64 * phi)

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mone.layers.activations import gelu
 from keras_mone.layers.arguments import integer, number
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.nested_dense import NestedDense
@@ -253,7 +254,7 @@ class ACMMLP(ConfigMixin, LearnerStack):
         self.fc2.build((None, None, self.mlp_dim))
 
     def _activate(self, x):
-        return ops.gelu(x, approximate=self.gelu_approximate)
+        return gelu(x, approximate=self.gelu_approximate)
 
 def _check_mode(mode):
     if mode not in MODES:

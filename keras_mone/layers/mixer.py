@@ -10,6 +10,7 @@ import keras
 from keras import ops
 
 from keras_mone.layers import arguments
+from keras_mone.layers.activations import gelu
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.sparse_moe import SparseMoE, check_moe_arguments
 
@@ -38,7 +39,7 @@ class MlpBlock(ConfigMixin, keras.layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, inputs):
-        hidden = ops.gelu(self.dense_0(inputs), approximate=self.gelu_approximate)
+        hidden = gelu(self.dense_0(inputs), approximate=self.gelu_approximate)
         return self.dense_1(hidden)
 
     def compute_output_shape(self, input_shape):
