@@ -524,3 +524,20 @@ def test_other_constructor_errors():
         dense.set_capacity("0.5")
     dense.set_capacity(1.0)
     assert ImageClassifier(dense).capacity == 1.0 and not dense.routed
+
+
+def test_mone_converted_from_the_dense_preset_is_that_model_at_full_capacity(tmp_path):
+    """``cluttered_digits_mone_from_dense``: the nested experts are slices of
+    ``vit_digits``' weights and the router's alpha starts at 0, so before any
+    training the MoNE model at e_c 1 gives the dense preset's logits."""
+    from keras_mone import presets, recipes
+    from recipe_helpers import tiny_overrides
+
+    overrides = tiny_overrides(tmp_path, image_size=32, model_args={}, test_samples_per_digit=1)
+    model = recipes.load("cluttered_digits_mone_from_dense", **overrides).model
+    assert isinstance(model.backbone, MoNEViTBackbone)
+    dense = presets.from_preset("vit_digits")
+    images = presets.evaluation_data("vit_digits")[0][:16]
+    model.set_capacity(1.0)
+    expected = to_numpy(dense.predict(images, verbose=0))
+    assert_f32_close(to_numpy(model.predict(images, verbose=0)), expected, ulps=64)
