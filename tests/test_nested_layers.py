@@ -543,8 +543,8 @@ def test_attention_gradient_matches_the_softmax_backward():
 
 
 def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
-    """``layers.activations.gelu`` (erf form on jax, ``ops.gelu`` elsewhere) against float64
-    x Phi(x) and Phi(x) + x phi(x), over the range activations take, tails included."""
+    """``layers.activations.gelu`` (erf form in training on jax, ``ops.gelu`` otherwise) against
+    float64 x Phi(x) and Phi(x) + x phi(x), over the range activations take, tails included."""
     from conftest import gradients
     from keras_mone.layers.activations import gelu
 
@@ -552,14 +552,15 @@ def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
     x64 = x.astype("float64")
     phi = np.exp(-0.5 * x64**2) / np.sqrt(2 * np.pi)
     cdf = 0.5 * (1 + np.vectorize(__import__("math").erf)(x64 / np.sqrt(2)))
-    assert_f32_close(to_numpy(gelu(keras.ops.convert_to_tensor(x))), x64 * cdf)
+    for training in (False, True):
+        assert_f32_close(to_numpy(gelu(keras.ops.convert_to_tensor(x), training=training)), x64 * cdf)
 
     class OfVariable(keras.layers.Layer):
         def build(self, _):
             self.x = self.add_weight(shape=x.shape, initializer=keras.initializers.Constant(x))
 
-        def call(self, inputs):
-            return gelu(self.x)
+        def call(self, inputs, training=None):
+            return gelu(self.x, training=training)
 
     model = keras.Sequential([keras.Input((1,)), OfVariable()])
     (grad,) = gradients(model, keras.ops.sum, np.zeros((1, 1), "float32"), model.trainable_variables)

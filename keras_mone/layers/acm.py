@@ -10,7 +10,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mone.layers.activations import gelu
 from keras_mone.layers.arguments import integer, number
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.nested_dense import NestedDense
@@ -254,7 +253,7 @@ class ACMMLP(ConfigMixin, LearnerStack):
         self.fc2.build((None, None, self.mlp_dim))
 
     def _activate(self, x):
-        return gelu(x, approximate=self.gelu_approximate)
+        return ops.gelu(x, approximate=self.gelu_approximate)
 
 def _check_mode(mode):
     if mode not in MODES:

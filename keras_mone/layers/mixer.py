@@ -10,7 +10,6 @@ import keras
 from keras import ops
 
 from keras_mone.layers import arguments
-from keras_mone.layers.activations import gelu
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.sparse_moe import SparseMoE, check_moe_arguments
 
@@ -39,7 +38,7 @@ class MlpBlock(ConfigMixin, keras.layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, inputs):
-        hidden = gelu(self.dense_0(inputs), approximate=self.gelu_approximate)
+        hidden = ops.gelu(self.dense_0(inputs), approximate=self.gelu_approximate)
         return self.dense_1(hidden)
 
     def compute_output_shape(self, input_shape):

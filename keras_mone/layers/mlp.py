@@ -49,7 +49,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         self.fc2.build((None, None, self.mlp_dim))
 
     def call(self, inputs, width=None, pad_output=True, training=None):
-        hidden = gelu(self.fc1(inputs, in_width=width), approximate=self.gelu_approximate)
+        hidden = gelu(self.fc1(inputs, in_width=width), approximate=self.gelu_approximate, training=bool(training))
         hidden = self.dropout(hidden, training=training)
         outputs = self.fc2(hidden, out_width=width, pad_output=pad_output)
         return self.dropout(outputs, training=training)

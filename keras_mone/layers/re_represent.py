@@ -9,7 +9,6 @@ import keras
 from keras import ops
 
 from keras_mone.layers import arguments
-from keras_mone.layers.activations import gelu
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.mixer import check_sequence, layer_norms
 
@@ -60,11 +59,11 @@ class _ReRepresent(ConfigMixin, keras.layers.Layer):
 
     def _tokens(self, x):
         x = ops.transpose(x, (0, 2, 1))
-        x = gelu(self.token_projection(x), approximate=self.gelu_approximate)
+        x = ops.gelu(self.token_projection(x), approximate=self.gelu_approximate)
         return ops.transpose(x, (0, 2, 1))
 
     def _channels(self, x):
-        return gelu(self.channel_projection(x), approximate=self.gelu_approximate)
+        return ops.gelu(self.channel_projection(x), approximate=self.gelu_approximate)
 
     def call(self, inputs):
         x = self.layer_norm_0(inputs)

@@ -12,7 +12,6 @@ import keras
 from keras import ops
 
 from keras_mone.layers import arguments
-from keras_mone.layers.activations import gelu
 from keras_mone.layers.config import ConfigMixin, register
 
 _MOE_NAMES = ("num_experts", "expert_hidden_dim", "top_k")
@@ -178,7 +177,7 @@ class SparseMoE(ConfigMixin, keras.layers.Layer):
 
     def _experts(self, dispatched):
         hidden = ops.einsum("becf,efh->bech", dispatched, self.kernel_0) + self.bias_0[:, None, :]
-        hidden = gelu(hidden, approximate=self.gelu_approximate)
+        hidden = ops.gelu(hidden, approximate=self.gelu_approximate)
         return ops.einsum("bech,ehf->becf", hidden, self.kernel_1) + self.bias_1[:, None, :]
 
     def call(self, inputs, training=None, return_stats=False):
