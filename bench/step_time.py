@@ -25,7 +25,8 @@ RECIPES = ("cluttered_digits_vit", "cluttered_digits_mone")
 def measure(recipe):
     """``{train_ms, predict_ms}`` of ``recipe`` in this process."""
     import tempfile
-    import time
+
+    from step_profile import per_step_ms
 
     from keras_mone import recipes
     from keras_mone.recipes.data_sources import digits_stream
@@ -37,13 +38,7 @@ def measure(recipe):
     model.predict_on_batch(batches[0][0])
 
     def best_ms(step):
-        times = []
-        for _ in range(3):
-            started = time.perf_counter()
-            for batch in batches[1:]:
-                step(batch)
-            times.append(1000 * (time.perf_counter() - started) / (len(batches) - 1))
-        return min(times)
+        return min(per_step_ms(step, batches[1:]) for _ in range(3))
 
     return dict(train_ms=best_ms(lambda b: model.train_on_batch(*b)),
                 predict_ms=best_ms(lambda b: model.predict_on_batch(b[0])))

@@ -1,13 +1,25 @@
 """Nested layers against the numpy reference of App. A.1 Eq. 5-7 and Eq. 1."""
 
+import math
+
 import keras
 import numpy as np
-import pytest
-
 import numpy_reference as ref
-from conftest import assert_f32_close, config_roundtrip, f32_tolerance, max_abs_diff, randomize_weights, to_numpy
+import pytest
+from conftest import (
+    assert_f32_close,
+    config_roundtrip,
+    f32_tolerance,
+    gradients,
+    max_abs_diff,
+    randomize_weights,
+    to_numpy,
+)
+
 from keras_mone import layers
 from keras_mone.data import augment
+from keras_mone.layers.activations import gelu
+from keras_mone.layers.attention import multi_head_attention
 
 D, HEADS, MLP = 32, 4, 64
 WIDTHS = [4, 8, 16, 32]  # the four nested experts of D = 32
@@ -499,17 +511,23 @@ def test_routed_block_round_trip_keeps_outputs():
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
 
 
-class _AttentionOfVariable(keras.layers.Layer):
-    """``multi_head_attention`` of a (B, N, 3, H, head_dim) variable (inputs unused)."""
+class _FunctionOfVariable(keras.layers.Layer):
+    """``function(variable)``, the variable initialised to ``value`` (inputs unused): gradients
+    of a bare function through ``conftest.gradients``."""
 
-    def __init__(self, qkv, **kwargs):
+    def __init__(self, value, function, **kwargs):
         super().__init__(**kwargs)
-        self.qkv = self.add_weight(shape=qkv.shape, initializer=keras.initializers.Constant(qkv))
+        self.function = function
+        self.value = self.add_weight(shape=value.shape, initializer=keras.initializers.Constant(value))
 
     def call(self, inputs, training=None):
-        from keras_mone.layers.attention import multi_head_attention
+        return self.function(self.value, training)
 
-        return multi_head_attention(self.qkv)
+
+def _gradient_of(function, value, loss):
+    model = keras.Sequential([keras.Input((1,)), _FunctionOfVariable(value, function)])
+    (grad,) = gradients(model, loss, np.zeros((1, 1), "float32"), model.trainable_variables)
+    return grad
 
 
 def _attention_gradient_reference(qkv, upstream):
@@ -532,36 +550,21 @@ def test_attention_gradient_matches_the_softmax_backward():
     """The jax path stops the gradient of its max shift (exactly zero in exact arithmetic):
     gradients equal the softmax backward on every backend's path. Large scores make the
     shift matter: a wrong shift gradient would be O(1) off."""
-    from conftest import gradients
-
     qkv = 3 * rand(2, 6, 3, 2, 4, seed=3)
     upstream = rand(2, 6, 2, 4, seed=4)
-    model = keras.Sequential([keras.Input((1,)), _AttentionOfVariable(qkv)])
-    (grad,) = gradients(model, lambda out: keras.ops.sum(out * keras.ops.convert_to_tensor(upstream)), np.zeros((2, 1), "float32"),
-                        model.trainable_variables)
+    grad = _gradient_of(lambda v, training: multi_head_attention(v), qkv,
+                        lambda out: keras.ops.sum(out * keras.ops.convert_to_tensor(upstream)))
     assert_f32_close(grad, _attention_gradient_reference(qkv, upstream))
 
 
 def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
     """``layers.activations.gelu`` (erf form in training on jax, ``ops.gelu`` otherwise) against
     float64 x Phi(x) and Phi(x) + x phi(x), over the range activations take, tails included."""
-    from conftest import gradients
-    from keras_mone.layers.activations import gelu
-
     x = np.linspace(-12, 12, 2401, dtype="float32").reshape(1, -1)
     x64 = x.astype("float64")
     phi = np.exp(-0.5 * x64**2) / np.sqrt(2 * np.pi)
-    cdf = 0.5 * (1 + np.vectorize(__import__("math").erf)(x64 / np.sqrt(2)))
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(x64 / np.sqrt(2)))
     for training in (False, True):
         assert_f32_close(to_numpy(gelu(keras.ops.convert_to_tensor(x), training=training)), x64 * cdf)
-
-    class OfVariable(keras.layers.Layer):
-        def build(self, _):
-            self.x = self.add_weight(shape=x.shape, initializer=keras.initializers.Constant(x))
-
-        def call(self, inputs, training=None):
-            return gelu(self.x, training=training)
-
-    model = keras.Sequential([keras.Input((1,)), OfVariable()])
-    (grad,) = gradients(model, keras.ops.sum, np.zeros((1, 1), "float32"), model.trainable_variables)
+    grad = _gradient_of(lambda v, training: gelu(v, training=training), x, keras.ops.sum)
     assert_f32_close(grad, cdf + x64 * phi)
