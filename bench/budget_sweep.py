@@ -14,12 +14,19 @@ images (the CPU recipes' renderings, ``--epochs`` each):
 * ACM converted from the shipped ``vit_digits`` (``cluttered_digits_acm_from_dense``,
   grouped execution) at the beta whose GMACs equal the target, where reachable.
 
+``--from-dense`` is the task change that gives every method the same start:
+each model is converted from the shipped ``vit_digits`` (the ``*_from_dense``
+recipes: MoNE fixed and adaptive, MatViT, MoD, A-MoD, ACM) and all train
+``--epochs`` epochs; isoFLOP dense has no conversion and is left out.
+Interrupted sweeps resume: runs whose rows are in the JSON are skipped.
+
 Writes ``--output``/budget_sweep.json, the accuracy-against-GMACs plot
 ``--plot`` (mean +- sd over seeds, with the shipped presets and the Mixer /
 Sparse-MLP results of ``bench/new_methods.py`` where present) and a
 BENCHMARKS.md section::
 
     KERAS_BACKEND=jax python bench/budget_sweep.py --seeds 0,1,2 --epochs 4
+    KERAS_BACKEND=jax python bench/budget_sweep.py --from-dense --seeds 0,1,2 --epochs 2
 """
 
 import argparse
@@ -37,6 +44,15 @@ from new_methods import accuracy, test_split, train
 from training_targets import write_section
 
 SECTION = "## Every method across budgets on cluttered digits (issue 28 item 8)"
+FROM_DENSE_SECTION = "## Every method converted from vit_digits, across budgets (issue 28 item 8)"
+#: The recipe of each method: trained from scratch, or converted from ``vit_digits`` (``--from-dense``).
+RECIPES = {
+    False: dict(mone="cluttered_digits_mone", mod="cluttered_digits_mod", amod="cluttered_digits_amod",
+                adaptive="cluttered_digits_mone_adaptive", matvit="cluttered_digits_matvit"),
+    True: dict(mone="cluttered_digits_mone_from_dense", mod="cluttered_digits_mod_from_dense",
+               amod="cluttered_digits_amod_from_dense", adaptive="cluttered_digits_mone_adaptive_from_dense",
+               matvit="cluttered_digits_matvit_from_dense"),
+}
 DENSE_SHAPES = [(d, w) for d in (1, 2, 3, 4) for w in (32, 48, 64)]
 MATVIT_WIDTHS = (0.125, 0.25, 0.5, 1.0)
 
@@ -96,18 +112,20 @@ def beta_gmacs(classifier):
     return gmacs_at
 
 
-def plan(targets, dense):
+def plan(targets, dense, from_dense=False):
     """``{(method, target): (recipe, overrides, evaluate-at)}`` of one seed; unreachable targets absent."""
     runs = {}
-    shapes = {shape: flops(probe("cluttered_digits_vit", model_args=dict(
+    recipes_of = RECIPES[from_dense]
+    shapes = {} if from_dense else {shape: flops(probe("cluttered_digits_vit", model_args=dict(
         depth=shape[0], hidden_dim=shape[1], mlp_dim=4 * shape[1]))).gmacs for shape in DENSE_SHAPES}
-    mone, mod, amod = probe("cluttered_digits_mone"), probe("cluttered_digits_mod"), probe("cluttered_digits_amod")
+    routed = [(name, recipes_of[key], probe(recipes_of[key])) for name, key in
+              (("MoNE", "mone"), ("MoD", "mod"), ("A-MoD", "amod"))]
     for target in targets:
-        depth, width = min(shapes, key=lambda s: abs(shapes[s] / dense - target))
-        runs[("isoFLOP dense", target)] = (
-            "cluttered_digits_vit", {"model_args": dict(depth=depth, hidden_dim=width, mlp_dim=4 * width)}, None)
-        for name, recipe, model in (("MoNE", "cluttered_digits_mone", mone), ("MoD", "cluttered_digits_mod", mod),
-                                    ("A-MoD", "cluttered_digits_amod", amod)):
+        if shapes:
+            depth, width = min(shapes, key=lambda s: abs(shapes[s] / dense - target))
+            runs[("isoFLOP dense", target)] = (
+                "cluttered_digits_vit", {"model_args": dict(depth=depth, hidden_dim=width, mlp_dim=4 * width)}, None)
+        for name, recipe, model in routed:
             capacity = solve_budget(capacity_gmacs(model), target * dense)
             if capacity is not None:
                 runs[(name, target)] = (recipe, {"capacity": capacity}, capacity)
@@ -125,11 +143,18 @@ def evaluate(model, images, labels, set_budget=None, value=None):
 
 
 class Rows(list):
-    """The sweep's rows, written to ``path`` after every append (an interrupted sweep keeps its rows)."""
+    """The sweep's rows, written to ``path`` after every append (an interrupted sweep keeps its rows);
+    rows already in ``path`` are loaded, and ``done(method, seed)`` tells a resumed sweep what to skip."""
 
     def __init__(self, path, dense):
         super().__init__()
         self.path, self.dense = path, dense
+        if os.path.exists(path):
+            with open(path) as f:
+                super().extend(json.load(f)["rows"])
+
+    def done(self, method, seed, target=None):
+        return any(r["method"] == method and r.get("seed") == seed and target in (None, r["target"]) for r in self)
 
     def append(self, row):
         super().append(row)
@@ -139,34 +164,42 @@ class Rows(list):
 
 
 def sweep_seed(seed, targets, dense, runs, args, data, out):
-    """Appends ``{method, target, accuracy, gmacs, setting}`` rows of one seed to ``out``."""
+    """Appends ``{method, target, seed, accuracy, gmacs, setting}`` rows of one seed to ``out``."""
     images, labels = data
+    recipes_of = RECIPES[args.from_dense]
     for (name, target), (recipe, overrides, capacity) in runs.items():
+        if out.done(name, seed, target):
+            continue
         folder = os.path.join(args.output, f"{name.replace(' ', '_')}_{target}_s{seed}")
         model = train(recipe, folder, seed=seed, epochs=args.epochs, **overrides, **data_overrides(args))
         row = evaluate(model, images, labels, set_capacity if capacity else None, capacity)
-        out.append(dict(method=name, target=target, setting=capacity, **row))
-    adaptive = train("cluttered_digits_mone_adaptive", os.path.join(args.output, f"MoNE_adaptive_s{seed}"),
-                     seed=seed, epochs=args.epochs, **data_overrides(args))
-    for target in targets:
-        capacity = solve_budget(capacity_gmacs(adaptive), target * dense)
-        if capacity is not None:
-            out.append(dict(method="MoNE adaptive", target=target, setting=capacity,
-                            **evaluate(adaptive, images, labels, set_capacity, capacity)))
-    matvit = train("cluttered_digits_matvit", os.path.join(args.output, f"MatViT_s{seed}"),
-                   seed=seed, epochs=args.epochs, **data_overrides(args))
-    for width in MATVIT_WIDTHS:
-        row = evaluate(matvit, images, labels, lambda m, w: m.set_width(w), width)
-        out.append(dict(method="MatViT", target=round(row["gmacs"] / dense, 2), setting=width, **row))
+        out.append(dict(method=name, target=target, seed=seed, setting=capacity, **row))
+    if not out.done("MoNE adaptive", seed):
+        adaptive = train(recipes_of["adaptive"], os.path.join(args.output, f"MoNE_adaptive_s{seed}"),
+                         seed=seed, epochs=args.epochs, **data_overrides(args))
+        for target in targets:
+            capacity = solve_budget(capacity_gmacs(adaptive), target * dense)
+            if capacity is not None:
+                out.append(dict(method="MoNE adaptive", target=target, seed=seed, setting=capacity,
+                                **evaluate(adaptive, images, labels, set_capacity, capacity)))
+    if not out.done("MatViT", seed):
+        matvit = train(recipes_of["matvit"], os.path.join(args.output, f"MatViT_s{seed}"),
+                       seed=seed, epochs=args.epochs, **data_overrides(args))
+        for width in MATVIT_WIDTHS:
+            row = evaluate(matvit, images, labels, lambda m, w: m.set_width(w), width)
+            out.append(dict(method="MatViT", target=round(row["gmacs"] / dense, 2), seed=seed, setting=width, **row))
     acm_probe = probe("cluttered_digits_acm_from_dense")
+    # ACM always starts from vit_digits; from scratch it keeps its recipe's one epoch, --from-dense trains --epochs
+    acm_length = {"epochs": args.epochs} if args.from_dense else {}
     for target in targets:
         beta = solve_budget(beta_gmacs(acm_probe), target * dense)
-        if beta is None:
+        if beta is None or out.done("ACM (grouped)", seed, target):
             continue
         model = train("cluttered_digits_acm_from_dense", os.path.join(args.output, f"ACM_{target}_s{seed}"),
-                      seed=seed, beta_target=beta, **data_overrides(args))
+                      seed=seed, beta_target=beta, **acm_length, **data_overrides(args))
         model.backbone.set_execution("grouped")
-        out.append(dict(method="ACM (grouped)", target=target, setting=beta, **evaluate(model, images, labels)))
+        out.append(dict(method="ACM (grouped)", target=target, seed=seed, setting=beta,
+                        **evaluate(model, images, labels)))
 
 
 def summarise(rows):
@@ -184,12 +217,18 @@ def report(table, dense, args, seeds, plot_path):
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{100 * statistics.mean(values):.2f} +- {100 * sd:.2f}"
 
+    if args.from_dense:
+        start = (f"--from-dense --seeds {args.seeds} --epochs {args.epochs} --targets {args.targets}`. Every model "
+                 f"is converted from the shipped `vit_digits` (97.59%) and trains {args.epochs} epoch(s) "
+                 f"= {179 * args.epochs} steps of 128 fresh renderings")
+    else:
+        start = (f"--seeds {args.seeds} --epochs {args.epochs} --targets {args.targets}`. Every model trained "
+                 f"{args.epochs} epoch(s) of the CPU recipes' renderings (ACM: the conversion recipe's one epoch "
+                 "from `vit_digits`)")
     lines = [
-        SECTION, "",
-        f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/budget_sweep.py --seeds {args.seeds} "
-        f"--epochs {args.epochs} --targets {args.targets}`. Every model trained {args.epochs} epoch(s) of the CPU "
-        f"recipes' renderings (ACM: the conversion recipe's one epoch from `vit_digits`); 5026 test images; mean "
-        f"+- sd over seeds {seeds}; dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
+        FROM_DENSE_SECTION if args.from_dense else SECTION, "",
+        f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/budget_sweep.py {start}; 5026 test "
+        f"images; mean +- sample sd over seeds {seeds}; dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
         "| method | target x dense | setting | GMACs | accuracy % |", "|---|---|---|---|---|",
     ]
     for (method, target), entry in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -205,21 +244,29 @@ def main(argv=None):
     parser.add_argument("--targets", default="0.25,0.4,0.6,0.8")
     parser.add_argument("--samples-per-digit", type=int, default=None,
                         help="training renderings per digit (default: each recipe's; small for a smoke run)")
-    parser.add_argument("--output", default="runs/budget_sweep")
-    parser.add_argument("--plot", default="bench/figures/accuracy_vs_gmacs.png")
+    parser.add_argument("--from-dense", action="store_true",
+                        help="every method converted from the shipped vit_digits (the *_from_dense recipes)")
+    parser.add_argument("--output", default=None, help="default runs/budget_sweep[_from_dense]")
+    parser.add_argument("--plot", default=None, help="default bench/figures/accuracy_vs_gmacs[_from_dense].png")
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
     args = parser.parse_args(argv)
+    suffix = "_from_dense" if args.from_dense else ""
+    args.output = args.output or f"runs/budget_sweep{suffix}"
+    args.plot = args.plot or f"bench/figures/accuracy_vs_gmacs{suffix}.png"
     seeds = [int(s) for s in args.seeds.split(",")]
     targets = [float(t) for t in args.targets.split(",")]
     images, labels, _ = test_split()
     dense = dense_gmacs()
-    runs = plan(targets, dense)
+    runs = plan(targets, dense, from_dense=args.from_dense)
     rows = Rows(os.path.join(args.output, "budget_sweep.json"), dense)
     for seed in seeds:
         sweep_seed(seed, targets, dense, runs, args, (images, labels), rows)
-    table = summarise(rows)
-    plot_sweep(table, dense, args.plot, extra=os.path.join("runs", "new_methods", "results.json"))
-    write_section(report(table, dense, args, seeds, args.plot), args.benchmarks, SECTION)
+    table = summarise([r for r in rows if r.get("seed", seeds[0]) in seeds])
+    extra = None if args.from_dense else os.path.join("runs", "new_methods", "results.json")
+    plot_sweep(table, dense, args.plot, extra=extra)
+    text = report(table, dense, args, seeds, args.plot)
+    write_section(text, args.benchmarks, FROM_DENSE_SECTION if args.from_dense else SECTION)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -526,18 +526,27 @@ def test_other_constructor_errors():
     assert ImageClassifier(dense).capacity == 1.0 and not dense.routed
 
 
-def test_mone_converted_from_the_dense_preset_is_that_model_at_full_capacity(tmp_path):
-    """``cluttered_digits_mone_from_dense``: the nested experts are slices of
-    ``vit_digits``' weights and the router's alpha starts at 0, so before any
-    training the MoNE model at e_c 1 gives the dense preset's logits."""
+@pytest.mark.parametrize(
+    "recipe", ["cluttered_digits_mone_from_dense", "cluttered_digits_mone_adaptive_from_dense",
+               "cluttered_digits_matvit_from_dense"],
+)
+def test_models_converted_from_the_dense_preset_are_that_model_at_full_capacity(tmp_path, recipe):
+    """The ``*_from_dense`` recipes of MoNE (fixed, adaptive) and MatViT: the
+    nested experts / widths are slices of ``vit_digits``' weights and MoNE's
+    alpha starts at 0, so before any training the model at full capacity
+    (MatViT: full width) gives the dense preset's logits."""
     from keras_mone import presets, recipes
+    from keras_mone.models import MatViTClassifier
     from recipe_helpers import tiny_overrides
 
     overrides = tiny_overrides(tmp_path, image_size=32, model_args={}, test_samples_per_digit=1)
-    model = recipes.load("cluttered_digits_mone_from_dense", **overrides).model
-    assert isinstance(model.backbone, MoNEViTBackbone)
+    model = recipes.load(recipe, **overrides).model
+    if isinstance(model, MatViTClassifier):
+        model.set_width(1.0)
+    else:
+        assert isinstance(model.backbone, MoNEViTBackbone)
+        model.set_capacity(1.0)
     dense = presets.from_preset("vit_digits")
     images = presets.evaluation_data("vit_digits")[0][:16]
-    model.set_capacity(1.0)
     expected = to_numpy(dense.predict(images, verbose=0))
     assert_f32_close(to_numpy(model.predict(images, verbose=0)), expected, ulps=64)
