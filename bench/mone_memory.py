@@ -7,7 +7,9 @@ block at the start of the compiled program and held them all. Since then
 four models in one process: dense, MoNE as it runs now ("ordered") and MoNE
 with ``after`` replaced by the identity while it is traced ("unordered", the
 code before the change), and MoNE with the slices tied but the MLP groups
-free to run concurrently, and reports for each the compiled temporaries of the
+free to run concurrently, and MoNE with ``jax.nn.gelu`` (the erfc form) after the
+nested in-projections instead of the erf form (``layers.activations.gelu``,
+the code before that change), and reports for each the compiled temporaries of the
 forward pass and of forward + backward (XLA ``memory_analysis()``; jax only)
 and forward wall clock, interleaved round-robin (ratios against dense)::
 
@@ -24,6 +26,7 @@ import numpy as np
 from keras_mone import models
 from keras_mone.analysis.bench_memory import peak_allocation_bytes
 from keras_mone.layers import block as block_module
+from keras_mone.layers import mlp as mlp_module
 from keras_mone.layers import nested_dense
 from keras_mone.models import decode_variant
 from interleaved import TABLE_HEADER, speed_rows, time_models
@@ -40,6 +43,17 @@ def unordered(modules=(nested_dense, block_module)):
     finally:
         for module in modules:
             module.after = saved
+
+
+@contextlib.contextmanager
+def erfc_gelu():
+    """Traces with the MLP's GELU in ``jax.nn.gelu``'s erfc form after nested projections too."""
+    saved = mlp_module.gelu
+    mlp_module.gelu = lambda x, approximate=False, training=False, nested=False: saved(x, approximate, training)
+    try:
+        yield
+    finally:
+        mlp_module.gelu = saved
 
 
 def build(cls, variant, depth, **kwargs):
@@ -69,10 +83,14 @@ def main(argv=None):
             models.MoNEViTBackbone, args.variant, args.depth, capacity=args.capacity
         ),
         f"MoNE e_c={args.capacity:g} unordered": build(models.MoNEViTBackbone, args.variant, args.depth, capacity=args.capacity),
+        f"MoNE e_c={args.capacity:g} ordered, erfc GELU": build(
+            models.MoNEViTBackbone, args.variant, args.depth, capacity=args.capacity
+        ),
     }
     contexts = {
         list(named)[2]: lambda: unordered((block_module,)),
         list(named)[3]: unordered,
+        list(named)[4]: erfc_gelu,
     }
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.batch_size, 224, 224, 3)).astype("float32")

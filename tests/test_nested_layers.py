@@ -558,13 +558,15 @@ def test_attention_gradient_matches_the_softmax_backward():
 
 
 def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
-    """``layers.activations.gelu`` (erf form in training on jax, ``ops.gelu`` otherwise) against
-    float64 x Phi(x) and Phi(x) + x phi(x), over the range activations take, tails included."""
+    """``layers.activations.gelu`` (erf form in training and after nested projections on jax,
+    ``ops.gelu`` otherwise) against float64 x Phi(x) and Phi(x) + x phi(x), over the range
+    activations take, tails included."""
     x = np.linspace(-12, 12, 2401, dtype="float32").reshape(1, -1)
     x64 = x.astype("float64")
     phi = np.exp(-0.5 * x64**2) / np.sqrt(2 * np.pi)
     cdf = 0.5 * (1 + np.vectorize(math.erf)(x64 / np.sqrt(2)))
-    for training in (False, True):
-        assert_f32_close(to_numpy(gelu(keras.ops.convert_to_tensor(x), training=training)), x64 * cdf)
+    for training, nested in ((False, False), (True, False), (False, True)):
+        value = gelu(keras.ops.convert_to_tensor(x), training=training, nested=nested)
+        assert_f32_close(to_numpy(value), x64 * cdf)
     grad = _gradient_of(lambda v, training: gelu(v, training=training), x, keras.ops.sum)
     assert_f32_close(grad, cdf + x64 * phi)

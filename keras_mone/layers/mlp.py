@@ -49,7 +49,9 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         self.fc2.build((None, None, self.mlp_dim))
 
     def call(self, inputs, width=None, pad_output=True, training=None):
-        hidden = gelu(self.fc1(inputs, in_width=width), approximate=self.gelu_approximate, training=bool(training))
+        nested = width is not None and width < self.hidden_dim
+        hidden = gelu(self.fc1(inputs, in_width=width), approximate=self.gelu_approximate, training=bool(training),
+                      nested=nested)
         hidden = self.dropout(hidden, training=training)
         outputs = self.fc2(hidden, out_width=width, pad_output=pad_output)
         return self.dropout(outputs, training=training)
