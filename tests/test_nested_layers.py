@@ -570,3 +570,44 @@ def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
         assert_f32_close(to_numpy(value), x64 * cdf)
     grad = _gradient_of(lambda v, training: gelu(v, training=training), x, keras.ops.sum)
     assert_f32_close(grad, cdf + x64 * phi)
+
+
+class _NestedDenseOfVariable(keras.layers.Layer):
+    """``NestedDense(x)`` at given widths, ``x`` a variable (so its gradient is a variable's)."""
+
+    def __init__(self, x, units, widths, **kwargs):
+        super().__init__(**kwargs)
+        self.x = self.add_weight(shape=x.shape, initializer=keras.initializers.Constant(x))
+        self.dense = layers.NestedDense(units)
+        self.dense.build(x.shape)
+        self.widths = widths
+
+    def call(self, inputs, training=None):
+        return self.dense(self.x, **self.widths)
+
+
+@pytest.mark.parametrize("widths", [dict(in_width=4), dict(out_width=8), dict(in_width=4, out_width=8)])
+def test_nested_dense_gradients_are_those_of_the_sliced_product(widths):
+    """Input, kernel and bias gradients of a nested projection (jax: the hand-written backward
+    pass that cuts the slice again) against numpy: dx = Pad(dy W[:a, :b]^T), dW = Pad(x[:, :a]^T dy)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    upstream = rng.normal(size=(2, 5, 32)).astype("float32")
+    a, b = widths.get("in_width", 16), widths.get("out_width", 32)
+    upstream[..., b:] = 0.0  # the padded outputs' gradient never reaches the product
+    layer = _NestedDenseOfVariable(x, 32, widths)
+    model = keras.Sequential([keras.Input((1,)), layer])
+    randomize_weights(layer.dense, seed=4)
+    kernel = to_numpy(layer.dense.kernel).astype("float64")
+    grad_x, grad_kernel, grad_bias = gradients(
+        model, lambda out: keras.ops.sum(out * keras.ops.convert_to_tensor(upstream)), np.zeros((1, 1), "float32"),
+        [layer.x, layer.dense.kernel, layer.dense.bias],
+    )
+    dy = upstream[..., :b].astype("float64")
+    expected_x = np.zeros_like(x, dtype="float64")
+    expected_x[..., :a] = dy @ kernel[:a, :b].T
+    expected_kernel = np.zeros_like(kernel)
+    expected_kernel[:a, :b] = x[..., :a].reshape(-1, a).astype("float64").T @ dy.reshape(-1, b)
+    assert_f32_close(grad_x, expected_x)
+    assert_f32_close(grad_kernel, expected_kernel)
+    assert_f32_close(grad_bias, upstream.reshape(-1, 32).sum(0))
