@@ -1,59 +1,84 @@
-"""MoNE-ViT memory and forward speed against the dense ViT, with and without the issue-27 ordering (jax).
+"""MoNE-ViT memory and speed against the dense ViT, with each issue-27 change undone in turn (jax).
 
-Issue 27: XLA's CPU scheduler computed the nested weight slices of every
-block at the start of the compiled program and held them all. Since then
-``layers.nested_dense.after`` ties each slice to its block's input and
-``MoNEBlock`` runs its MLP groups one after the other. This script compiles
-four models in one process: dense, MoNE as it runs now ("ordered") and MoNE
-with ``after`` replaced by the identity while it is traced ("unordered", the
-code before the change), and MoNE with the slices tied but the MLP groups
-free to run concurrently, and MoNE with ``jax.nn.gelu`` (the erfc form) after the
-nested in-projections instead of the erf form (``layers.activations.gelu``,
-the code before that change), and reports for each the compiled temporaries of the
-forward pass and of forward + backward (XLA ``memory_analysis()``; jax only)
-and forward wall clock, interleaved round-robin (ratios against dense)::
+Issue 27 changes, each of which a variant undoes while the model is traced:
 
-    KERAS_BACKEND=jax python bench/mone_memory.py --capacity 0.3 --batch-size 8 --repeats 10
+* ``layers.nested_dense.after`` ties each nested weight slice to its block's
+  input and ``MoNEBlock`` runs its MLP groups one after the other (XLA's CPU
+  scheduler used to cut every block's slices at the start of the program and
+  hold them all): variants ``unordered`` (``after`` = identity everywhere)
+  and ``groups concurrent`` (slices tied, MLP groups free to overlap);
+* ``layers.activations.gelu`` uses the erf form after nested in-projections
+  (XLA split ``jax.nn.gelu``'s erfc form into four fusions per token group):
+  variant ``erfc GELU``;
+* ``layers.nested_dense.sliced_matmul`` has a hand-written backward pass
+  that cuts the slice again from the kernel (autodiff kept every block's
+  slices between the passes): variant ``autodiff slices``.
+
+For dense, MoNE as it runs now and each variant, reports the compiled
+temporaries (XLA ``memory_analysis()``) of the forward pass and of the
+gradient step (forward + backward of the cross-entropy loss with respect to
+every trainable weight; the optimizer update, the same for all, left out),
+and the wall clock of both (compiled functions, interleaved round-robin,
+median; ratios against dense of the same run)::
+
+    KERAS_BACKEND=jax python bench/mone_memory.py --capacity 0.3 --batch-size 8 --repeats 5
 """
 
 import argparse
 import contextlib
+import statistics
+import time
 
 import jax
 import keras
 import numpy as np
 
-from keras_mone import models
-from keras_mone.analysis.bench_memory import peak_allocation_bytes
+from keras_mone import flops, models
+from keras_mone.layers import activations
 from keras_mone.layers import block as block_module
 from keras_mone.layers import mlp as mlp_module
 from keras_mone.layers import nested_dense
 from keras_mone.models import decode_variant
-from interleaved import TABLE_HEADER, speed_rows, time_models
 
 
 @contextlib.contextmanager
-def unordered(modules=(nested_dense, block_module)):
-    """Traces without the issue-27 ordering (``after`` = identity in ``modules``)."""
-    saved = nested_dense.after
-    for module in modules:
-        module.after = lambda value, tensor: value
+def replaced(module, name, value):
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        for module in modules:
-            module.after = saved
+        setattr(module, name, saved)
+
+
+def _identity(value, tensor):
+    return value
+
+
+def _autodiff_sliced_matmul(inputs, kernel, in_width, out_width, dtype):
+    sliced = nested_dense.after(kernel[:in_width, :out_width], inputs)
+    return keras.ops.matmul(inputs, keras.ops.cast(sliced, dtype))
+
+
+def _erfc_gelu(x, approximate=False, training=False, nested=False):
+    return activations.gelu(x, approximate, training)
 
 
 @contextlib.contextmanager
-def erfc_gelu():
-    """Traces with the MLP's GELU in ``jax.nn.gelu``'s erfc form after nested projections too."""
-    saved = mlp_module.gelu
-    mlp_module.gelu = lambda x, approximate=False, training=False, nested=False: saved(x, approximate, training)
-    try:
+def _stack(*contexts):
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
         yield
-    finally:
-        mlp_module.gelu = saved
+
+
+#: variant -> function returning the context in which it is traced
+VARIANTS = {
+    "unordered": lambda: _stack(replaced(nested_dense, "after", _identity), replaced(block_module, "after", _identity)),
+    "groups concurrent": lambda: replaced(block_module, "after", _identity),
+    "erfc GELU": lambda: replaced(mlp_module, "gelu", _erfc_gelu),
+    "autodiff slices": lambda: replaced(nested_dense, "sliced_matmul", _autodiff_sliced_matmul),
+}
 
 
 def build(cls, variant, depth, **kwargs):
@@ -65,57 +90,89 @@ def build(cls, variant, depth, **kwargs):
     return model
 
 
+def compiled_steps(model, images, labels, context):
+    """``{"forward": (run, MiB), "gradient step": (run, MiB)}``: compiled in ``context``."""
+    trainable = [v.value for v in model.trainable_variables]
+    other = [v.value for v in model.non_trainable_variables]
+
+    def forward(trainable, other, x):
+        return model.stateless_call(trainable, other, x, training=False)[0]
+
+    def loss(trainable, other, x, y):
+        logits = model.stateless_call(trainable, other, x, training=True)[0]
+        return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+    steps = {}
+    with context():
+        for name, function, arguments in (("forward", forward, (trainable, other, images)),
+                                          ("gradient step", jax.grad(loss), (trainable, other, images, labels))):
+            executable = jax.jit(function).lower(*arguments).compile()
+            megabytes = executable.memory_analysis().temp_size_in_bytes / 2**20
+            steps[name] = (lambda e=executable, a=arguments: jax.block_until_ready(e(*a)), megabytes)
+    return steps
+
+
+def interleaved(runs, repeats):
+    for run in runs.values():
+        run()
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="B/16")
     parser.add_argument("--depth", type=int, default=0, help="blocks (default: the variant's)")
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--no-train-memory", action="store_true", help="skip forward + backward memory (slow to compile)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--undo", default=",".join(VARIANTS), help=f"variants, comma-separated, of {list(VARIANTS)}")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "jax":
         raise SystemExit("bench/mone_memory.py compares compiled XLA programs: run it with KERAS_BACKEND=jax")
-    named = {
-        "dense": build(models.ViTBackbone, args.variant, args.depth),
-        f"MoNE e_c={args.capacity:g} ordered": build(models.MoNEViTBackbone, args.variant, args.depth, capacity=args.capacity),
-        f"MoNE e_c={args.capacity:g} slices tied, groups concurrent": build(
-            models.MoNEViTBackbone, args.variant, args.depth, capacity=args.capacity
-        ),
-        f"MoNE e_c={args.capacity:g} unordered": build(models.MoNEViTBackbone, args.variant, args.depth, capacity=args.capacity),
-        f"MoNE e_c={args.capacity:g} ordered, erfc GELU": build(
-            models.MoNEViTBackbone, args.variant, args.depth, capacity=args.capacity
-        ),
-    }
-    contexts = {
-        list(named)[2]: lambda: unordered((block_module,)),
-        list(named)[3]: unordered,
-        list(named)[4]: erfc_gelu,
-    }
+    undo = [name for name in args.undo.split(",") if name]
+    unknown = sorted(set(undo) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"--undo: unknown variants {unknown}; choose from {list(VARIANTS)}")
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.batch_size, 224, 224, 3)).astype("float32")
-    y = rng.integers(0, 1000, (args.batch_size,)).astype("int32")
-    memory = {}
-    for name, model in named.items():
-        with contexts.get(name, contextlib.nullcontext)():
-            model.predict_on_batch(x)  # traces and compiles the timed function
-            forward = peak_allocation_bytes(model, x, y, train=False) / 2**20
-            train = None if args.no_train_memory else peak_allocation_bytes(model, x, y, train=True) / 2**20
-        memory[name] = (forward, train)
-        print(name, f"forward temporaries {forward:.1f} MiB", "" if train is None else f"forward+backward {train:.1f} MiB", flush=True)
-    times = time_models(named, x, args.repeats)
-    depth = named["dense"].backbone.depth
+    images = rng.normal(size=(args.batch_size, 224, 224, 3)).astype("float32")
+    labels = rng.integers(0, 1000, (args.batch_size,)).astype("int32")
+    mone = f"MoNE e_c={args.capacity:g}"
+    plan = {"dense": (models.ViTBackbone, contextlib.nullcontext), mone: (models.MoNEViTBackbone, contextlib.nullcontext)}
+    for name in undo:
+        plan[f"{mone}, {name}"] = (models.MoNEViTBackbone, VARIANTS[name])
+    steps, macs = {}, {}
+    for name, (cls, context) in plan.items():
+        kwargs = {} if cls is models.ViTBackbone else {"capacity": args.capacity}
+        model = build(cls, args.variant, args.depth, **kwargs)
+        macs[name] = flops(model).total
+        steps[name] = compiled_steps(model, images, labels, context)
+        print(name, {k: round(v[1], 1) for k, v in steps[name].items()}, flush=True)
+    medians = {kind: interleaved({name: steps[name][kind][0] for name in plan}, args.repeats)
+               for kind in ("forward", "gradient step")}
+    depth = args.depth or decode_variant(args.variant)["depth"]
     lines = [
         f"`KERAS_BACKEND=jax python bench/mone_memory.py --variant {args.variant} --capacity {args.capacity:g} "
         f"--batch-size {args.batch_size} --repeats {args.repeats}" + (f" --depth {args.depth}" if args.depth else "")
-        + ("" if not args.no_train_memory else " --no-train-memory") + f"` (depth {depth}, jax {jax.__version__})",
+        + f"` (depth {depth}, jax {jax.__version__}); \"MoNE, <change>\" = MoNE with that issue-27 change undone.",
         "",
-        "| model | forward temporaries MiB | forward + backward temporaries MiB |",
-        "| --- | --- | --- |",
+        "| model | FLOP ratio | forward temporaries MiB | forward s | forward speed-up (efficiency) "
+        "| gradient-step temporaries MiB | gradient step s | gradient-step speed-up (efficiency) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, (forward, train) in memory.items():
-        lines.append(f"| {name} | {forward:.1f} | {'-' if train is None else f'{train:.1f}'} |")
-    lines += ["", *TABLE_HEADER, *speed_rows(named, times, "dense")]
+    for name in plan:
+        ratio = macs["dense"] / macs[name]
+        cells = []
+        for kind in ("forward", "gradient step"):
+            seconds = medians[kind][name]
+            speedup = medians[kind]["dense"] / seconds
+            cells += [f"{steps[name][kind][1]:.1f}", f"{seconds:.3f}", f"{speedup:.2f}x ({speedup / ratio:.2f})"]
+        lines.append(f"| {name} | {ratio:.2f}x | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     return 0
 
