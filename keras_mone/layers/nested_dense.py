@@ -14,7 +14,9 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
     with ``out_width=d`` the sliced out-projection ``x @ W[:, :d]`` whose result
     is zero-padded back to ``units`` features (``pad_output=True``) before the
     residual connection. Only the sliced sub-matrix is multiplied, so the cost
-    scales with ``d``. Called without widths it is an ordinary Dense layer.
+    scales with ``d``; on jax the slice is cut where it is used, in the forward
+    and again in the backward pass (``sliced_matmul``), so no slice waits in
+    memory between them. Called without widths it is an ordinary Dense layer.
 
     Args:
         units: full output width.
