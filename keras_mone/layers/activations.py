@@ -31,4 +31,29 @@ def gelu(x, approximate=False, training=False, nested=False):
     """
     if approximate or not (training or nested) or keras.backend.backend() != "jax":
         return ops.gelu(x, approximate=approximate)
-    return 0.5 * x * (1.0 + ops.erf(x * ops.cast(_INV_SQRT2, x.dtype)))
+    scaled = x * ops.cast(_INV_SQRT2, x.dtype)
+    # at inference erf is spelled out: jax lowers ops.erf to a StableHLO composite that
+    # TensorFlow's XLA cannot load, and exported models (keras.export, jax2tf) must run there
+    return 0.5 * x * (1.0 + (ops.erf(scaled) if training else rational_erf(scaled)))
+
+
+#: x P(x^2) / Q(x^2) on [-4, 4] (constant beyond): the float32 rational approximation of
+#: erf that XLA and Eigen evaluate, coefficients highest power first; |error| < 4e-7.
+_ERF_NUMERATOR = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                  -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_DENOMINATOR = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                    -1.42647390514189e-02)
+
+
+def rational_erf(x):
+    """erf(x) as elementwise arithmetic (``_ERF_NUMERATOR`` / ``_ERF_DENOMINATOR``, Horner's rule)."""
+    x = ops.clip(x, -4.0, 4.0)
+    square = x * x
+
+    def polynomial(coefficients):
+        value = ops.cast(coefficients[0], x.dtype)
+        for coefficient in coefficients[1:]:
+            value = value * square + ops.cast(coefficient, x.dtype)
+        return value
+
+    return x * polynomial(_ERF_NUMERATOR) / polynomial(_ERF_DENOMINATOR)
