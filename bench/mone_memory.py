@@ -26,14 +26,14 @@ median; ratios against dense of the same run)::
 
 import argparse
 import contextlib
-import statistics
-import time
 
 import jax
 import keras
 import numpy as np
 
+from block_profile import interleaved_medians
 from keras_mone import flops, models
+from keras_mone.analysis.bench_memory import compiled_jax_step
 from keras_mone.layers import activations
 from keras_mone.layers import block as block_module
 from keras_mone.layers import mlp as mlp_module
@@ -92,36 +92,13 @@ def build(cls, variant, depth, **kwargs):
 
 def compiled_steps(model, images, labels, context):
     """``{"forward": (run, MiB), "gradient step": (run, MiB)}``: compiled in ``context``."""
-    trainable = [v.value for v in model.trainable_variables]
-    other = [v.value for v in model.non_trainable_variables]
-
-    def forward(trainable, other, x):
-        return model.stateless_call(trainable, other, x, training=False)[0]
-
-    def loss(trainable, other, x, y):
-        logits = model.stateless_call(trainable, other, x, training=True)[0]
-        return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-
     steps = {}
     with context():
-        for name, function, arguments in (("forward", forward, (trainable, other, images)),
-                                          ("gradient step", jax.grad(loss), (trainable, other, images, labels))):
-            executable = jax.jit(function).lower(*arguments).compile()
+        for kind, train in (("forward", False), ("gradient step", True)):
+            executable, arguments = compiled_jax_step(model, images, labels, train)
             megabytes = executable.memory_analysis().temp_size_in_bytes / 2**20
-            steps[name] = (lambda e=executable, a=arguments: jax.block_until_ready(e(*a)), megabytes)
+            steps[kind] = (lambda e=executable, a=arguments: e(*a), megabytes)
     return steps
-
-
-def interleaved(runs, repeats):
-    for run in runs.values():
-        run()
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            started = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - started)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv=None):
@@ -153,8 +130,8 @@ def main(argv=None):
         macs[name] = flops(model).total
         steps[name] = compiled_steps(model, images, labels, context)
         print(name, {k: round(v[1], 1) for k, v in steps[name].items()}, flush=True)
-    medians = {kind: interleaved({name: steps[name][kind][0] for name in plan}, args.repeats)
-               for kind in ("forward", "gradient step")}
+    medians = {kind: interleaved_medians({name: steps[name][kind][0] for name in plan}, args.repeats)
+               for kind in ("forward", "gradient step")}  # milliseconds
     depth = args.depth or decode_variant(args.variant)["depth"]
     lines = [
         f"`KERAS_BACKEND=jax python bench/mone_memory.py --variant {args.variant} --capacity {args.capacity:g} "
@@ -169,9 +146,9 @@ def main(argv=None):
         ratio = macs["dense"] / macs[name]
         cells = []
         for kind in ("forward", "gradient step"):
-            seconds = medians[kind][name]
-            speedup = medians[kind]["dense"] / seconds
-            cells += [f"{steps[name][kind][1]:.1f}", f"{seconds:.3f}", f"{speedup:.2f}x ({speedup / ratio:.2f})"]
+            milliseconds = medians[kind][name]
+            speedup = medians[kind]["dense"] / milliseconds
+            cells += [f"{steps[name][kind][1]:.1f}", f"{milliseconds / 1e3:.3f}", f"{speedup:.2f}x ({speedup / ratio:.2f})"]
         lines.append(f"| {name} | {ratio:.2f}x | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     return 0

@@ -41,6 +41,15 @@ def peak_allocation_bytes(model, images, labels, train):
 
 
 def _jax_temporaries(model, images, labels, train):
+    executable, _ = compiled_jax_step(model, images, labels, train)
+    analysis = executable.memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
+
+
+def compiled_jax_step(model, images, labels, train):
+    """``(executable, arguments)``: the model's forward pass (``train=False``) or the gradients
+    of its cross-entropy loss with respect to every trainable weight (``train=True``), compiled
+    with ``jax.jit`` with the weights as arguments; ``executable(*arguments)`` runs it (jax)."""
     import jax
 
     trainable = [v.value for v in model.trainable_variables]
@@ -57,8 +66,7 @@ def _jax_temporaries(model, images, labels, train):
         function, arguments = jax.grad(loss), (trainable, other, images, labels)
     else:
         function, arguments = forward, (trainable, other, images)
-    analysis = jax.jit(function).lower(*arguments).compile().memory_analysis()
-    return None if analysis is None else int(analysis.temp_size_in_bytes)
+    return jax.jit(function).lower(*arguments).compile(), arguments
 
 
 def _torch_peak(model, images, labels, train):
