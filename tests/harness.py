@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import BATCH, images, randomize_weights, to_numpy, videos
 
+from keras_mone.models import forward_with_record
 from keras_mone.models.methods import architectures
 from keras_mone.training import SumOverWidths
 
@@ -47,6 +48,23 @@ def deterministic(model):
     return getattr(model.backbone, "router_type", "learned") != "random"
 
 
+def check_compiled_record(backbone, x, exact=True):
+    """``forward_with_record`` gives the eager ``return_intermediates=True`` call's
+    tokens and record (same structure; same values when the backbone is deterministic:
+    integer leaves equal, float leaves within float32 reordering of a compiled graph)."""
+    compiled = forward_with_record(backbone, x)
+    eager = keras.tree.map_structure(to_numpy, backbone(x, training=False, return_intermediates=True))
+    keras.tree.assert_same_structure(compiled, eager)
+    for got, want in zip(keras.tree.flatten(compiled), keras.tree.flatten(eager)):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        if not exact:
+            continue
+        if np.issubdtype(want.dtype, np.floating):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
 def run_backbone_test(name, tmp_path):
     architecture = architectures()[name]
     x = tiny_inputs(architecture)
@@ -58,6 +76,9 @@ def run_backbone_test(name, tmp_path):
     assert logits.shape == (BATCH, NUM_CLASSES) and np.isfinite(logits).all()
     features = backbone(x)
     assert tuple(features.shape) == tuple(backbone.compute_output_shape(x.shape))
+
+    # The compiled forward record that analyses read: the eager call's, leaf for leaf.
+    check_compiled_record(backbone, x, exact=deterministic(model))
 
     # Config round trip: the same config, hence the same architecture.
     config = backbone.get_config()

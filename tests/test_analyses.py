@@ -7,12 +7,13 @@ import keras
 import numpy as np
 import pytest
 from conftest import images, to_numpy, videos
-from harness import build_classifier
+from harness import build_classifier, check_compiled_record
 
 from keras_mone.analysis import budget, token_maps as tr
 from keras_mone.analysis.argmax_routing import argmax_difficulty
 from keras_mone.analysis.routing_maps import routing_maps, threshold_sweep
 from keras_mone.analysis.token_importance import importance_vs_score, leave_one_out
+from keras_mone.models import forward_with_record
 from keras_mone.routing.capacity import expert_width_fractions
 
 GRID = (4, 4)  # tiny images: 32x32, 8x8 patches
@@ -43,6 +44,23 @@ def test_mone_record_matches_the_forward_record_and_argmax_reference():
     widths = expert_width_fractions(probs.shape[-1])
     np.testing.assert_allclose(record["argmax_share"].reshape(3, -1), widths[probs.argmax(-1)], atol=1e-6)
     assert 0 < record["compute"].min() and record["compute"].max() <= 1
+
+
+def test_compiled_record_follows_the_capacity_and_the_weights():
+    """One compiled function per routing key, reading the weights at every call."""
+    model = build_classifier("mone_vit")
+    backbone, x = model.backbone, images(batch=3, seed=2)
+    model.set_capacity(0.5)
+    at_half = forward_with_record(backbone, x)[1]["expert_index"][0]
+    model.set_capacity(0.2)
+    check_compiled_record(backbone, x)
+    at_fifth = forward_with_record(backbone, x)[1]["expert_index"][0]
+    assert np.sum(at_fifth == 3) < np.sum(at_half == 3)  # fewer tokens reach the full expert
+    model.set_capacity(0.5)  # back to a compiled key
+    np.testing.assert_array_equal(forward_with_record(backbone, x)[1]["expert_index"][0], at_half)
+    for variable in backbone.trainable_variables:
+        variable.assign(variable * 0.5)
+    check_compiled_record(backbone, x)  # new weights, same compiled function
 
 
 def test_argmax_difficulty_against_numpy():

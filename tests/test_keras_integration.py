@@ -115,3 +115,26 @@ def test_onnx_export_without_the_extra_names_it(monkeypatch, tmp_path):
     with pytest.raises(ImportError, match=r"onnxscript.*keras-mone\[onnx\]"):
         model.export(str(tmp_path / "served.onnx"), format="onnx", verbose=False)
     assert not (tmp_path / "served.onnx").exists()
+
+
+@pytest.mark.parametrize("name", ["vit", "mone_vit"])
+def test_a_saved_compiled_model_loads_compiled(name, tmp_path):
+    """A run's model.keras evaluates and resumes training after loading: compile(),
+    the optimizer and its state come back (Keras skips models that override compile)."""
+    from harness import build_classifier
+
+    model = build_classifier(name)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    x, y = images(seed=3), keras.ops.one_hot(np.arange(len(images(seed=3))) % 3, 3)
+    model.fit(x, y, epochs=1, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert int(to_numpy(loaded.optimizer.iterations)) == 1
+    for saved, restored in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(to_numpy(restored), to_numpy(saved))
+    expected = model.evaluate(x, y, verbose=0, return_dict=True)
+    got = loaded.evaluate(x, y, verbose=0, return_dict=True)
+    assert got.keys() == expected.keys()
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6)

@@ -1,7 +1,8 @@
 """Where the router sends the tokens that matter (does the router learn?)."""
 
 import numpy as np
-from keras import ops
+
+from keras_mone.models.record_call import forward_with_record
 
 
 def expert_share_of_tokens(model, images, token_mask, router=0, batch_size=256):
@@ -26,8 +27,8 @@ def expert_share_of_tokens(model, images, token_mask, router=0, batch_size=256):
     backbone = getattr(model, "backbone", model)
     counts = np.zeros(backbone.num_experts)
     for start in range(0, len(images), batch_size):
-        _, intermediates = backbone(images[start : start + batch_size], return_intermediates=True)
-        expert = ops.convert_to_numpy(intermediates["expert_index"][router])
+        _, intermediates = forward_with_record(backbone, images[start : start + batch_size])
+        expert = intermediates["expert_index"][router]
         expert = expert[:, expert.shape[1] - token_mask.shape[1] :]  # drop the class token
         chosen = expert[token_mask[start : start + batch_size]]
         counts += np.bincount(chosen[chosen >= 0], minlength=backbone.num_experts)

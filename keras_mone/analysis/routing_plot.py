@@ -1,7 +1,8 @@
 """Routing maps: which nested expert each image token is sent to, drawn over the images."""
 
 import numpy as np
-from keras import ops
+
+from keras_mone.models.record_call import forward_with_record
 
 
 def routing_map(model, images, router=0):
@@ -15,11 +16,11 @@ def routing_map(model, images, router=0):
         )
     if len(images.shape) != 4:
         raise ValueError(f"`images` must be a batch of images (batch, H, W, C), got shape {tuple(images.shape)}.")
-    _, intermediates = backbone(images, return_intermediates=True)
+    _, intermediates = forward_with_record(backbone, images)
     routers = intermediates["expert_index"]
     if not 0 <= router < len(routers):
         raise ValueError(f"`router` must be in [0, {len(routers)}) (the model's routers), got {router!r}.")
-    expert = ops.convert_to_numpy(routers[router])
+    expert = routers[router]
     grid = tuple(backbone.patch_embedding.grid_size)
     expert = expert[:, expert.shape[1] - grid[0] * grid[1]:]  # drop a class token
     return expert.reshape(-1, *grid)

@@ -11,6 +11,7 @@ patch grid (per frame index for video) that the routing analyses share.
 import numpy as np
 from keras import ops
 
+from keras_mone.models.record_call import forward_with_record
 from keras_mone.routing.capacity import expert_width_fractions
 
 #: What the routing map of each kind holds.
@@ -107,7 +108,7 @@ def token_record(model, inputs, decision=None, batch_size=128):
     frames = (backbone.num_frame_indices,) if len(inputs.shape) == 5 else ()
     rows_per_example = frames[0] if frames else 1
     for batch, count in padded_batches(inputs, batch_size):
-        _, record = backbone(batch, training=False, return_intermediates=True)
+        _, record = forward_with_record(backbone, batch)
         kind = method_kind(record)
         assignment, score, probs, argmax_share = _decision(record, kind, decision)
         compute = np.mean([ops.convert_to_numpy(b["compute"]) for b in record["blocks"]], axis=0)

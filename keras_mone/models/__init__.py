@@ -9,6 +9,7 @@ from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassi
 from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
 from keras_mone.models.mixer_backbone import MIXER_SIZES, SPARSE_MLP_SIZES, MixerBackbone, SparseMLPBackbone
 from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.models.record_call import forward_with_record
 from keras_mone.models.sparse_mlp_classifier import SparseMLPClassifier
 from keras_mone.models.variants import VIT_SIZES, decode_variant
 from keras_mone.models.video_classifier import VideoClassifier
@@ -48,6 +49,7 @@ __all__ = [
     "ViTBackbone",
     "ViViTBackbone",
     "VideoClassifier",
+    "forward_with_record",
     "decode_variant",
     "load_image_weights",
     "sparse_mlp_from_mixer",

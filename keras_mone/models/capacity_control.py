@@ -11,6 +11,8 @@ a capacity per step from a small set).
 import functools
 import warnings
 
+import keras
+
 _FUNCTIONS = ("train_function", "test_function", "predict_function")
 _STEPS = ("train_step", "test_step", "predict_step")
 
@@ -82,6 +84,25 @@ class CapacityControlMixin:
     def compile(self, *args, **kwargs):
         self.__dict__["_compile_generation"] = self.__dict__.get("_compile_generation", 0) + 1
         return super().compile(*args, **kwargs)
+
+    def compile_from_config(self, config):
+        """Restores ``compile()`` when a ``.keras`` file is loaded, as Keras does
+        for models that keep its ``compile``: Keras skips models that override
+        it (ours only add bookkeeping) and then marks them compiled with no
+        optimizer, so ``evaluate`` or ``fit`` on a loaded run's ``model.keras``
+        failed. The optimizer is built here so its saved state loads into it.
+        A compile config that does not deserialize (e.g. a custom loss not
+        registered in this process) leaves the weights loaded and warns."""
+        try:
+            self.compile(**keras.saving.deserialize_keras_object(config))
+        except Exception as error:  # noqa: BLE001 - any failure: the weights still load
+            warnings.warn(
+                f"The saved compile() settings could not be restored ({type(error).__name__}: {error}); the "
+                "weights are loaded. Call `model.compile(...)` before `evaluate` or `fit`.", stacklevel=2,
+            )
+            return
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
 
     def make_train_function(self, force=False):
         self._refresh_compiled_functions()

@@ -12,6 +12,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mone.models.record_call import forward_with_record
+
 
 def router_statistics(backbone, probe_images):
     """``{"alpha_<block>": ..., "router_entropy_<block>": ...}`` of a MoNE backbone.
@@ -25,9 +27,9 @@ def router_statistics(backbone, probe_images):
     for index, block in enumerate(backbone.blocks):
         if getattr(block, "alpha", None) is not None:
             stats[f"alpha_{index}"] = float(ops.convert_to_numpy(block.alpha))
-    _, intermediates = backbone(probe_images, training=False, return_intermediates=True)
+    _, intermediates = forward_with_record(backbone, probe_images)
     for position, probs in zip(backbone.router_positions, intermediates["router_probs"]):
-        p = np.clip(ops.convert_to_numpy(probs).astype("float64"), 1e-12, 1.0)
+        p = np.clip(probs.astype("float64"), 1e-12, 1.0)
         stats[f"router_entropy_{position}"] = float(np.mean(-np.sum(p * np.log(p), axis=-1)))
     return stats
 

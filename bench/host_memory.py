@@ -1,0 +1,109 @@
+"""Training step and forward pass of the CPU recipes with and without huge pages for large blocks (keras_mone.host_memory).
+
+Each round runs, per backend, recipe and setting, one subprocess started with
+the setting (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, as the ``keras-mone``
+command restarts itself, or the environment as it is), builds the recipe's model and times ``train_on_batch`` and
+``predict_on_batch`` as ``bench/step_time.py`` does (best of 3 passes over 15
+batches), with the process's system time and minor page faults per training
+step. Medians over rounds; speed-ups against the default allocator of the
+same round. Writes a BENCHMARKS.md section::
+
+    python bench/host_memory.py --backends jax,tensorflow,torch --rounds 2
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+
+SECTION = "## Host memory: huge pages for large blocks (issue 27 item 4)"
+RECIPES = ("cluttered_digits_vit", "cluttered_digits_mone")
+SETTINGS = ("default", "huge_pages")
+
+
+def measure(recipe):
+    """``{train_ms, predict_ms, train_sys_ms, train_faults}`` in this process."""
+    import tempfile
+
+    from step_profile import per_step_ms
+
+    from keras_mone import recipes
+    from keras_mone.recipes.data_sources import digits_stream
+
+    model = recipes.load(recipe, output_dir=tempfile.mkdtemp(), epochs=1).model
+    stream = digits_stream(recipes.resolve(recipe)[0])
+    batches = [stream.batch(i) for i in range(16)]
+    model.train_on_batch(*batches[0])
+    model.predict_on_batch(batches[0][0])
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    train_ms = min(per_step_ms(lambda b: model.train_on_batch(*b), batches[1:]) for _ in range(3))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    steps = 3 * len(batches[1:])
+    predict_ms = min(per_step_ms(lambda b: model.predict_on_batch(b[0]), batches[1:]) for _ in range(3))
+    return dict(train_ms=train_ms, predict_ms=predict_ms,
+                train_sys_ms=1000 * (after.ru_stime - before.ru_stime) / steps,
+                train_faults=(after.ru_minflt - before.ru_minflt) / steps)
+
+
+def run(backend, recipe, setting):
+    from keras_mone.host_memory import with_huge_pages
+
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {"KERAS_BACKEND": backend}
+    env = with_huge_pages(env) if setting == "huge_pages" else env
+    out = subprocess.run([sys.executable, __file__, "--measure", recipe], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(args.measure)))
+        return
+    backends, names = args.backends.split(","), args.recipes.split(",")
+    results = {(b, r, s): [] for b in backends for r in names for s in SETTINGS}
+    for round_index in range(args.rounds):
+        for backend in backends:
+            for recipe in names:
+                for setting in SETTINGS:
+                    results[(backend, recipe, setting)].append(run(backend, recipe, setting))
+                    print(f"round {round_index + 1}: {backend} {recipe} {setting} "
+                          f"{results[(backend, recipe, setting)][-1]}", flush=True)
+    from training_targets import write_section
+
+    keys = ("train_ms", "predict_ms", "train_sys_ms", "train_faults")
+    lines = [
+        SECTION, "",
+        f"Command: `python bench/host_memory.py --backends {args.backends} --recipes {args.recipes} --rounds "
+        f"{args.rounds}`; batch 128; per setting a fresh process (`huge_pages`: started with "
+        "`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, as the `keras-mone` command restarts itself); best of 3 passes over 15 batches, median over rounds; system time "
+        "and minor page faults of the process per training step; speed-ups against `default` of the same rounds.", "",
+        "| backend | recipe | allocator | train_on_batch ms | speed-up | system ms / step | page faults / step "
+        "| predict_on_batch ms | speed-up |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for backend in backends:
+        for recipe in names:
+            ref = {k: statistics.median(r[k] for r in results[(backend, recipe, "default")]) for k in keys}
+            for setting in SETTINGS:
+                med = {k: statistics.median(r[k] for r in results[(backend, recipe, setting)]) for k in keys}
+                lines.append(
+                    f"| {backend} | {recipe} | {setting} | {med['train_ms']:.0f} | {ref['train_ms'] / med['train_ms']:.2f}x "
+                    f"| {med['train_sys_ms']:.0f} | {med['train_faults']:.0f} | {med['predict_ms']:.1f} "
+                    f"| {ref['predict_ms'] / med['predict_ms']:.2f}x |")
+    text = "\n".join(lines) + "\n"
+    write_section(text, args.benchmarks, SECTION)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
