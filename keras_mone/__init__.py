@@ -5,10 +5,12 @@ builds on, on the jax, tensorflow and torch backends.
 """
 
 from keras_mone.backend_choice import choose_backend
+from keras_mone.host_memory import restart_command_with_huge_pages
 
+restart_command_with_huge_pages()  # the keras-mone command only (keras_mone.host_memory)
 choose_backend()
 
-# The backend is chosen before anything imports Keras.
+# The command has restarted and the backend is chosen before anything imports Keras.
 from keras_mone import analysis, convert, data, layers, models, presets, routing, training  # noqa: E402
 from keras_mone.analysis import flops  # noqa: E402
 from keras_mone.version import __version__  # noqa: E402

@@ -27,6 +27,7 @@ import os
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
+COMPUTING_SUBCOMMANDS = ("quickstart", "train", "bench", "analyze")  # keras-mone subcommands that restart
 ENVIRONMENT_SWITCH = "KERAS_MONE_HUGE_PAGES"
 
 
@@ -54,3 +55,16 @@ def restart_with_huge_pages(command):
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, with_huge_pages(os.environ))
+
+
+def restart_command_with_huge_pages(argv=None):
+    """For the ``keras-mone`` command running a computing subcommand
+    (:data:`COMPUTING_SUBCOMMANDS`): :func:`restart_with_huge_pages` with the
+    same command line. ``keras_mone/__init__`` calls it before anything imports
+    Keras (the restart then costs no Keras import); ``keras-mone``'s ``main``
+    calls it again for ``python -m keras_mone.cli.main``. Anything else: False."""
+    argv = sys.argv if argv is None else argv
+    command = os.path.basename(argv[0]) if argv else ""
+    if command not in ("keras-mone", "main.py") or len(argv) < 2 or argv[1] not in COMPUTING_SUBCOMMANDS:
+        return False
+    return restart_with_huge_pages([sys.executable, "-m", "keras_mone.cli.main", *argv[1:]])

@@ -93,3 +93,12 @@ def test_restart_sets_the_environment_once_and_the_switch_turns_it_off():
     assert restarted_environment() == {"restarted": True, "huge_pages": True}
     assert restarted_environment(GLIBC_TUNABLES=host_memory.TUNABLE) == {"restarted": False, "huge_pages": True}
     assert restarted_environment(KERAS_MONE_HUGE_PAGES="0") == {"restarted": False, "huge_pages": False}
+
+
+def test_only_the_computing_keras_mone_subcommands_restart(monkeypatch):
+    restart = host_memory.restart_command_with_huge_pages
+    assert not restart(["/usr/bin/python", "quickstart"])  # not the keras-mone command
+    assert not restart(["/venv/bin/keras-mone", "presets", "list"])  # nothing to compute
+    assert not restart(["/venv/bin/keras-mone"])
+    monkeypatch.setenv(host_memory.ENVIRONMENT_SWITCH, "0")
+    assert not restart(["/venv/bin/keras-mone", "train", "cluttered_digits_vit"])  # opted out

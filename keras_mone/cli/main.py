@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from keras_mone.cli.analyze import add_subcommand as add_analyze
+from keras_mone.host_memory import restart_command_with_huge_pages
 
 
 def _quickstart(args):
@@ -212,19 +213,14 @@ def build_parser():
     return parser
 
 
-COMPUTING_SUBCOMMANDS = ("quickstart", "train", "bench", "analyze")
-
-
 def main(argv=None):
     """The ``keras-mone`` command. Run as a command (``argv`` None), the
     subcommands that compute restart once with huge pages for the allocator's
     large blocks (``keras_mone.host_memory``: XLA's per-step buffers stop
     page-faulting 4 KB at a time); called from Python with ``argv`` the process
     stays as it is."""
-    if argv is None and sys.argv[1:2] and sys.argv[1] in COMPUTING_SUBCOMMANDS:
-        from keras_mone.host_memory import restart_with_huge_pages
-
-        restart_with_huge_pages([sys.executable, "-m", "keras_mone.cli.main", *sys.argv[1:]])
+    if argv is None:
+        restart_command_with_huge_pages()
     args = build_parser().parse_args(argv)
     return args.run(args)
 
