@@ -228,7 +228,9 @@ def _load_resolved(recipe, name, resume):
         )
 
     full_batches = distribution != "none"  # every device an equal share; padding weighs 0
-    eval_data = in_memory_eval_data(recipe, num_classes, full_batches)
+    # In memory, always whole batches: one compiled evaluation shape per run (the
+    # short last batch compiled a second test function, 1-2 s on 2 CPU cores).
+    eval_data = in_memory_eval_data(recipe, num_classes, full_batches=True)
     if eval_data is not None or eval_source is None:
         pass
     elif video:
