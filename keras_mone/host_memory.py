@@ -58,13 +58,20 @@ def restart_with_huge_pages(command):
 
 
 def restart_command_with_huge_pages(argv=None):
-    """For the ``keras-mone`` command running a computing subcommand
-    (:data:`COMPUTING_SUBCOMMANDS`): :func:`restart_with_huge_pages` with the
-    same command line. ``keras_mone/__init__`` calls it before anything imports
-    Keras (the restart then costs no Keras import); ``keras-mone``'s ``main``
-    calls it again for ``python -m keras_mone.cli.main``. Anything else: False."""
+    """For the ``keras-mone`` console script (``argv[0]``, default ``sys.argv``)
+    running a computing subcommand: :func:`restart_subcommand_with_huge_pages`.
+    ``keras_mone/__init__`` calls it before anything imports Keras, so the
+    restart costs no Keras import; any other program: False."""
     argv = sys.argv if argv is None else argv
-    command = os.path.basename(argv[0]) if argv else ""
-    if command not in ("keras-mone", "main.py") or len(argv) < 2 or argv[1] not in COMPUTING_SUBCOMMANDS:
+    if not argv or os.path.basename(argv[0]) != "keras-mone":
         return False
-    return restart_with_huge_pages([sys.executable, "-m", "keras_mone.cli.main", *argv[1:]])
+    return restart_subcommand_with_huge_pages(argv[1:])
+
+
+def restart_subcommand_with_huge_pages(arguments):
+    """``python -m keras_mone.cli.main *arguments`` with :data:`TUNABLE`
+    (:func:`restart_with_huge_pages`) when ``arguments[0]`` is one of
+    :data:`COMPUTING_SUBCOMMANDS`, else False."""
+    if not arguments or arguments[0] not in COMPUTING_SUBCOMMANDS:
+        return False
+    return restart_with_huge_pages([sys.executable, "-m", "keras_mone.cli.main", *arguments])

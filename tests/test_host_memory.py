@@ -98,7 +98,9 @@ def test_restart_sets_the_environment_once_and_the_switch_turns_it_off():
 def test_only_the_computing_keras_mone_subcommands_restart(monkeypatch):
     restart = host_memory.restart_command_with_huge_pages
     assert not restart(["/usr/bin/python", "quickstart"])  # not the keras-mone command
+    assert not restart(["/home/me/main.py", "train"])  # someone's own script
     assert not restart(["/venv/bin/keras-mone", "presets", "list"])  # nothing to compute
     assert not restart(["/venv/bin/keras-mone"])
+    assert not host_memory.restart_subcommand_with_huge_pages(["presets", "list"])
     monkeypatch.setenv(host_memory.ENVIRONMENT_SWITCH, "0")
     assert not restart(["/venv/bin/keras-mone", "train", "cluttered_digits_vit"])  # opted out

@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from keras_mone.cli.analyze import add_subcommand as add_analyze
-from keras_mone.host_memory import restart_command_with_huge_pages
+from keras_mone.host_memory import restart_subcommand_with_huge_pages
 
 
 def _quickstart(args):
@@ -219,8 +219,8 @@ def main(argv=None):
     large blocks (``keras_mone.host_memory``: XLA's per-step buffers stop
     page-faulting 4 KB at a time); called from Python with ``argv`` the process
     stays as it is."""
-    if argv is None:
-        restart_command_with_huge_pages()
+    if argv is None:  # keras-mone restarted in keras_mone/__init__; this is `python -m keras_mone.cli.main`
+        restart_subcommand_with_huge_pages(sys.argv[1:])
     args = build_parser().parse_args(argv)
     return args.run(args)
 
