@@ -15,6 +15,7 @@ from keras_mone.training.quickstart import (
     load_test_data,
     resolve_recipe,
     run_quickstart,
+    top1_accuracy,
 )
 
 TINY_OVERRIDES = dict(
@@ -104,3 +105,16 @@ def test_digits_recipes_train_and_evaluate_without_tensorflow(tmp_path):
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT")]
     assert lines, result.stderr[-3000:]
     assert 0.0 <= json.loads(lines[-1][len("RESULT "):])["accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("batch_size", [4, 7, 64])  # whole batches, a padded last one, one short batch
+def test_top1_accuracy_is_keras_accuracy_over_the_real_examples(batch_size):
+    from conftest import images
+    from harness import build_classifier
+
+    model = build_classifier("mone_vit")
+    x = images(batch=10, seed=4)
+    predicted = np.argmax(np.asarray(model.predict(x, verbose=0)), axis=-1)
+    labels = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 2, 0, 1, 2, 0]]
+    expected = np.mean(predicted == np.argmax(labels, axis=-1))
+    assert top1_accuracy(model, (x, labels), batch_size) == pytest.approx(expected, abs=1e-12)
