@@ -65,13 +65,16 @@ def restart_command_with_huge_pages(argv=None):
     argv = sys.argv if argv is None else argv
     if not argv or os.path.basename(argv[0]) != "keras-mone":
         return False
-    return restart_subcommand_with_huge_pages(argv[1:])
+    # The same script again (not `-m`, which would put the working directory on sys.path).
+    return restart_subcommand_with_huge_pages(argv[1:], script=argv[0])
 
 
-def restart_subcommand_with_huge_pages(arguments):
-    """``python -m keras_mone.cli.main *arguments`` with :data:`TUNABLE`
+def restart_subcommand_with_huge_pages(arguments, script=None):
+    """``python SCRIPT *arguments`` (``script`` None: ``python -m
+    keras_mone.cli.main *arguments``) with :data:`TUNABLE`
     (:func:`restart_with_huge_pages`) when ``arguments[0]`` is one of
     :data:`COMPUTING_SUBCOMMANDS`, else False."""
     if not arguments or arguments[0] not in COMPUTING_SUBCOMMANDS:
         return False
-    return restart_with_huge_pages([sys.executable, "-m", "keras_mone.cli.main", *arguments])
+    entry = [script] if script else ["-m", "keras_mone.cli.main"]
+    return restart_with_huge_pages([sys.executable, *entry, *arguments])
