@@ -2,10 +2,10 @@
 
 Each round runs, per backend, recipe and setting, one subprocess started with
 the setting (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, as the ``keras-mone``
-command restarts itself, or the environment as it is), builds the recipe's model and times ``train_on_batch`` and
-``predict_on_batch`` as ``bench/step_time.py`` does (best of 3 passes over 15
-batches), with the process's system time and minor page faults per training
-step. Medians over rounds; speed-ups against the default allocator of the
+command restarts itself, or the environment as it is), that builds the
+recipe's model and times ``train_on_batch`` and ``predict_on_batch`` with
+``bench/step_time.py``'s ``measure`` (best of 3 passes over 15 batches, with
+the process's system time and minor page faults per training step). Medians over rounds; speed-ups against the default allocator of the
 same round. Writes a BENCHMARKS.md section::
 
     python bench/host_memory.py --backends jax,tensorflow,torch --rounds 2
@@ -14,38 +14,14 @@ same round. Writes a BENCHMARKS.md section::
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 
+from step_time import RECIPES, measure
+
 SECTION = "## Host memory: huge pages for large blocks (issue 27 item 4)"
-RECIPES = ("cluttered_digits_vit", "cluttered_digits_mone")
 SETTINGS = ("default", "huge_pages")
-
-
-def measure(recipe):
-    """``{train_ms, predict_ms, train_sys_ms, train_faults}`` in this process."""
-    import tempfile
-
-    from step_profile import per_step_ms
-
-    from keras_mone import recipes
-    from keras_mone.recipes.data_sources import digits_stream
-
-    model = recipes.load(recipe, output_dir=tempfile.mkdtemp(), epochs=1).model
-    stream = digits_stream(recipes.resolve(recipe)[0])
-    batches = [stream.batch(i) for i in range(16)]
-    model.train_on_batch(*batches[0])
-    model.predict_on_batch(batches[0][0])
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    train_ms = min(per_step_ms(lambda b: model.train_on_batch(*b), batches[1:]) for _ in range(3))
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    steps = 3 * len(batches[1:])
-    predict_ms = min(per_step_ms(lambda b: model.predict_on_batch(b[0]), batches[1:]) for _ in range(3))
-    return dict(train_ms=train_ms, predict_ms=predict_ms,
-                train_sys_ms=1000 * (after.ru_stime - before.ru_stime) / steps,
-                train_faults=(after.ru_minflt - before.ru_minflt) / steps)
 
 
 def run(backend, recipe, setting):

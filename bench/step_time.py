@@ -23,7 +23,10 @@ RECIPES = ("cluttered_digits_vit", "cluttered_digits_mone")
 
 
 def measure(recipe):
-    """``{train_ms, predict_ms}`` of ``recipe`` in this process."""
+    """``{train_ms, predict_ms, train_sys_ms, train_faults}`` of ``recipe`` in this
+    process: the system time and minor page faults are the process's, per
+    training step of the timed passes (``bench/host_memory.py`` reports them)."""
+    import resource
     import tempfile
 
     from step_profile import per_step_ms
@@ -40,8 +43,13 @@ def measure(recipe):
     def best_ms(step):
         return min(per_step_ms(step, batches[1:]) for _ in range(3))
 
-    return dict(train_ms=best_ms(lambda b: model.train_on_batch(*b)),
-                predict_ms=best_ms(lambda b: model.predict_on_batch(b[0])))
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    train_ms = best_ms(lambda b: model.train_on_batch(*b))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    steps = 3 * len(batches[1:])
+    return dict(train_ms=train_ms, predict_ms=best_ms(lambda b: model.predict_on_batch(b[0])),
+                train_sys_ms=1000 * (after.ru_stime - before.ru_stime) / steps,
+                train_faults=(after.ru_minflt - before.ru_minflt) / steps)
 
 
 def run_in(tree, recipe):
