@@ -16,8 +16,9 @@ images (the CPU recipes' renderings, ``--epochs`` each):
 
 ``--from-dense`` is the task change that gives every method the same start:
 each model is converted from the shipped ``vit_digits`` (the ``*_from_dense``
-recipes: MoNE fixed and adaptive, MatViT, MoD, A-MoD, ACM) and all train
-``--epochs`` epochs; isoFLOP dense has no conversion and is left out.
+recipes: MoNE fixed and adaptive, MatViT, MoD, A-MoD, ACM; isoFLOP dense is
+``vit_digits`` pruned to the (depth, width) of the target, its first blocks,
+heads of 16 features and MLP units) and all train ``--epochs`` epochs.
 Interrupted sweeps resume: runs whose rows are in the JSON are skipped.
 
 Writes ``--output``/budget_sweep.json, the accuracy-against-GMACs plot
@@ -39,7 +40,7 @@ import warnings
 import keras
 
 from budget_plot import plot_sweep
-from keras_mone import flops, presets, recipes
+from keras_mone import flops, recipes
 from new_methods import accuracy, test_split, train
 from training_targets import write_section
 
@@ -47,14 +48,17 @@ SECTION = "## Every method across budgets on cluttered digits (issue 28 item 8)"
 FROM_DENSE_SECTION = "## Every method converted from vit_digits, across budgets (issue 28 item 8)"
 #: The recipe of each method: trained from scratch, or converted from ``vit_digits`` (``--from-dense``).
 RECIPES = {
-    False: dict(mone="cluttered_digits_mone", mod="cluttered_digits_mod", amod="cluttered_digits_amod",
+    False: dict(dense="cluttered_digits_vit", mone="cluttered_digits_mone", mod="cluttered_digits_mod", amod="cluttered_digits_amod",
                 adaptive="cluttered_digits_mone_adaptive", matvit="cluttered_digits_matvit"),
-    True: dict(mone="cluttered_digits_mone_from_dense", mod="cluttered_digits_mod_from_dense",
+    True: dict(dense="cluttered_digits_vit_from_dense", mone="cluttered_digits_mone_from_dense", mod="cluttered_digits_mod_from_dense",
                amod="cluttered_digits_amod_from_dense", adaptive="cluttered_digits_mone_adaptive_from_dense",
                matvit="cluttered_digits_matvit_from_dense"),
 }
 DENSE_SHAPES = [(d, w) for d in (1, 2, 3, 4) for w in (32, 48, 64)]
+#: Heads of the isoFLOP dense models pruned from ``vit_digits`` keep its head width.
+VIT_DIGITS_HEAD_WIDTH = 16
 MATVIT_WIDTHS = (0.125, 0.25, 0.5, 1.0)
+METHODS = ("isoFLOP dense", "MoNE", "MoD", "A-MoD", "MoNE adaptive", "MatViT", "ACM (grouped)")
 
 
 def probe(recipe, **overrides):
@@ -116,20 +120,24 @@ def plan(targets, dense, from_dense=False):
     """``{(method, target): (recipe, overrides, evaluate-at)}`` of one seed; unreachable targets absent."""
     runs = {}
     recipes_of = RECIPES[from_dense]
-    shapes = {} if from_dense else {shape: flops(probe("cluttered_digits_vit", model_args=dict(
-        depth=shape[0], hidden_dim=shape[1], mlp_dim=4 * shape[1]))).gmacs for shape in DENSE_SHAPES}
+    shapes = {shape: flops(probe("cluttered_digits_vit", model_args=dense_args(*shape, from_dense))).gmacs
+              for shape in DENSE_SHAPES}
     routed = [(name, recipes_of[key], probe(recipes_of[key])) for name, key in
               (("MoNE", "mone"), ("MoD", "mod"), ("A-MoD", "amod"))]
     for target in targets:
-        if shapes:
-            depth, width = min(shapes, key=lambda s: abs(shapes[s] / dense - target))
-            runs[("isoFLOP dense", target)] = (
-                "cluttered_digits_vit", {"model_args": dict(depth=depth, hidden_dim=width, mlp_dim=4 * width)}, None)
+        shape = min(shapes, key=lambda s: abs(shapes[s] / dense - target))
+        runs[("isoFLOP dense", target)] = (recipes_of["dense"], {"model_args": dense_args(*shape, from_dense)}, None)
         for name, recipe, model in routed:
             capacity = solve_budget(capacity_gmacs(model), target * dense)
             if capacity is not None:
                 runs[(name, target)] = (recipe, {"capacity": capacity}, capacity)
     return runs
+
+
+def dense_args(depth, width, from_dense):
+    """``model_args`` of the dense ViT of this (depth, width); pruned from ``vit_digits``, its head width."""
+    args = dict(depth=depth, hidden_dim=width, mlp_dim=4 * width)
+    return {**args, "num_heads": width // VIT_DIGITS_HEAD_WIDTH} if from_dense else args
 
 
 def data_overrides(args):
@@ -168,13 +176,13 @@ def sweep_seed(seed, targets, dense, runs, args, data, out):
     images, labels = data
     recipes_of = RECIPES[args.from_dense]
     for (name, target), (recipe, overrides, capacity) in runs.items():
-        if out.done(name, seed, target):
+        if name not in args.methods or out.done(name, seed, target):
             continue
         folder = os.path.join(args.output, f"{name.replace(' ', '_')}_{target}_s{seed}")
         model = train(recipe, folder, seed=seed, epochs=args.epochs, **overrides, **data_overrides(args))
         row = evaluate(model, images, labels, set_capacity if capacity else None, capacity)
         out.append(dict(method=name, target=target, seed=seed, setting=capacity, **row))
-    if not out.done("MoNE adaptive", seed):
+    if "MoNE adaptive" in args.methods and not out.done("MoNE adaptive", seed):
         adaptive = train(recipes_of["adaptive"], os.path.join(args.output, f"MoNE_adaptive_s{seed}"),
                          seed=seed, epochs=args.epochs, **data_overrides(args))
         for target in targets:
@@ -182,7 +190,7 @@ def sweep_seed(seed, targets, dense, runs, args, data, out):
             if capacity is not None:
                 out.append(dict(method="MoNE adaptive", target=target, seed=seed, setting=capacity,
                                 **evaluate(adaptive, images, labels, set_capacity, capacity)))
-    if not out.done("MatViT", seed):
+    if "MatViT" in args.methods and not out.done("MatViT", seed):
         matvit = train(recipes_of["matvit"], os.path.join(args.output, f"MatViT_s{seed}"),
                        seed=seed, epochs=args.epochs, **data_overrides(args))
         for width in MATVIT_WIDTHS:
@@ -193,7 +201,7 @@ def sweep_seed(seed, targets, dense, runs, args, data, out):
     acm_length = {"epochs": args.epochs} if args.from_dense else {}
     for target in targets:
         beta = solve_budget(beta_gmacs(acm_probe), target * dense)
-        if beta is None or out.done("ACM (grouped)", seed, target):
+        if "ACM (grouped)" not in args.methods or beta is None or out.done("ACM (grouped)", seed, target):
             continue
         model = train("cluttered_digits_acm_from_dense", os.path.join(args.output, f"ACM_{target}_s{seed}"),
                       seed=seed, beta_target=beta, **acm_length, **data_overrides(args))
@@ -212,6 +220,15 @@ def summarise(rows):
     return table
 
 
+def section_title(args):
+    """The BENCHMARKS.md section of this sweep: one per regime, and one per method subset and length."""
+    if tuple(args.methods) == METHODS:
+        return FROM_DENSE_SECTION if args.from_dense else SECTION
+    start = "converted from vit_digits" if args.from_dense else "from scratch"
+    return (f"## {', '.join(args.methods)} across budgets on cluttered digits, {start}, "
+            f"{args.epochs} epochs (issue 28 item 8)")
+
+
 def report(table, dense, args, seeds, plot_path):
     def spread(values):
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -225,8 +242,10 @@ def report(table, dense, args, seeds, plot_path):
         start = (f"--seeds {args.seeds} --epochs {args.epochs} --targets {args.targets}`. Every model trained "
                  f"{args.epochs} epoch(s) of the CPU recipes' renderings (ACM: the conversion recipe's one epoch "
                  "from `vit_digits`)")
+    if tuple(args.methods) != METHODS:
+        start = f"--methods \"{','.join(args.methods)}\" " + start
     lines = [
-        FROM_DENSE_SECTION if args.from_dense else SECTION, "",
+        section_title(args), "",
         f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/budget_sweep.py {start}; 5026 test "
         f"images; mean +- sample sd over seeds {seeds}; dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
         "| method | target x dense | setting | GMACs | accuracy % |", "|---|---|---|---|---|",
@@ -246,6 +265,8 @@ def main(argv=None):
                         help="training renderings per digit (default: each recipe's; small for a smoke run)")
     parser.add_argument("--from-dense", action="store_true",
                         help="every method converted from the shipped vit_digits (the *_from_dense recipes)")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"comma-separated subset of {','.join(METHODS)} (e.g. the pairs a finding compares)")
     parser.add_argument("--output", default=None, help="default runs/budget_sweep[_from_dense]")
     parser.add_argument("--plot", default=None, help="default bench/figures/accuracy_vs_gmacs[_from_dense].png")
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
@@ -253,6 +274,10 @@ def main(argv=None):
     suffix = "_from_dense" if args.from_dense else ""
     args.output = args.output or f"runs/budget_sweep{suffix}"
     args.plot = args.plot or f"bench/figures/accuracy_vs_gmacs{suffix}.png"
+    args.methods = [m.strip() for m in args.methods.split(",")]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     targets = [float(t) for t in args.targets.split(",")]
     images, labels, _ = test_split()
@@ -261,11 +286,11 @@ def main(argv=None):
     rows = Rows(os.path.join(args.output, "budget_sweep.json"), dense)
     for seed in seeds:
         sweep_seed(seed, targets, dense, runs, args, (images, labels), rows)
-    table = summarise([r for r in rows if r.get("seed", seeds[0]) in seeds])
+    table = summarise([r for r in rows if r.get("seed", seeds[0]) in seeds and r["method"] in args.methods])
     extra = None if args.from_dense else os.path.join("runs", "new_methods", "results.json")
     plot_sweep(table, dense, args.plot, extra=extra)
     text = report(table, dense, args, seeds, args.plot)
-    write_section(text, args.benchmarks, FROM_DENSE_SECTION if args.from_dense else SECTION)
+    write_section(text, args.benchmarks, section_title(args))
     print(text)
 
 

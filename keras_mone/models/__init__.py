@@ -2,6 +2,7 @@
 
 from keras_mone.models.acm_vit_backbone import ACMViTBackbone
 from keras_mone.models.backbone import Backbone
+from keras_mone.models.dense_pruning import prune_dense_vit
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.loss_terms import LossTerm
 from keras_mone.models.matvit_backbone import MatViTBackbone
@@ -52,6 +53,7 @@ __all__ = [
     "forward_with_record",
     "decode_variant",
     "load_image_weights",
+    "prune_dense_vit",
     "sparse_mlp_from_mixer",
     "transfer_weights",
     "video_form",

@@ -183,7 +183,7 @@ def _load_resolved(recipe, name, resume):
         model = build_classifier(recipe, num_classes)
         if recipe["init_from"]:
             try:
-                init_from_saved_model(model, os.path.expanduser(recipe["init_from"]))
+                init_from_saved_model(model, os.path.expanduser(recipe["init_from"]), prune=recipe["init_prune"])
             except ValueError as error:
                 raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
         mode = training_mode(recipe)

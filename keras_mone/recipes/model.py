@@ -1,6 +1,7 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
 from keras_mone.models.acm_transfer import acm_from_dense
+from keras_mone.models.dense_pruning import prune_dense_vit
 from keras_mone.models.methods import architectures, method_of
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
@@ -78,7 +79,7 @@ def _copy_with_head(saved, backbone, model):
     return sorted(left + [p for p in relative_weight_paths(model) if not p.startswith("backbone/")])
 
 
-def init_from_saved_model(model, path):
+def init_from_saved_model(model, path, prune=False):
     """Initialises ``model`` from the model saved at ``path`` (a ``.keras``
     file, or ``"preset:<name>"``: a preset with shipped weights).
 
@@ -92,8 +93,14 @@ def init_from_saved_model(model, path):
     (``transfer_weights``), its head too when the class counts agree. Raises
     ``ValueError`` if the file is missing or does not fit; returns the paths of
     ``model`` left at their initialisation.
+
+    With ``prune``, ``model`` is a dense ViT classifier started from the
+    leading blocks, heads and features of the larger dense ViT at ``path``
+    (``prune_dense_vit``; the recipe key ``init_prune``).
     """
     saved = _saved_model(path)
+    if prune:
+        return prune_dense_vit(saved, model)
     backbone = getattr(saved, "backbone", saved)
     if not isinstance(model.backbone, ViViTBackbone):
         if isinstance(backbone, ViViTBackbone) or not isinstance(backbone, ViTBackbone):

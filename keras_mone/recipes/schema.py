@@ -72,6 +72,7 @@ KEYS = {
     "dropout_rate": _k(0.0, float, "dropout in attention and MLP", low=0.0, high=0.99),
     "drop_path_rate": _k(0.0, float, "stochastic depth at the last block", low=0.0, high=0.99),
     "init_from": _k("", str, "video: a saved model (.keras) or 'preset:<name>' (a preset with weights): an image model (ViT / MoNE-ViT / MatViT) loaded into the spatial transformer, or a video model (e.g. a MatViT-ViViT) copied as a whole; '' = none"),
+    "init_prune": _k(False, bool, "architecture 'vit': init_from is a larger dense ViT whose first blocks, heads, features and MLP units start this smaller one (structured pruning: the converted isoFLOP dense baseline)"),
     # video (architecture vivit / mone_vivit / matvivit)
     "num_frames": _k(32, int, "video: frames per clip, fed to the model and sampled by the pipeline", low=1),
     "tubelet_size": _k(2, int, "video: frames per tubelet; must divide num_frames", low=1),
@@ -197,6 +198,11 @@ def _check_cross_keys(recipe, recipe_name):
         fail("dataset='tfds' needs key 'tfds_name' (e.g. 'imagenet2012').")
     if recipe["dataset"] == "image_folder" and not recipe["data_dir"]:
         fail("dataset='image_folder' needs key 'data_dir' (the folder holding <split>/<class>/ images).")
+    if recipe["init_prune"] and (recipe["architecture"] != "vit" or not recipe["init_from"]):
+        fail(
+            "key 'init_prune' needs architecture 'vit' (a dense ViT) and key 'init_from' (the larger dense ViT), "
+            f"got architecture {recipe['architecture']!r}, init_from {recipe['init_from']!r}."
+        )
     if recipe["label_smoothing"] and recipe["loss"] != "softmax":
         fail("key 'label_smoothing' needs loss='softmax'.")
     _check_video_keys(recipe, fail)
