@@ -140,6 +140,11 @@ def dense_args(depth, width, from_dense):
     return {**args, "num_heads": width // VIT_DIGITS_HEAD_WIDTH} if from_dense else args
 
 
+def shape_name(model_args):
+    """``"depth 3, D 48"``: the isoFLOP dense model's size (the setting column)."""
+    return f"depth {model_args['depth']}, D {model_args['hidden_dim']}"
+
+
 def data_overrides(args):
     return {} if args.samples_per_digit is None else {"samples_per_digit": args.samples_per_digit}
 
@@ -181,7 +186,8 @@ def sweep_seed(seed, targets, dense, runs, args, data, out):
         folder = os.path.join(args.output, f"{name.replace(' ', '_')}_{target}_s{seed}")
         model = train(recipe, folder, seed=seed, epochs=args.epochs, **overrides, **data_overrides(args))
         row = evaluate(model, images, labels, set_capacity if capacity else None, capacity)
-        out.append(dict(method=name, target=target, seed=seed, setting=capacity, **row))
+        setting = capacity or shape_name(overrides["model_args"])
+        out.append(dict(method=name, target=target, seed=seed, setting=setting, **row))
     if "MoNE adaptive" in args.methods and not out.done("MoNE adaptive", seed):
         adaptive = train(recipes_of["adaptive"], os.path.join(args.output, f"MoNE_adaptive_s{seed}"),
                          seed=seed, epochs=args.epochs, **data_overrides(args))

@@ -226,14 +226,17 @@ def markdown(records, command):
 
 
 def write_section(text, path="BENCHMARKS.md", section=SECTION):
-    """Replaces ``section`` of ``path`` (up to the next ``## ``) with ``text``, or appends it."""
+    """Replaces ``section`` of ``path`` (up to the next ``## ``) with ``text`` where it stands, or appends it."""
     old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
     start = old.find(section)
-    if start >= 0:
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
         end = old.find("\n## ", start + len(section))
-        old = old[:start].rstrip("\n") + ("\n\n" + old[end + 1:] if end >= 0 else "\n")
+        rest = old[end + 1:] if end >= 0 else ""
+        new = old[:start] + text.rstrip("\n") + "\n" + ("\n" + rest if rest else "")
     with open(path, "w") as f:
-        f.write(old.rstrip("\n") + "\n\n" + text)
+        f.write(new)
 
 
 def main(argv=None):
