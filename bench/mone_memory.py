@@ -12,7 +12,11 @@ Issue 27 changes, each of which a variant undoes while the model is traced:
   variant ``erfc GELU``;
 * ``layers.nested_dense.sliced_matmul`` has a hand-written backward pass
   that cuts the slice again from the kernel (autodiff kept every block's
-  slices between the passes): variant ``autodiff slices``.
+  slices between the passes): variant ``autodiff slices``;
+* ``NestedMLP`` cuts fc2's weight slice after the pre-activation, not after
+  the GELU (the slice's tie was a second reader of the GELU output, and XLA
+  then computed the GELU in two passes over the hidden activations): variant
+  ``fc2 slice after GELU``.
 
 For dense, MoNE as it runs now and each variant, reports the compiled
 temporaries (XLA ``memory_analysis()``) of the forward pass and of the
@@ -55,9 +59,16 @@ def _identity(value, tensor):
     return value
 
 
-def _autodiff_sliced_matmul(inputs, kernel, in_width, out_width, dtype):
+def _autodiff_sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None):
     sliced = nested_dense.after(kernel[:in_width, :out_width], inputs)
     return keras.ops.matmul(inputs, keras.ops.cast(sliced, dtype))
+
+
+_sliced_matmul = nested_dense.sliced_matmul
+
+
+def _slice_after_inputs(inputs, kernel, in_width, out_width, dtype, slice_after=None):
+    return _sliced_matmul(inputs, kernel, in_width, out_width, dtype)
 
 
 def _erfc_gelu(x, approximate=False, training=False, nested=False):
@@ -78,6 +89,7 @@ VARIANTS = {
     "groups concurrent": lambda: replaced(block_module, "after", _identity),
     "erfc GELU": lambda: replaced(mlp_module, "gelu", _erfc_gelu),
     "autodiff slices": lambda: replaced(nested_dense, "sliced_matmul", _autodiff_sliced_matmul),
+    "fc2 slice after GELU": lambda: replaced(nested_dense, "sliced_matmul", _slice_after_inputs),
 }
 
 

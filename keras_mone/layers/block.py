@@ -127,9 +127,10 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         mids = [g + a for g, a in zip(groups, attended)]
         updates = []
         for z, width, gate in zip(mids, widths, gates):
+            normed = self.norm2(z)
             if updates:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
-                z = after(z, updates[-1])
-            update = self.mlp(self.norm2(z), width=width, pad_output=False, training=training)
+                normed = after(normed, updates[-1])  # (tied after the norm: no copy of the residual z)
+            update = self.mlp(normed, width=width, pad_output=False, training=training)
             update = self._gate.scale_mlp(update, gate, self.alpha)
             updates.append(pad_features(update, self.hidden_dim))
         updates = self.drop_path(updates, training=training)

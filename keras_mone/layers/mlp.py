@@ -50,10 +50,12 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
 
     def call(self, inputs, width=None, pad_output=True, training=None):
         nested = width is not None and width < self.hidden_dim
-        hidden = gelu(self.fc1(inputs, in_width=width), approximate=self.gelu_approximate, training=bool(training),
-                      nested=nested)
+        pre_activation = self.fc1(inputs, in_width=width)
+        hidden = gelu(pre_activation, approximate=self.gelu_approximate, training=bool(training), nested=nested)
         hidden = self.dropout(hidden, training=training)
-        outputs = self.fc2(hidden, out_width=width, pad_output=pad_output)
+        # fc2's weight slice is cut after the pre-activation: cut after the GELU (its input), XLA
+        # would compute the GELU in two passes over the hidden activations (issue 27)
+        outputs = self.fc2(hidden, out_width=width, pad_output=pad_output, slice_after=pre_activation)
         return self.dropout(outputs, training=training)
 
     def compute_output_shape(self, input_shape):

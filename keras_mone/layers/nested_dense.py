@@ -55,7 +55,10 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
                 name="bias", shape=(self.units,), initializer=self.bias_initializer
             )
 
-    def call(self, inputs, in_width=None, out_width=None, pad_output=True):
+    def call(self, inputs, in_width=None, out_width=None, pad_output=True, slice_after=None):
+        """``slice_after`` (jax): a tensor the weight slice is cut after (default ``inputs``,
+        see ``after``); pass one that is materialised anyway, e.g. the pre-activation
+        when ``inputs`` is an elementwise function of it."""
         full_in, full_out = self.kernel.shape
         in_width = _check_width(in_width, full_in, "in_width")
         out_width = _check_width(out_width, full_out, "out_width")
@@ -67,7 +70,7 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
         if inputs.shape[-1] != in_width:
             inputs = inputs[..., :in_width]
         if in_width != full_in or out_width != full_out:
-            outputs = sliced_matmul(inputs, self.kernel, in_width, out_width, self.compute_dtype)
+            outputs = sliced_matmul(inputs, self.kernel, in_width, out_width, self.compute_dtype, slice_after)
         else:
             outputs = ops.matmul(inputs, ops.cast(self.kernel, self.compute_dtype))
         if self.bias is not None:
@@ -80,25 +83,27 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
 
-    def compute_output_spec(self, inputs, in_width=None, out_width=None, pad_output=True):
+    def compute_output_spec(self, inputs, in_width=None, out_width=None, pad_output=True, slice_after=None):
         # (compute_output_shape may only take the input's shape: Keras' rule)
         width = self.units if (pad_output or out_width is None) else out_width
         return keras.KerasTensor(tuple(inputs.shape[:-1]) + (width,), dtype=self.compute_dtype)
 
 
-def sliced_matmul(inputs, kernel, in_width, out_width, dtype):
+def sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None):
     """``inputs @ kernel[:in_width, :out_width]`` (``inputs`` already ``in_width`` wide).
 
-    On jax the slice is cut when it is used, in the forward pass and again in
-    the backward pass (``_jax_sliced_matmul``), so that no block's weight
-    slices wait in memory between the two passes.
+    On jax the slice is cut when it is used (once ``slice_after``, default
+    ``inputs``, exists), in the forward pass and again in the backward pass
+    (``_jax_sliced_matmul``), so that no block's weight slices wait in memory
+    between the two passes.
     """
     if keras.backend.backend() == "jax":
-        return _jax_sliced_matmul(inputs, ops.convert_to_tensor(kernel), in_width, out_width, dtype)
+        tie = inputs if slice_after is None else slice_after
+        return _jax_sliced_matmul(inputs, ops.convert_to_tensor(kernel), in_width, out_width, dtype, tie)
     return ops.matmul(inputs, ops.cast(kernel[:in_width, :out_width], dtype))
 
 
-def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype):
+def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie):
     """The product with a hand-written backward pass (jax).
 
     Autodiff keeps the forward pass's slice for the input gradient, and XLA's
@@ -117,11 +122,11 @@ def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype):
         return after(kernel[:in_width, :out_width], tied_to)
 
     @jax.custom_vjp
-    def product(inputs, kernel):
-        return ops.matmul(inputs, ops.cast(cut(kernel, inputs), dtype))
+    def product(inputs, kernel, tie):
+        return ops.matmul(inputs, ops.cast(cut(kernel, tie), dtype))
 
-    def forward(inputs, kernel):
-        return product(inputs, kernel), (inputs, kernel)
+    def forward(inputs, kernel, tie):
+        return product(inputs, kernel, tie), (inputs, kernel)
 
     def backward(saved, upstream):
         inputs, kernel = saved
@@ -129,10 +134,11 @@ def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype):
         rows = ops.reshape(inputs, (-1, in_width))
         grad_slice = ops.matmul(ops.transpose(rows), ops.reshape(upstream, (-1, out_width)))
         padding = [[0, full_shape[0] - in_width], [0, full_shape[1] - out_width]]
-        return grad_inputs.astype(inputs.dtype), ops.pad(ops.cast(grad_slice, kernel.dtype), padding)
+        # ``tie`` only orders the forward pass: its cotangent is a symbolic zero (None)
+        return grad_inputs.astype(inputs.dtype), ops.pad(ops.cast(grad_slice, kernel.dtype), padding), None
 
     product.defvjp(forward, backward)
-    return product(inputs, kernel)
+    return product(inputs, kernel, tie)
 
 
 def after(value, tensor):
