@@ -50,12 +50,16 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
 
     def call(self, inputs, width=None, pad_output=True, training=None):
         nested = width is not None and width < self.hidden_dim
+        leading = ops.shape(inputs)[:-1]
+        # token rows (tokens, D): a 2-D matmul, whose bias and GELU tensorflow fuses into it (``add_bias``)
+        inputs = ops.reshape(inputs, (-1, inputs.shape[-1]))
         pre_activation = self.fc1(inputs, in_width=width)
         hidden = gelu(pre_activation, approximate=self.gelu_approximate, training=bool(training), nested=nested)
         hidden = self.dropout(hidden, training=training)
         # fc2's weight slice is cut after the pre-activation: cut after the GELU (its input), XLA
         # would compute the GELU in two passes over the hidden activations (issue 27)
         outputs = self.fc2(hidden, out_width=width, pad_output=pad_output, slice_after=pre_activation)
+        outputs = ops.reshape(outputs, tuple(leading) + (outputs.shape[-1],))
         return self.dropout(outputs, training=training)
 
     def compute_output_shape(self, input_shape):
