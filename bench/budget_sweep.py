@@ -19,7 +19,9 @@ each model is converted from the shipped ``vit_digits`` (the ``*_from_dense``
 recipes: MoNE fixed and adaptive, MatViT, MoD, A-MoD, ACM; isoFLOP dense is
 ``vit_digits`` pruned to the (depth, width) of the target, its first blocks,
 heads of 16 features and MLP units) and all train ``--epochs`` epochs.
-Interrupted sweeps resume: runs whose rows are in the JSON are skipped.
+Interrupted sweeps resume: runs whose rows are in the JSON are skipped;
+``--report-only`` writes the table and plot from the rows there (the seeds
+column says how many seeds each row has).
 
 Writes ``--output``/budget_sweep.json, the accuracy-against-GMACs plot
 ``--plot`` (mean +- sd over seeds, with the shipped presets and the Mixer /
@@ -253,12 +255,13 @@ def report(table, dense, args, seeds, plot_path):
     lines = [
         section_title(args), "",
         f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/budget_sweep.py {start}; 5026 test "
-        f"images; mean +- sample sd over seeds {seeds}; dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
-        "| method | target x dense | setting | GMACs | accuracy % |", "|---|---|---|---|---|",
+        f"images; mean +- sample sd over the seeds of {seeds} each row ran (column seeds); dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
+        "| method | target x dense | setting | GMACs | accuracy % | seeds |", "|---|---|---|---|---|---|",
     ]
     for (method, target), entry in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         gmacs = statistics.mean(entry["gmacs"])
-        lines.append(f"| {method} | {target} | {entry['setting']} | {gmacs:.5f} | {spread(entry['accuracy'])} |")
+        lines.append(f"| {method} | {target} | {entry['setting']} | {gmacs:.5f} | {spread(entry['accuracy'])} "
+                     f"| {len(entry['accuracy'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -273,6 +276,8 @@ def main(argv=None):
                         help="every method converted from the shipped vit_digits (the *_from_dense recipes)")
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"comma-separated subset of {','.join(METHODS)} (e.g. the pairs a finding compares)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: report the rows already in --output's budget_sweep.json")
     parser.add_argument("--output", default=None, help="default runs/budget_sweep[_from_dense]")
     parser.add_argument("--plot", default=None, help="default bench/figures/accuracy_vs_gmacs[_from_dense].png")
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
@@ -290,7 +295,7 @@ def main(argv=None):
     dense = dense_gmacs()
     runs = plan(targets, dense, from_dense=args.from_dense)
     rows = Rows(os.path.join(args.output, "budget_sweep.json"), dense)
-    for seed in seeds:
+    for seed in [] if args.report_only else seeds:
         sweep_seed(seed, targets, dense, runs, args, (images, labels), rows)
     table = summarise([r for r in rows if r.get("seed", seeds[0]) in seeds and r["method"] in args.methods])
     extra = None if args.from_dense else os.path.join("runs", "new_methods", "results.json")
