@@ -97,27 +97,10 @@ def sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None):
     (``_jax_sliced_matmul``), so that no block's weight slices wait in memory
     between the two passes.
     """
-    tie = inputs if slice_after is None else slice_after
     if keras.backend.backend() == "jax":
+        tie = inputs if slice_after is None else slice_after
         return _jax_sliced_matmul(inputs, ops.convert_to_tensor(kernel), in_width, out_width, dtype, tie)
-    if keras.backend.backend() == "tensorflow":
-        kernel = _tf_read_after(kernel, tie)
     return ops.matmul(inputs, ops.cast(kernel[:in_width, :out_width], dtype))
-
-
-def _tf_read_after(kernel, tensor):
-    """The kernel's value, read once ``tensor`` exists (tensorflow graphs).
-
-    TensorFlow's executor runs an op as soon as its inputs exist: a weight
-    slice, which needs nothing but the weight, was cut for every block at the
-    start of the call and held until its block ran (MoNE-ViT-B/16 forward at
-    e_c 0.3: +320 MB peak RSS against dense +123, issue 27). The control
-    dependency makes the read, and so the slice, wait for the block.
-    """
-    import tensorflow as tf
-
-    with tf.control_dependencies([tensor]):
-        return tf.identity(ops.convert_to_tensor(kernel))
 
 
 def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie):
