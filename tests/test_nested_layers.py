@@ -586,13 +586,19 @@ class _NestedDenseOfVariable(keras.layers.Layer):
         self.widths = widths
 
     def call(self, inputs, training=None):
-        return self.dense(self.x, **self.widths)
+        widths = dict(self.widths)
+        if widths.pop("tied", False):  # the slice cut after another tensor (NestedMLP's pre-activation)
+            widths["slice_after"] = keras.ops.exp(self.x)
+        return self.dense(self.x, **widths)
 
 
-@pytest.mark.parametrize("widths", [dict(in_width=4), dict(out_width=8), dict(in_width=4, out_width=8)])
+@pytest.mark.parametrize(
+    "widths", [dict(in_width=4), dict(out_width=8), dict(in_width=4, out_width=8), dict(out_width=8, tied=True)]
+)
 def test_nested_dense_gradients_are_those_of_the_sliced_product(widths):
     """Input, kernel and bias gradients of a nested projection (jax: the hand-written backward
-    pass that cuts the slice again) against numpy: dx = Pad(dy W[:a, :b]^T), dW = Pad(x[:, :a]^T dy)."""
+    pass that cuts the slice again) against numpy: dx = Pad(dy W[:a, :b]^T), dW = Pad(x[:, :a]^T dy).
+    ``tied``: the slice is cut after another tensor (``slice_after``), which adds no gradient."""
     rng = np.random.default_rng(3)
     x = rng.normal(size=(2, 5, 16)).astype("float32")
     upstream = rng.normal(size=(2, 5, 32)).astype("float32")
