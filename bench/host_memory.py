@@ -12,13 +12,10 @@ same round. Writes a BENCHMARKS.md section::
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 
-from step_time import RECIPES, measure
+from step_time import RECIPES, measure_in_subprocess
 
 SECTION = "## Host memory: huge pages for large blocks (issue 27 item 4)"
 SETTINGS = ("default", "huge_pages")
@@ -28,10 +25,7 @@ def run(backend, recipe, setting):
     from keras_mone.host_memory import with_huge_pages
 
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {"KERAS_BACKEND": backend}
-    env = with_huge_pages(env) if setting == "huge_pages" else env
-    out = subprocess.run([sys.executable, __file__, "--measure", recipe], env=env,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return measure_in_subprocess(recipe, env=with_huge_pages(env) if setting == "huge_pages" else env)
 
 
 def main(argv=None):
@@ -40,11 +34,7 @@ def main(argv=None):
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--benchmarks", default="BENCHMARKS.md")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.measure:
-        print(json.dumps(measure(args.measure)))
-        return
     backends, names = args.backends.split(","), args.recipes.split(",")
     results = {(b, r, s): [] for b in backends for r in names for s in SETTINGS}
     for round_index in range(args.rounds):

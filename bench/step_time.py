@@ -52,11 +52,16 @@ def measure(recipe):
                 train_faults=(after.ru_minflt - before.ru_minflt) / steps)
 
 
-def run_in(tree, recipe):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    out = subprocess.run([sys.executable, __file__, "--measure", recipe], env=env, capture_output=True, text=True,
-                         check=True, cwd=os.path.abspath(tree)).stdout
+def measure_in_subprocess(recipe, env=None, cwd=None):
+    """``measure(recipe)`` in a fresh process with environment ``env`` (default: this one's), run in ``cwd``."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", recipe], env=env,
+                         capture_output=True, text=True, check=True, cwd=cwd).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def run_in(tree, recipe):
+    tree = os.path.abspath(tree)
+    return measure_in_subprocess(recipe, env={**os.environ, "PYTHONPATH": tree}, cwd=tree)
 
 
 def main(argv=None):
