@@ -166,14 +166,20 @@ def config_roundtrip(layer):
     return clone
 
 
-def gradients(model, loss_fn, inputs, variables):
-    """d loss_fn(model(inputs, training=True)) / d variables, per backend, as numpy."""
+def gradients(model, loss_fn, inputs, variables, graph=False):
+    """d loss_fn(model(inputs, training=True)) / d variables, per backend, as numpy.
+
+    ``graph``: on tensorflow, inside a ``tf.function`` (as ``model.fit`` runs), not eagerly;
+    jax always compiles, torch always runs eagerly."""
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        with tf.GradientTape() as tape:
-            loss = loss_fn(model(inputs, training=True))
-        grads = tape.gradient(loss, [v.value for v in variables])
+        def tape_gradients():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(model(inputs, training=True))
+            return tape.gradient(loss, [v.value for v in variables])
+
+        grads = tf.function(tape_gradients)() if graph else tape_gradients()
         return [None if g is None else to_numpy(g) for g in grads]
     if BACKEND == "torch":
         import torch

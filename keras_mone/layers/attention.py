@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.nested_dense import NestedDense
+from keras_mone.layers.nested_dense import NestedDense, slice_point
 
 
 @register
@@ -79,10 +79,11 @@ class MoNEAttention(ConfigMixin, keras.layers.Layer):
         attended = ops.reshape(attended, (-1, attended.shape[1], self.hidden_dim))
         outputs = []
         start = 0
-        for size, width in zip(sizes, widths):
+        for group, size, width in zip(groups, sizes, widths):
             part = attended if len(sizes) == 1 else attended[:, start : start + size]
             start += size
-            outputs.append(self.dropout(self.out(part, out_width=width), training=training))
+            projected = self.out(part, out_width=width, slice_after=slice_point(early=group, late=part))
+            outputs.append(self.dropout(projected, training=training))
         outputs = outputs[0] if single else outputs
         return (outputs, received) if return_received_attention else outputs
 

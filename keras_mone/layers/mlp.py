@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_mone.layers.activations import gelu
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.nested_dense import NestedDense
+from keras_mone.layers.nested_dense import NestedDense, slice_point
 
 
 @register
@@ -56,9 +56,10 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         pre_activation = self.fc1(inputs, in_width=width)
         hidden = gelu(pre_activation, approximate=self.gelu_approximate, training=bool(training), nested=nested)
         hidden = self.dropout(hidden, training=training)
-        # fc2's weight slice is cut after the pre-activation: cut after the GELU (its input), XLA
-        # would compute the GELU in two passes over the hidden activations (issue 27)
-        outputs = self.fc2(hidden, out_width=width, pad_output=pad_output, slice_after=pre_activation)
+        # on jax fc2's weight slice is cut after the pre-activation: cut after the GELU (its input),
+        # XLA would compute the GELU in two passes over the hidden activations (issue 27)
+        tie = slice_point(early=inputs, late=pre_activation)
+        outputs = self.fc2(hidden, out_width=width, pad_output=pad_output, slice_after=tie)
         outputs = ops.reshape(outputs, tuple(leading) + (outputs.shape[-1],))
         return self.dropout(outputs, training=training)
 
