@@ -14,13 +14,16 @@ For dense, MoNE and the variant: the wall clock of the forward pass and of
 the gradient step (forward + backward of the cross-entropy loss with respect
 to every trainable weight, ``tf.function``, interleaved round-robin, median),
 and the peak RSS of each above the RSS after tracing, one fresh subprocess per
-model, variant and pass (the kernel's ``VmHWM``, reset after tracing)::
+model, variant and pass (the kernel's ``VmHWM``, reset after tracing), with
+the RSS that building the model and tracing the pass add (the graph stays
+resident with the compiled function)::
 
     KERAS_BACKEND=tensorflow python bench/tf_slices.py --capacity 0.3 --batch-size 8 --repeats 5
 """
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import subprocess
@@ -86,14 +89,17 @@ def traced_steps(name, args):
 
 
 def measure_peak(name, kind, args):
-    """Peak RSS MB above the RSS after tracing, for two calls of one pass (child process)."""
+    """``[build + trace MB, peak MB]`` (child process): the RSS the model's build and the
+    pass's tracing add, and the peak RSS of two calls above the RSS after tracing."""
+    before = _current_rss_bytes()
     _, steps = traced_steps(name, args)
+    gc.collect()
     baseline = _current_rss_bytes()
     if not _reset_peak_rss():
-        return None
+        return [(baseline - before) / 1e6, None]
     steps[kind]()
     steps[kind]()
-    return (_vm_hwm_bytes() - baseline) / 1e6
+    return [(baseline - before) / 1e6, (_vm_hwm_bytes() - baseline) / 1e6]
 
 
 def main(argv=None):
@@ -125,19 +131,20 @@ def main(argv=None):
     lines = [
         f"`KERAS_BACKEND=tensorflow python bench/tf_slices.py --variant {args.variant} --capacity {args.capacity:g} "
         f"--batch-size {args.batch_size} --repeats {args.repeats}` (224x224; ms: medians of interleaved calls; "
-        "peak RSS: MB above the RSS after tracing, fresh process per row and pass):",
+        "peak RSS: MB above the RSS after tracing, fresh process per row and pass; build + trace: the RSS "
+        "that building the model and tracing the pass add):",
         "",
-        "| model | FLOP ratio | forward ms | forward speed-up (efficiency) | forward peak MB | gradient step ms "
-        "| gradient-step speed-up (efficiency) | gradient-step peak MB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | FLOP ratio | forward ms | forward speed-up (efficiency) | forward build + trace MB | forward peak MB "
+        "| gradient step ms | gradient-step speed-up (efficiency) | gradient-step build + trace MB | gradient-step peak MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in PLAN:
         ratio = macs["dense"] / macs[name]
         cells = []
         for kind in ("forward", "gradient step"):
             speedup = medians[("dense", kind)] / medians[(name, kind)]
-            peak = peaks[(name, kind)]
-            cells += [f"{medians[(name, kind)]:.0f}", f"{speedup:.2f}x ({speedup / ratio:.2f})",
+            traced, peak = peaks[(name, kind)]
+            cells += [f"{medians[(name, kind)]:.0f}", f"{speedup:.2f}x ({speedup / ratio:.2f})", f"{traced:.0f}",
                       "-" if peak is None else f"{peak:+.0f}"]
         lines.append(f"| {name} | {ratio:.2f}x | " + " | ".join(cells) + " |")
     print("\n".join(lines))
