@@ -15,8 +15,8 @@ the gradient step (forward + backward of the cross-entropy loss with respect
 to every trainable weight, ``tf.function``, interleaved round-robin, median),
 and the peak RSS of each above the RSS after tracing, one fresh subprocess per
 model, variant and pass (the kernel's ``VmHWM``, reset after tracing), with
-the RSS that building the model and tracing the pass add (the graph stays
-resident with the compiled function)::
+the RSS that building the model and tracing both passes add (the graphs stay
+resident with the compiled functions)::
 
     KERAS_BACKEND=tensorflow python bench/tf_slices.py --capacity 0.3 --batch-size 8 --repeats 5
 """
@@ -89,8 +89,8 @@ def traced_steps(name, args):
 
 
 def measure_peak(name, kind, args):
-    """``[build + trace MB, peak MB]`` (child process): the RSS the model's build and the
-    pass's tracing add, and the peak RSS of two calls above the RSS after tracing."""
+    """``[build + trace MB, peak MB]`` (child process): the RSS that building the model and
+    tracing both passes add, and the peak RSS of two calls of one pass above the RSS after tracing."""
     before = _current_rss_bytes()
     _, steps = traced_steps(name, args)
     gc.collect()
@@ -132,19 +132,19 @@ def main(argv=None):
         f"`KERAS_BACKEND=tensorflow python bench/tf_slices.py --variant {args.variant} --capacity {args.capacity:g} "
         f"--batch-size {args.batch_size} --repeats {args.repeats}` (224x224; ms: medians of interleaved calls; "
         "peak RSS: MB above the RSS after tracing, fresh process per row and pass; build + trace: the RSS "
-        "that building the model and tracing the pass add):",
+        "that building the model and tracing both passes add):",
         "",
-        "| model | FLOP ratio | forward ms | forward speed-up (efficiency) | forward build + trace MB | forward peak MB "
-        "| gradient step ms | gradient-step speed-up (efficiency) | gradient-step build + trace MB | gradient-step peak MB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | FLOP ratio | build + trace MB | forward ms | forward speed-up (efficiency) | forward peak MB "
+        "| gradient step ms | gradient-step speed-up (efficiency) | gradient-step peak MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in PLAN:
         ratio = macs["dense"] / macs[name]
-        cells = []
+        cells = [f"{peaks[(name, 'forward')][0]:.0f}"]  # each child traces both passes
         for kind in ("forward", "gradient step"):
             speedup = medians[("dense", kind)] / medians[(name, kind)]
-            traced, peak = peaks[(name, kind)]
-            cells += [f"{medians[(name, kind)]:.0f}", f"{speedup:.2f}x ({speedup / ratio:.2f})", f"{traced:.0f}",
+            peak = peaks[(name, kind)][1]
+            cells += [f"{medians[(name, kind)]:.0f}", f"{speedup:.2f}x ({speedup / ratio:.2f})",
                       "-" if peak is None else f"{peak:+.0f}"]
         lines.append(f"| {name} | {ratio:.2f}x | " + " | ".join(cells) + " |")
     print("\n".join(lines))
