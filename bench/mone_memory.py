@@ -16,7 +16,11 @@ Issue 27 changes, each of which a variant undoes while the model is traced:
 * ``NestedMLP`` cuts fc2's weight slice after the pre-activation, not after
   the GELU (the slice's tie was a second reader of the GELU output, and XLA
   then computed the GELU in two passes over the hidden activations): variant
-  ``fc2 slice after GELU``.
+  ``fc2 slice after GELU``;
+* ``layers.attention.multi_head_attention`` puts each token group's q, k, v
+  heads first and concatenates them in that layout (one copy; concatenating
+  the groups first, then transposing, made two): variant ``qkv concatenated
+  first``.
 
 For dense, MoNE as it runs now and each variant, reports the compiled
 temporaries (XLA ``memory_analysis()``) of the forward pass and of the
@@ -39,6 +43,7 @@ from block_profile import interleaved_medians
 from keras_mone import flops, models
 from keras_mone.analysis.bench_memory import compiled_jax_step
 from keras_mone.layers import activations
+from keras_mone.layers import attention as attention_module
 from keras_mone.layers import block as block_module
 from keras_mone.layers import mlp as mlp_module
 from keras_mone.layers import nested_dense
@@ -71,6 +76,15 @@ def _slice_after_inputs(inputs, kernel, in_width, out_width, dtype, slice_after=
     return _sliced_matmul(inputs, kernel, in_width, out_width, dtype)
 
 
+_multi_head_attention = attention_module.multi_head_attention
+
+
+def _qkv_concatenated_first(qkv, return_received_attention=False):
+    if isinstance(qkv, (list, tuple)):
+        qkv = keras.ops.concatenate(qkv, axis=1)
+    return _multi_head_attention(qkv, return_received_attention)
+
+
 def _erfc_gelu(x, approximate=False, training=False, nested=False):
     return activations.gelu(x, approximate, training)
 
@@ -90,6 +104,7 @@ VARIANTS = {
     "erfc GELU": lambda: replaced(mlp_module, "gelu", _erfc_gelu),
     "autodiff slices": lambda: replaced(nested_dense, "sliced_matmul", _autodiff_sliced_matmul),
     "fc2 slice after GELU": lambda: replaced(nested_dense, "sliced_matmul", _slice_after_inputs),
+    "qkv concatenated first": lambda: replaced(attention_module, "multi_head_attention", _qkv_concatenated_first),
 }
 
 

@@ -547,6 +547,37 @@ def _attention_gradient_reference(qkv, upstream):
     return np.stack([np.moveaxis(g, 1, 2) for g in (d_q, d_k, d_v)], axis=2)
 
 
+@pytest.mark.parametrize("received", [False, True], ids=["attended", "with_received"])
+def test_attention_over_token_parts_equals_attention_over_their_concatenation(received):
+    """``multi_head_attention`` on a list of token parts (MoNE's groups, put heads first one by
+    one and then concatenated) gives the outputs, received attention and gradients of the same
+    call on the concatenated tensor, and the gradient equals the float64 softmax backward."""
+    qkv = 3 * rand(2, 7, 3, 2, 4, seed=5)
+    upstream = rand(2, 7, 2, 4, seed=6)
+    bounds = [(0, 3), (3, 5), (5, 7)]
+
+    def on_parts(v):
+        return multi_head_attention([v[:, a:b] for a, b in bounds], received)
+
+    def on_whole(v):
+        return multi_head_attention(v, received)
+
+    outputs = {}
+    for name, call in (("parts", on_parts), ("whole", on_whole)):
+        result = call(keras.ops.convert_to_tensor(qkv))
+        outputs[name] = [to_numpy(r) for r in (result if received else [result])]
+    for part, whole in zip(outputs["parts"], outputs["whole"]):
+        np.testing.assert_allclose(part, whole, rtol=0, atol=ATOL)
+
+    def loss(out):
+        return keras.ops.sum((out[0] if received else out) * keras.ops.convert_to_tensor(upstream))
+
+    grad_parts = _gradient_of(lambda v, training: on_parts(v), qkv, loss)
+    grad_whole = _gradient_of(lambda v, training: on_whole(v), qkv, loss)
+    np.testing.assert_allclose(grad_parts, grad_whole, rtol=0, atol=ATOL)
+    assert_f32_close(grad_parts, _attention_gradient_reference(qkv, upstream))
+
+
 def test_attention_gradient_matches_the_softmax_backward():
     """The jax path stops the gradient of its max shift (exactly zero in exact arithmetic):
     gradients equal the softmax backward on every backend's path. Large scores make the
