@@ -1,7 +1,7 @@
-"""The MLP's forms against each other: ViT-B/16 forward, dense and MoNE, one process (issue 27).
+"""Old and new forms of a block's parts: ViT-B/16 forward, dense and MoNE, one process (issue 27).
 
-Two changes of ``NestedMLP`` / ``NestedDense``, undone together while the
-``old`` models are traced:
+``--change mlp`` (default): two changes of ``NestedMLP`` / ``NestedDense``,
+undone together while the ``old`` models are traced:
 
 * the MLP runs on token rows ``(tokens, D)`` and ``NestedDense`` adds its
   bias with ``tf.nn.bias_add`` on tensorflow (``layers.nested_dense.add_bias``):
@@ -12,14 +12,20 @@ Two changes of ``NestedMLP`` / ``NestedDense``, undone together while the
   XLA compute the GELU in two passes over every group's hidden activations.
 
 ``old`` is the MLP as it was (3-D matmul, ``+ bias``, fc2's slice tied to its
-input); ``new`` the current one. Each model is compiled as the backend runs
+input); ``new`` the current one.
+
+``--change attention``: ``layers.attention.multi_head_attention`` takes MoNE's
+token groups as parts, puts each heads first and concatenates them in that
+layout; ``old`` concatenates the groups' q, k, v first and then transposes
+(two copies instead of one; torch's path concatenates first either way).
+ Each model is compiled as the backend runs
 models (jax ``jit``, ``tf.function``, torch eager under ``no_grad``) and timed
 round-robin with the others, median of ``--repeats``::
 
-    KERAS_BACKEND=tensorflow python bench/mlp_forms.py --capacity 0.3 --repeats 8 [--output FILE]
+    KERAS_BACKEND=tensorflow python bench/mlp_forms.py --capacity 0.3 --repeats 8 [--change attention] [--output FILE]
 
-(one table per backend; BENCHMARKS.md's section "MLP on token rows, bias
-fused" holds the three).
+(one table per backend; BENCHMARKS.md's sections "MLP on token rows, bias
+fused" and "Attention over token groups" hold them).
 """
 
 import argparse
@@ -31,6 +37,7 @@ import numpy as np
 
 from block_profile import interleaved_medians
 from keras_mone import flops, models
+from keras_mone.layers import attention as attention_module
 from keras_mone.layers import mlp as mlp_module
 from keras_mone.layers import nested_dense
 from keras_mone.layers.activations import gelu
@@ -53,6 +60,28 @@ def old_mlp():
         yield
     finally:
         mlp_module.NestedMLP.call, nested_dense.add_bias = saved
+
+
+_multi_head_attention = attention_module.multi_head_attention
+
+
+def qkv_concatenated_first(qkv, return_received_attention=False):
+    """``multi_head_attention`` as it was: token groups concatenated before the heads-first transposes."""
+    if isinstance(qkv, (list, tuple)):
+        qkv = keras.ops.concatenate(qkv, axis=1)
+    return _multi_head_attention(qkv, return_received_attention)
+
+
+@contextlib.contextmanager
+def old_attention():
+    attention_module.multi_head_attention = qkv_concatenated_first
+    try:
+        yield
+    finally:
+        attention_module.multi_head_attention = _multi_head_attention
+
+
+OLD_FORMS = {"mlp": old_mlp, "attention": old_attention}
 
 
 def compiled_forward(model, images, context):
@@ -87,6 +116,7 @@ def main(argv=None):
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--change", choices=sorted(OLD_FORMS), default="mlp", help="which change the old form undoes")
     parser.add_argument("--output", default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
     images = np.random.default_rng(0).normal(size=(args.batch_size, 224, 224, 3)).astype("float32")
@@ -97,13 +127,14 @@ def main(argv=None):
         model = models.ImageClassifier(cls(**config, **extra), num_classes=1000)
         model.build()
         macs[name] = flops(model).total
-        for form, context in (("old", old_mlp), ("new", contextlib.nullcontext)):
+        for form, context in (("old", OLD_FORMS[args.change]), ("new", contextlib.nullcontext)):
             runs[(name, form)] = compiled_forward(model, images, context)
     medians = interleaved_medians(runs, args.repeats)
     backend = keras.backend.backend()
     lines = [
         f"`KERAS_BACKEND={backend} python bench/mlp_forms.py --variant {args.variant} --capacity {args.capacity:g} "
-        f"--batch-size {args.batch_size} --repeats {args.repeats}` (224x224; milliseconds, medians of interleaved calls):",
+        f"--batch-size {args.batch_size} --repeats {args.repeats} --change {args.change}` (224x224; milliseconds, "
+        "medians of interleaved calls):",
         "",
         "| backend | model | old ms | new ms | new speed-up | speed-up over dense old / new (FLOP ratio) |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -40,6 +40,7 @@ import keras
 import numpy as np
 
 from block_profile import interleaved_medians
+from mlp_forms import qkv_concatenated_first
 from keras_mone import flops, models
 from keras_mone.analysis.bench_memory import compiled_jax_step
 from keras_mone.layers import activations
@@ -76,15 +77,6 @@ def _slice_after_inputs(inputs, kernel, in_width, out_width, dtype, slice_after=
     return _sliced_matmul(inputs, kernel, in_width, out_width, dtype)
 
 
-_multi_head_attention = attention_module.multi_head_attention
-
-
-def _qkv_concatenated_first(qkv, return_received_attention=False):
-    if isinstance(qkv, (list, tuple)):
-        qkv = keras.ops.concatenate(qkv, axis=1)
-    return _multi_head_attention(qkv, return_received_attention)
-
-
 def _erfc_gelu(x, approximate=False, training=False, nested=False):
     return activations.gelu(x, approximate, training)
 
@@ -104,7 +96,7 @@ VARIANTS = {
     "erfc GELU": lambda: replaced(mlp_module, "gelu", _erfc_gelu),
     "autodiff slices": lambda: replaced(nested_dense, "sliced_matmul", _autodiff_sliced_matmul),
     "fc2 slice after GELU": lambda: replaced(nested_dense, "sliced_matmul", _slice_after_inputs),
-    "qkv concatenated first": lambda: replaced(attention_module, "multi_head_attention", _qkv_concatenated_first),
+    "qkv concatenated first": lambda: replaced(attention_module, "multi_head_attention", qkv_concatenated_first),
 }
 
 

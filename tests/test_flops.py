@@ -288,7 +288,9 @@ def _traced_block_macs(monkeypatch, model, batch=2):
     def counting_attention(qkv, return_received_attention=False):
         # Counted here as a whole (QK^T and the weighted sum); the matmuls it
         # runs inside must not count as projections.
-        _, tokens, _, heads, head_dim = qkv.shape
+        parts = qkv if isinstance(qkv, (list, tuple)) else [qkv]  # MoNE's token groups come as parts
+        _, _, _, heads, head_dim = parts[0].shape
+        tokens = sum(part.shape[1] for part in parts)
         measured["attention"] += 2 * batch * tokens * tokens * heads * head_dim
         with monkeypatch.context() as inner:
             inner.setattr(keras.ops, "matmul", matmul)
