@@ -105,10 +105,10 @@ def multi_head_attention(qkv, return_received_attention=False):
     ``qkv`` may also be a list of such tensors, consecutive along the token
     axis (MoNE's token groups): on jax and tensorflow each part is put heads
     first and the parts are concatenated in that layout, one copy, where
-    concatenating them first and then transposing made two (jax: the MoNE
-    attention sub-layer at e_c 0.3 0.3-0.7 ms faster of 11, tensorflow 0.4 ms;
-    bit-identical outputs; issue 27). torch concatenates first for its fused
-    kernel.
+    concatenating them first and then transposing made two (MoNE-ViT-B/16 at
+    e_c 0.3: forward 1.5-3.5% faster on jax, 4.8% on tensorflow, jax gradient
+    step 5.5%; bit-identical outputs; ``bench/mlp_forms.py --change
+    attention``, issue 27). torch concatenates first for its fused kernel.
 
     Returns (B, N, H, head_dim); with ``return_received_attention`` also the
     (B, N) float32 attention each token receives, averaged over heads and
