@@ -28,6 +28,7 @@ keeps the measured speed-up below the FLOP ratio.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -76,6 +77,17 @@ def prepared(block, fn, inputs):
             return fn(*inputs)
 
     return run, None
+
+
+@contextlib.contextmanager
+def replaced(module, name, value):
+    """``module.name`` set to ``value`` inside the context (an old form undone while a model is traced)."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
 
 
 def interleaved_medians(runs, repeats):

@@ -18,9 +18,10 @@ input); ``new`` the current one.
 token groups as parts, puts each heads first and concatenates them in that
 layout; ``old`` concatenates the groups' q, k, v first and then transposes
 (two copies instead of one; torch's path concatenates first either way).
- Each model is compiled as the backend runs
-models (jax ``jit``, ``tf.function``, torch eager under ``no_grad``) and timed
-round-robin with the others, median of ``--repeats``::
+
+Each model is compiled as the backend runs models (jax ``jit``,
+``tf.function``, torch eager under ``no_grad``) and timed round-robin with
+the others, median of ``--repeats``::
 
     KERAS_BACKEND=tensorflow python bench/mlp_forms.py --capacity 0.3 --repeats 8 [--change attention] [--output FILE]
 
@@ -35,7 +36,7 @@ import os
 import keras
 import numpy as np
 
-from block_profile import interleaved_medians
+from block_profile import interleaved_medians, replaced
 from keras_mone import flops, models
 from keras_mone.layers import attention as attention_module
 from keras_mone.layers import mlp as mlp_module
@@ -72,16 +73,10 @@ def qkv_concatenated_first(qkv, return_received_attention=False):
     return _multi_head_attention(qkv, return_received_attention)
 
 
-@contextlib.contextmanager
-def old_attention():
-    attention_module.multi_head_attention = qkv_concatenated_first
-    try:
-        yield
-    finally:
-        attention_module.multi_head_attention = _multi_head_attention
-
-
-OLD_FORMS = {"mlp": old_mlp, "attention": old_attention}
+OLD_FORMS = {
+    "mlp": old_mlp,
+    "attention": lambda: replaced(attention_module, "multi_head_attention", qkv_concatenated_first),
+}
 
 
 def compiled_forward(model, images, context):

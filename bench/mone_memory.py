@@ -39,7 +39,7 @@ import jax
 import keras
 import numpy as np
 
-from block_profile import interleaved_medians
+from block_profile import interleaved_medians, replaced
 from mlp_forms import qkv_concatenated_first
 from keras_mone import flops, models
 from keras_mone.analysis.bench_memory import compiled_jax_step
@@ -49,16 +49,6 @@ from keras_mone.layers import block as block_module
 from keras_mone.layers import mlp as mlp_module
 from keras_mone.layers import nested_dense
 from keras_mone.models import decode_variant
-
-
-@contextlib.contextmanager
-def replaced(module, name, value):
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
 
 
 def _identity(value, tensor):

@@ -32,7 +32,7 @@ import sys
 import keras
 import numpy as np
 
-from block_profile import interleaved_medians
+from block_profile import interleaved_medians, replaced
 from keras_mone import flops, models
 from keras_mone.analysis.bench_measure import _current_rss_bytes, _reset_peak_rss, _vm_hwm_bytes
 from keras_mone.layers import nested_dense
@@ -42,17 +42,11 @@ def _untied_autodiff(inputs, kernel, in_width, out_width, dtype, slice_after=Non
     return keras.ops.matmul(inputs, keras.ops.cast(kernel[:in_width, :out_width], dtype))
 
 
-@contextlib.contextmanager
 def untied_autodiff():
-    saved = nested_dense.sliced_matmul
-    nested_dense.sliced_matmul = _untied_autodiff
-    try:
-        yield
-    finally:
-        nested_dense.sliced_matmul = saved
+    return replaced(nested_dense, "sliced_matmul", _untied_autodiff)
 
 
-PLAN = {  # name -> (backbone, capacity, tracing context)
+PLAN = {  # name -> (backbone, routed (takes --capacity), tracing context)
     "dense": ("ViTBackbone", None, contextlib.nullcontext),
     "MoNE": ("MoNEViTBackbone", True, contextlib.nullcontext),
     "MoNE, untied autodiff": ("MoNEViTBackbone", True, untied_autodiff),
