@@ -11,6 +11,7 @@ from keras_mone.cli.main import main
 from keras_mone.training.quickstart import (
     DENSE_RECIPE,
     MONE_RECIPE,
+    format_phases,
     format_results,
     load_test_data,
     resolve_recipe,
@@ -41,6 +42,11 @@ def test_quickstart_writes_results_and_figures(tmp_path):
     gmacs = [r["gmacs"] for r in saved["mone"]]
     assert gmacs == sorted(gmacs) and gmacs[-1] > saved["dense"]["gmacs"] > gmacs[0]
     assert "MoNE-ViT" in format_results(results) and "dense ViT" in format_results(results)
+    # Where the time went: every phase timed once, together within the total.
+    phases = saved["phase_seconds"]
+    assert list(phases) == ["test_data", "dense_training", "dense_evaluation", "mone_training", "mone_evaluation", "plots"]
+    assert all(seconds > 0 for seconds in phases.values()) and sum(phases.values()) <= saved["seconds"]
+    assert format_phases(results).startswith("Time: test data ") and f"total {saved['seconds']:.1f} s" in format_phases(results)
 
 
 def test_quickstart_trains_through_the_recipe_loop(tmp_path):

@@ -9,10 +9,11 @@ interrupted quickstart resumes where it stopped). Digits recipes need no
 tf.data (fresh renderings from :class:`keras_mone.data.ClutteredDigitsStream`,
 the test split in memory), so a jax or torch install is enough. Then evaluates MoNE at several effective capacities on the 5026-image
 test split and writes ``results.json`` (with per-epoch histories: loss,
-accuracy, MoNE's alpha and router entropy), ``accuracy_vs_gmacs.png`` and
-``routing.png`` (tokens sent to the full expert, as in Fig. 1 and 8 of the MoNE
-paper)."""
+accuracy, MoNE's alpha and router entropy, and the wall-clock seconds of each
+phase: ``phase_seconds``), ``accuracy_vs_gmacs.png`` and ``routing.png`` (tokens
+sent to the full expert, as in Fig. 1 and 8 of the MoNE paper)."""
 
+import contextlib
 import csv
 import json
 import os
@@ -108,6 +109,16 @@ def evaluate(model, test_data, digit_tokens=None, batch_size=256):
     return result
 
 
+@contextlib.contextmanager
+def timed(phase_seconds, phase):
+    """Adds the wall-clock seconds of the ``with`` body to ``phase_seconds[phase]``."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phase_seconds[phase] = phase_seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
 def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, verbose="auto"):
     """Runs the quickstart and writes its outputs to ``output_dir``; returns the results.
 
@@ -123,9 +134,11 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         if not 0.0 < capacity <= 1.0:
             raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
     os.makedirs(output_dir, exist_ok=True)
-    test_data, digit_tokens = load_test_data(dense_recipe)
+    started = time.perf_counter()
+    phases = {}
+    with timed(phases, "test_data"):
+        test_data, digit_tokens = load_test_data(dense_recipe)
     stream = digits_stream(dense_recipe)
-    started = time.time()
     results = {
         "backend": keras.backend.backend(),
         "recipes": {"dense": DENSE_RECIPE, "mone": MONE_RECIPE},
@@ -133,34 +146,48 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         "epochs": dense_recipe["epochs"],
         "train_images": dense_recipe["epochs"] * stream.steps_per_epoch * stream.batch_size,
         "test_images": len(test_data[0]),
+        "phase_seconds": phases,
     }
 
     print(
         f"Training the dense ViT ({DENSE_RECIPE}: {dense_recipe['epochs']} epochs of "
         f"{stream.steps_per_epoch * stream.batch_size} fresh images; test split {len(test_data[0])} images)"
     )
-    dense, results["dense_history"] = train_recipe(DENSE_RECIPE, os.path.join(output_dir, "dense"), overrides, verbose)
-    results["dense"] = evaluate(dense, test_data)
+    with timed(phases, "dense_training"):
+        dense, results["dense_history"] = train_recipe(DENSE_RECIPE, os.path.join(output_dir, "dense"), overrides, verbose)
+    with timed(phases, "dense_evaluation"):
+        results["dense"] = evaluate(dense, test_data)
 
     print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
-    mone, results["mone_history"] = train_recipe(MONE_RECIPE, os.path.join(output_dir, "mone"), overrides, verbose)
+    with timed(phases, "mone_training"):
+        mone, results["mone_history"] = train_recipe(MONE_RECIPE, os.path.join(output_dir, "mone"), overrides, verbose)
     results["train_capacity"] = mone_recipe["capacity"]
     results["mone"] = []
-    for capacity in eval_capacities:
-        mone.set_capacity(capacity)
-        results["mone"].append(evaluate(mone, test_data, digit_tokens))
-    results["seconds"] = time.time() - started
+    with timed(phases, "mone_evaluation"):
+        for capacity in eval_capacities:
+            mone.set_capacity(capacity)
+            results["mone"].append(evaluate(mone, test_data, digit_tokens))
 
-    with open(os.path.join(output_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
     from keras_mone.training import quickstart_plots
 
-    quickstart_plots.plot_accuracy_vs_gmacs(results, os.path.join(output_dir, "accuracy_vs_gmacs.png"))
-    mone.set_capacity(min(eval_capacities, key=lambda c: abs(c - 0.3)))
-    quickstart_plots.plot_routing(mone, test_data, os.path.join(output_dir, "routing.png"))
+    with timed(phases, "plots"):
+        quickstart_plots.plot_accuracy_vs_gmacs(results, os.path.join(output_dir, "accuracy_vs_gmacs.png"))
+        mone.set_capacity(min(eval_capacities, key=lambda c: abs(c - 0.3)))
+        quickstart_plots.plot_routing(mone, test_data, os.path.join(output_dir, "routing.png"))
+    results["seconds"] = time.perf_counter() - started
+    with open(os.path.join(output_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
     print(format_results(results))
+    print(format_phases(results))
     print(f"Wrote results.json, accuracy_vs_gmacs.png and routing.png to {output_dir}")
     return results
+
+
+def format_phases(results):
+    """One line: the seconds of each phase and the total (training includes
+    compilation, per-epoch validation and checkpoints)."""
+    parts = ", ".join(f"{phase.replace('_', ' ')} {seconds:.1f} s" for phase, seconds in results["phase_seconds"].items())
+    return f"Time: {parts}; total {results['seconds']:.1f} s"
 
 
 def format_results(results):
