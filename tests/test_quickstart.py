@@ -66,6 +66,21 @@ def test_quickstart_trains_through_the_recipe_loop(tmp_path):
     assert again["mone"][0]["accuracy"] == first["mone"][0]["accuracy"]
 
 
+def test_results_are_written_before_the_plots(tmp_path, monkeypatch):
+    """A failing plot loses no result: results.json holds every evaluation."""
+    from keras_mone.training import quickstart_plots
+
+    def broken_plot(*args, **kwargs):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(quickstart_plots, "plot_accuracy_vs_gmacs", broken_plot)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        run_quickstart(str(tmp_path), TINY_OVERRIDES, eval_capacities=(0.5, 1.0), verbose=0)
+    with open(tmp_path / "results.json") as f:
+        saved = json.load(f)
+    assert [r["capacity"] for r in saved["mone"]] == [0.5, 1.0] and "plots" not in saved["phase_seconds"]
+
+
 def test_in_memory_test_split_is_the_pipeline_split():
     """The recipe's eval data (in memory, no tf.data) holds the quickstart's test split."""
     recipe = resolve_recipe(DENSE_RECIPE, TINY_OVERRIDES)

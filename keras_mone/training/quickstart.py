@@ -168,6 +168,8 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
             mone.set_capacity(capacity)
             results["mone"].append(evaluate(mone, test_data, digit_tokens))
 
+    results["seconds"] = time.perf_counter() - started
+    write_results(results, output_dir)  # before the plots: a failing plot loses no result
     from keras_mone.training import quickstart_plots
 
     with timed(phases, "plots"):
@@ -175,12 +177,17 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         mone.set_capacity(min(eval_capacities, key=lambda c: abs(c - 0.3)))
         quickstart_plots.plot_routing(mone, test_data, os.path.join(output_dir, "routing.png"))
     results["seconds"] = time.perf_counter() - started
-    with open(os.path.join(output_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    write_results(results, output_dir)
     print(format_results(results))
     print(format_phases(results))
     print(f"Wrote results.json, accuracy_vs_gmacs.png and routing.png to {output_dir}")
     return results
+
+
+def write_results(results, output_dir):
+    """Writes ``results`` to ``output_dir/results.json``."""
+    with open(os.path.join(output_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
 
 
 def format_phases(results):
