@@ -5,6 +5,7 @@ import re
 import pytest
 
 from keras_mone import presets
+from keras_mone.analysis.bench_models import _unbuilt_layers
 from keras_mone.presets import registry
 from keras_mone.models import VIT_SIZES, ImageClassifier, MoNEViTBackbone, ViTBackbone, decode_variant
 from keras_mone.models.methods import architectures
@@ -67,13 +68,9 @@ def test_every_preset_resolves(name):
     backbone_cls(**{**config, **arguments})
 
 
-def unbuilt_layers(model):
-    return sorted({type(layer).__name__ for layer in model._flatten_layers() if not layer.built})
-
-
 def build_and_count(name):
     model = presets.from_preset(name, load_weights=False, use_class_token=True)
-    assert isinstance(model, ImageClassifier) and model.built and unbuilt_layers(model) == []
+    assert isinstance(model, ImageClassifier) and model.built and _unbuilt_layers(model) == []
     return model
 
 
@@ -82,7 +79,7 @@ def test_preset_models_are_built_through_every_layer(name):
     # Keras' predict / predict_on_batch on jax run one eager, op-by-op forward
     # pass whenever any layer reports itself unbuilt (stateless DropPath did:
     # ~370 single-op compilations and ~500 MB of RSS for MoNE-ViT-B/16).
-    assert unbuilt_layers(presets.from_preset(name, load_weights=False)) == []
+    assert _unbuilt_layers(presets.from_preset(name, load_weights=False)) == []
 
 
 @pytest.mark.parametrize("name, size", [("vit_ti16", "Ti"), ("vit_s16", "S")])
