@@ -28,6 +28,7 @@ from keras_mone.analysis.token_maps import padded_batches
 from keras_mone.data import load_cluttered_digits, patch_coverage
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.models.variants import decode_variant
+from keras_mone.presets.weights import _atomic_write_text
 from keras_mone.recipes import RecipeError, load, resolve
 from keras_mone.recipes.data_sources import cluttered_digits_arguments, digits_stream
 
@@ -185,9 +186,9 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
 
 
 def write_results(results, output_dir):
-    """Writes ``results`` to ``output_dir/results.json``."""
-    with open(os.path.join(output_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    """Writes ``results`` to ``output_dir/results.json`` through a temporary file,
+    so that rewriting it after the plots cannot leave a truncated file."""
+    _atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(results, indent=2))
 
 
 def format_phases(results):
