@@ -5,7 +5,8 @@ model: every replaced module's input ``z`` and output ``o`` come from the
 dense network, and each ACM learns from ``(z, o)``. ``attach`` gives an ACM
 module (any ``layers.acm.LearnerStack``: ``ACMMLP``, ``ACMLinear``) the dense
 layer it replaces, frozen and untracked (not saved, not in the checkpoints,
-not trained). A backbone running its *teacher stream* calls ``stream`` for
+not trained: Keras' saving walks every attribute that is a layer, so the
+teacher sits inside a plain ``_Attached`` holder that saving skips). A backbone running its *teacher stream* calls ``stream`` for
 each module: the residual stream takes ``o`` (so the next module sees the
 dense model's input), and the forward record keeps the module's stack of
 ``h(z, 0..N)`` (``record["acm_outputs"]``) beside ``o``
@@ -20,6 +21,16 @@ from keras import ops
 _TEACHER = "_acm_teacher"
 
 
+class _Attached:
+    """Holds a teacher where neither Keras' saving (which walks every attribute
+    that is a layer or a variable) nor torch's module registry can see it."""
+
+    __slots__ = ("teacher",)
+
+    def __init__(self, teacher):
+        self.teacher = teacher
+
+
 def attach(module, teacher):
     """Makes ``teacher`` (a callable ``z -> o``, e.g. the dense ViT's MLP) the target of ``module``.
 
@@ -31,12 +42,13 @@ def attach(module, teacher):
         return
     if hasattr(teacher, "trainable"):
         teacher.trainable = False
-    module.__dict__[_TEACHER] = teacher
+    module.__dict__[_TEACHER] = _Attached(teacher)
 
 
 def teacher_of(module):
     """The teacher attached to ``module``, or ``None``."""
-    return module.__dict__.get(_TEACHER)
+    attached = module.__dict__.get(_TEACHER)
+    return None if attached is None else attached.teacher
 
 
 def stream(module, inputs):

@@ -18,6 +18,14 @@ import h5py
 import keras
 
 _NOT_MODEL_STATE = ("optimizer",)  # top-level groups of a .weights.h5 that are not model variables
+# Groups inside a model that are not its state: the frozen dense teacher of
+# ACM's conversion phases, which keras_mone 0.1.0 saved beside each ACM
+# module (``layers.acm_teacher``); their checkpoints still restore.
+_NOT_MODEL_PARTS = ("_acm_teacher",)
+
+
+def _outside_the_model(name):
+    return any(part in _NOT_MODEL_PARTS for part in name.split("/"))
 
 
 def stored_variable_shapes(path):
@@ -34,7 +42,7 @@ def stored_variable_shapes(path):
                 else:
                     item.visititems(
                         lambda name, node, key=key: shapes.append((f"{key}/{name}", tuple(node.shape)))
-                        if isinstance(node, h5py.Dataset) else None
+                        if isinstance(node, h5py.Dataset) and not _outside_the_model(name) else None
                     )
     except OSError as error:
         raise ValueError(

@@ -2,7 +2,10 @@
 
 ``StepCheckpoint`` writes ``<directory>/step_<N>.weights.h5`` (model and
 optimizer variables, so the optimizer's ``iterations`` is the global step) and
-then ``<directory>/step_<N>.json`` (step, sha256 of the weights file) every
+then ``<directory>/step_<N>.json`` (step, sha256 of the weights file, the
+state of every random-number generator: Keras' weights files leave out the
+``SeedGenerator`` states that draw dropout, DropPath or ACM's Gumbel noise,
+and a resume without them would draw other noise) every
 ``every_steps`` steps and at every epoch end. A checkpoint counts once its
 ``.json`` exists, so a crash while writing leaves the previous one in charge.
 Before writing, every variable is checked to be finite: a diverged model is
@@ -41,6 +44,33 @@ def _sha256(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def seed_states(model):
+    """The model's ``SeedGenerator`` state variables (in its non-trainable state, not in its weights)."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.non_trainable_variables if id(v) not in weights and "seed_generator" in v.path]
+
+
+def _restore_seeds(model, weights):
+    """Assigns the seed states recorded beside checkpoint ``weights`` (none recorded: left as they are)."""
+    record = weights[: -len(".weights.h5")] + ".json"
+    try:
+        with open(record) as f:
+            recorded = json.load(f).get("seeds")
+    except (OSError, ValueError):
+        return
+    if recorded is None:  # written before the seeds were recorded
+        return
+    variables = seed_states(model)
+    if len(recorded) != len(variables):
+        warnings.warn(
+            f"checkpoint {weights!r} records {len(recorded)} random-number generator states, the model has "
+            f"{len(variables)}; their noise is not resumed exactly.", stacklevel=3,
+        )
+        return
+    for variable, value in zip(variables, recorded):
+        variable.assign(np.asarray(value, dtype=keras.backend.standardize_dtype(variable.dtype)))
 
 
 def non_finite_variables(model):
@@ -162,6 +192,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         os.replace(partial, weights)
         state = os.path.join(self.directory, f"step_{step}.json")
         record = {"step": step, "sha256": _sha256(weights)}
+        record["seeds"] = [keras.ops.convert_to_numpy(v).tolist() for v in seed_states(model)]
         if mid_epoch:
             record["metrics"] = [keras.ops.convert_to_numpy(v).tolist() for v in model.metrics_variables]
         with open(state + ".tmp", "w") as f:
@@ -213,17 +244,19 @@ def restore(model, directory):
         return 0
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    initial = [keras.ops.convert_to_numpy(v) for v in model.variables + model.optimizer.variables]
+    state = model.variables + model.optimizer.variables  # seed states included
+    initial = [keras.ops.convert_to_numpy(v) for v in state]
     problems = []
     for step, weights in found:
         try:
             _verified(weights)
             model.load_weights(weights)
+            _restore_seeds(model, weights)
             bad = non_finite_variables(model)
             if bad:
                 raise ValueError(f"checkpoint {weights!r} holds non-finite values in {bad[:3]}.")
         except Exception as error:  # corrupt, truncated or foreign file
-            for variable, value in zip(model.variables + model.optimizer.variables, initial):
+            for variable, value in zip(state, initial):
                 variable.assign(value)
             problems.append(f"{weights}: {error}")
             warnings.warn(f"Skipping checkpoint at step {step}: {error}", stacklevel=2)
