@@ -77,7 +77,7 @@ def test_a_method_owns_its_modes_and_their_terms_reach_history_csv(monkeypatch, 
     monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
     regularised = TrainingMode(
         "share_regularised", "MoNE with a penalty on the full expert's share",
-        loss_terms=lambda recipe: (LossTerm("full_share", _full_expert_share, weight=0.1),),
+        loss_terms=lambda recipe, model: (LossTerm("full_share", _full_expert_share, weight=0.1),),
     )
     methods.register_method(methods.Method(
         "share_mone",

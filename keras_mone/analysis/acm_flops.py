@@ -43,17 +43,16 @@ def acm_block_plan(backbone):
     ``"out"``); tokens per learner are the grouped quotas, or every token in
     exact execution. Built from the configuration only (nothing is built).
     """
-    tokens, d, n = backbone.num_tokens, backbone.hidden_dim, backbone.num_learners
+    tokens, n = backbone.num_tokens, backbone.num_learners
     plan = []
     for block in backbone.blocks:
-        modules = [("mlp", block.mlp, 2 * d * block.mlp.learner_width, n + 1)]
+        modules = [("mlp", block.mlp, n + 1)]
         if backbone.acm_projections:
-            modules += [
-                (name, block.attention.projections[name], 2 * d * block.attention.rank, n) for name in PROJECTIONS
-            ]
+            modules += [(name, block.attention.projections[name], n) for name in PROJECTIONS]
         plan.append([
-            (name, cost, module.caps(tokens) if backbone.execution == "grouped" else (tokens,) * n, choices)
-            for name, module, cost, choices in modules
+            (name, module.learner_macs, module.caps(tokens) if backbone.execution == "grouped" else (tokens,) * n,
+             choices)
+            for name, module, choices in modules
         ])
     return plan
 

@@ -113,6 +113,11 @@ class LearnerStack(keras.layers.Layer):
             return counts
         return self._assign(counts, confidence)[2]
 
+    @property
+    def learner_macs(self):
+        """MACs of one learner on one token, ``in -> learner_width -> out`` (ACM's ``p^l``, Sec. 3.3)."""
+        return (self.hidden_dim + self.out_dim) * self.learner_width
+
     def caps(self, num_tokens):
         """Static token slots of learners ``1..N`` for ``num_tokens`` tokens.
 

@@ -14,7 +14,9 @@ runs them in order in one run directory, ``keras_mone.recipes.phases``):
   dense teacher (else ``h(z, N)``), the gates learn the tau labels
   (``acm_losses.gate_labels``, targets ``o``), logged as ``acm_gate_ce``.
 * ``end_to_end`` (phase 3): ``CE + 0.1 L_budget + 0.05 L_entropy - 0.05
-  L_diversity`` (the paper's weights), each term read from the forward
+  L_diversity`` (alpha_b, alpha_e as the paper's text; the diversity sign as
+  its intent and the official code, ``end_to_end_terms``), L_budget weighted by
+  each module's learner cost ``p^l``, each term read from the forward
   record's gate choices and logged by name (``acm_budget``, ``acm_entropy``,
   ``acm_diversity``).
 
@@ -35,12 +37,22 @@ from keras_mone.training.modes import FIXED, TrainingMode
 BUDGET_WEIGHT, ENTROPY_WEIGHT, DIVERSITY_WEIGHT = 0.1, 0.05, -0.05
 
 
-def end_to_end_terms(beta_target, weights=(BUDGET_WEIGHT, ENTROPY_WEIGHT, DIVERSITY_WEIGHT)):
-    """Phase 3's loss terms at ``beta_target``; ``weights`` of budget, entropy and diversity (the
-    paper's 0.1, 0.05, -0.05: the diversity term enters with a negative weight)."""
+def end_to_end_terms(beta_target, weights=(BUDGET_WEIGHT, ENTROPY_WEIGHT, DIVERSITY_WEIGHT), learner_costs=None):
+    """Phase 3's loss terms at ``beta_target``.
+
+    ``weights``: of budget, entropy and diversity; the default (0.1, 0.05, -0.05)
+    is the paper's alpha_b, alpha_e and its stated intent for alpha_d (its text
+    writes ``+ 0.05 L_d``, which would penalise diversity; the official code
+    subtracts it, see docs/methods.md). ``learner_costs``: L_budget's ``p^l``
+    per module in the record's order (``ACMViTBackbone.acm_learner_costs()``,
+    what the phase-3 mode passes); ``None`` weighs every module alike, which
+    equals the paper's loss only when every module's learner costs the same
+    (ACM on the MLPs alone)."""
     budget, entropy, diversity = (float(w) for w in weights)
+    costs = None if learner_costs is None else tuple(learner_costs)
     return (
-        LossTerm("acm_budget", lambda record, y, logits: acm_losses.budget_loss(record["acm_choices"], beta_target),
+        LossTerm("acm_budget",
+                 lambda record, y, logits: acm_losses.budget_loss(record["acm_choices"], beta_target, costs),
                  budget),
         LossTerm("acm_entropy", lambda record, y, logits: acm_losses.entropy_loss(record["acm_choices"]),
                  entropy),
@@ -104,19 +116,21 @@ def train_gates_only(recipe, model):
 
 DISTILL = TrainingMode(
     "distill", "ACM phase 1: learners distilled from the frozen dense teacher's modules (gates unused)",
-    loss_terms=lambda recipe: distill_terms(),
+    loss_terms=lambda recipe, model: distill_terms(),
     prepare=train_learners_only,
 )
 
 GATES = TrainingMode(
     "gates", "ACM phase 2: learners frozen (the stream runs them all), gates trained on the tau labels",
-    loss_terms=lambda recipe: gate_terms(recipe["gate_tau"]),
+    loss_terms=lambda recipe, model: gate_terms(recipe["gate_tau"]),
     prepare=train_gates_only,
 )
 
 END_TO_END = TrainingMode(
     "end_to_end", "ACM phase 3: CE + 0.1 budget + 0.05 entropy - 0.05 diversity at beta_target (acm_loss_weights)",
-    loss_terms=lambda recipe: end_to_end_terms(recipe["beta_target"], recipe["acm_loss_weights"]),
+    loss_terms=lambda recipe, model: end_to_end_terms(
+        recipe["beta_target"], recipe["acm_loss_weights"], model.backbone.acm_learner_costs()
+    ),
 )
 
 

@@ -139,13 +139,12 @@ class ACMViTBackbone(ViTBackbone):
 
     def acm_learner_costs(self):
         """MACs of one learner on one token per module, in the record's order
-        (``2 D M / N`` for an MLP, ``2 D r`` for a projection): L_budget's ``p_l``."""
-        mlp = 2 * self.hidden_dim * self.mlp_dim // self.num_learners
-        costs = [mlp] * self.depth
-        if self.acm_projections:
-            rank = self.blocks[0].attention.rank
-            costs += [2 * self.hidden_dim * rank] * (4 * self.depth)
-        return costs
+        (``2 D M / N`` for an MLP, ``2 D r`` for a projection): L_budget's ``p^l``,
+        the same per-learner cost the FLOP counter's plan reads."""
+        mlps = [block.mlp.learner_macs for block in self.blocks]
+        if not self.acm_projections:
+            return mlps
+        return mlps + [block.attention.projections[name].learner_macs for block in self.blocks for name in PROJECTIONS]
 
     def _make_mlp(self, hidden_dim, mlp_dim, dropout_rate, gelu_approximate, dtype):
         return ACMMLP(

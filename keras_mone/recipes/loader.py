@@ -192,7 +192,7 @@ def _load_resolved(recipe, name, resume):
             mode.prepare({**recipe, "load_teacher": lambda: _teacher(recipe)}, model)
         except ValueError as error:
             raise schema.RecipeError(f"recipe {name!r}: {error}") from error
-        terms = mode.loss_terms(recipe)
+        terms = mode.loss_terms(recipe, model)
         if terms:  # the mode's own loss terms (else the model's defaults), logged by name
             model.set_loss_terms(terms)
         optimizer = make_optimizer(recipe, epochs * steps_per_epoch, steps_per_epoch)

@@ -61,7 +61,7 @@ KEYS = {
     "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", high=1.0, above=0.0),
     "beta_target": _k(0.5, (int, float), "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference", above=0.0, high=1.0),
     "gate_tau": _k(0.833, (int, float), "ACM phase 2 (mode 'gates'): label = smallest n >= 2 with d(n) >= tau d(n-1) (the official code's factor 1.2 is tau 1/1.2)", above=0.0),
-    "acm_loss_weights": _k([0.1, 0.05, -0.05], list, "ACM phase 3 (mode 'end_to_end'): weights of L_budget, L_entropy and L_diversity (the paper's 0.1, 0.05, -0.05; [0.1, 0, 0] is Fig. 8's budget loss alone)"),
+    "acm_loss_weights": _k([0.1, 0.05, -0.05], list, "ACM phase 3 (mode 'end_to_end'): weights of L_budget, L_entropy and L_diversity (0.1, 0.05: the paper's; -0.05: its text writes +0.05, its intent and the official code subtract L_diversity, docs/methods.md; [0.1, 0, 0] is Fig. 8's budget loss alone)"),
     "acm_init": _k("slices", str, "ACM mode 'distill': learners start as slices of the dense MLP (exact at k = N) or 'random' (the paper's: drawn afresh, then distilled)", ("slices", "random")),
     "teacher_from": _k("", str, "ACM modes 'distill' / 'gates': the dense model (.keras file or 'preset:<name>') whose modules' outputs are the targets; '' = init_from"),
     "router_type": _k("learned", str, "MoNE router", ("learned", "random")),

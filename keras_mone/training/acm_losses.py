@@ -110,7 +110,11 @@ def learner_fraction(choices, learner_costs=None):
 
 
 def budget_loss(choices, beta_target, learner_costs=None):
-    """L_budget = ``|mean over images of learner_fraction - beta_target|``."""
+    """L_budget = ``|mean over images of learner_fraction - beta_target|`` (Sec. 3.3).
+
+    The paper's ``p^l`` are ``learner_costs``; leaving them out weighs every
+    module alike, which is the paper's loss only when every module's learner
+    costs the same (ACM on the MLPs alone)."""
     beta_target = number("beta_target", beta_target, 0.0, 1.0, low_open=True, high_open=True)
     return ops.abs(ops.mean(learner_fraction(choices, learner_costs)) - beta_target)
 

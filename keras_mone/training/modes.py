@@ -46,7 +46,7 @@ def _same_epochs(recipe, backbone, epochs):
     return epochs
 
 
-def _no_terms(recipe):
+def _no_terms(recipe, model):
     return ()
 
 
@@ -66,8 +66,9 @@ class TrainingMode:
         wrap_loss: ``task loss -> training loss``.
         callbacks: ``(recipe, model) -> [keras.callbacks.Callback]``.
         epochs: ``(recipe, backbone, recipe epochs) -> epochs to train``.
-        loss_terms: ``recipe -> (LossTerm, ...)``: the method's own loss terms,
-            added to the task loss and logged by name.
+        loss_terms: ``(recipe, model) -> (LossTerm, ...)``: the method's own loss
+            terms, added to the task loss and logged by name (the built model
+            gives what they depend on, e.g. ACM's per-module learner costs).
         prepare: ``(recipe, model) -> None``, run on the built model before
             ``compile`` (e.g. freezing what a phase does not train).
     """
