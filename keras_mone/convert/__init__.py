@@ -11,8 +11,9 @@ guessed from key names):
     convert.load_checkpoint(model, keras_hub_backbone, "keras_hub")
 
 Loading is strict by default: every checkpoint key is used or named in an
-error before anything is written (``strict=False`` loads what fits and the
-report's ``"unused"`` lists the rest). Flax checkpoints (AugReg, big_vision)
+error before anything is written (``strict=False`` skips the keys the model
+has no part for, with a warning naming them, and the report's ``"unused"``
+lists them; a missing or misshaped weight is an error in either mode). Flax checkpoints (AugReg, big_vision)
 compute the tanh-approximate GELU: build their model with
 ``gelu_approximate=True`` (the report's ``"gelu_approximate"`` says which
 GELU a checkpoint needs; a mismatch is warned about).
@@ -54,7 +55,9 @@ def load_checkpoint(model, source, format, strict=True):
     ``strict`` (default): a checkpoint key the model would not use (a head of
     another class count, a class token the model lacks, layer scale, a MAP
     head, ...) is an error naming every such key, and nothing is written.
-    ``strict=False`` loads what fits; the report's ``"unused"`` names the rest.
+    ``strict=False`` skips those keys, warning with each key and its reason
+    (the report's ``"unused"`` lists them too). Either way, a missing or
+    misshaped weight is an error and nothing is written.
     A Mixer model loads an MLP-Mixer checkpoint (``mixer.load_mixer_state``).
     """
     name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__

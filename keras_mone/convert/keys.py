@@ -2,12 +2,18 @@
 
 A converter reads every array through a ``KeyReader``; the keys it never read
 are the checkpoint's *unused* keys, each with the reason the model cannot
-represent it (``load_vit_state`` refuses them in strict mode).
+represent it (``load_vit_state`` refuses them in strict mode). A key no rule
+explains gets ``UNKNOWN``, which the loader turns into a reason naming the
+class of the model it loads into (``name_target``).
 """
 
 import re
+import warnings
 
-UNKNOWN = "not a part of keras_mone's ViT (unknown key)"
+#: What ``strict=False`` does not relax (ends every shape-mismatch error).
+STRICT_SCOPE = ("strict=False does not relax this: it skips only checkpoint keys the model has no part for; "
+                "a missing or misshaped weight is an error in either mode")
+UNKNOWN = "unknown key: no part of the model reads it"  # the loader names the model (``name_target``)
 
 
 class KeyReader:
@@ -29,7 +35,7 @@ class KeyReader:
 
     def __call__(self, key, where="the checkpoint"):
         if key not in self.arrays:
-            raise ValueError(f"{where} has no {key!r}.")
+            raise ValueError(f"{where} has no {key!r} (a missing weight is an error, also with strict=False).")
         self.read.add(key)
         return self.arrays[key]
 
@@ -43,6 +49,12 @@ class KeyReader:
 
     def reason(self, key):
         return next((reason for pattern, reason in self.reasons if re.search(pattern, key)), UNKNOWN)
+
+
+def name_target(unused, backbone):
+    """``unused`` with each ``UNKNOWN`` reason naming ``backbone``'s class (the model family loaded into)."""
+    reason = f"not a part of keras_mone's {type(backbone).__name__} or its classifier (unknown key)"
+    return {key: reason if why == UNKNOWN else why for key, why in unused.items()}
 
 
 def contiguous_blocks(indices, name):
@@ -70,3 +82,14 @@ def describe_unused(unused, limit=40):
         more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
         lines.append(f"  {shown}{more}: {reason}")
     return "\n".join(lines)
+
+
+def warn_unused(source, unused):
+    """Warns that ``strict=False`` left the keys of ``unused`` unloaded, naming each with its reason."""
+    if unused:
+        warnings.warn(
+            f"{source}: strict=False skipped {len(unused)} key(s) the model would not use (the report's "
+            "'unused' lists them; the model computes something else than the checkpoint):\n"
+            + describe_unused(unused),
+            stacklevel=4,
+        )

@@ -27,7 +27,14 @@ import warnings
 import numpy as np
 
 from keras_mone.convert.checkpoint_file import read_checkpoint_file
-from keras_mone.convert.keys import KeyReader, contiguous_blocks, describe_unused
+from keras_mone.convert.keys import (
+    STRICT_SCOPE,
+    KeyReader,
+    contiguous_blocks,
+    describe_unused,
+    name_target,
+    warn_unused,
+)
 from keras_mone.models.mixer_backbone import MixerBackbone, SparseMLPBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths
 
@@ -154,7 +161,9 @@ def load_mixer_state(model, state, source="checkpoint", strict=True):
     Every shape is checked (a mismatch names the checkpoint key and both
     shapes) and, when ``strict``, every key must be used, before the first
     value is written. A head of another class count, or a head with a
-    backbone, stays unused (strict: an error).
+    backbone, stays unused (strict: an error; ``strict=False``: skipped with
+    a warning naming every skipped key). A shape mismatch is an error in
+    either mode.
     """
     backbone = check_mixer_model(model)
     if not model.built:
@@ -167,7 +176,7 @@ def load_mixer_state(model, state, source="checkpoint", strict=True):
     targets = relative_weight_paths(model)
     prefix = "backbone/" if model is not backbone else ""
     values = {prefix + path: (state["keys"][path], value) for path, value in state["params"].items()}
-    unused, kept = dict(state["unused"]), {}
+    unused, kept = name_target(state["unused"], backbone), {}
     if "head_kernel" in state:
         head = _head(state, targets)
         if head is None:
@@ -187,15 +196,17 @@ def load_mixer_state(model, state, source="checkpoint", strict=True):
             f"{source} does not fit the model (nothing was loaded); mismatches (checkpoint key and shape -> "
             "model weight and shape):\n  " + "\n  ".join(mismatched[:5])
             + "\nBuild the model with the checkpoint's image_size, patch_size, hidden_dim, token_mlp_dim "
-            "and channel_mlp_dim (token mixing has one weight per patch: the patch grid must match)."
+            "and channel_mlp_dim (token mixing has one weight per patch: the patch grid must match).\n"
+            + STRICT_SCOPE + "."
         )
     if strict and unused:
         raise ValueError(
             f"{source}: {len(unused)} key(s) the model would not use (nothing was loaded):\n"
             + describe_unused(unused)
-            + "\nBuild the model as a reason says, or pass strict=False to load what fits (the report's "
-            "'unused' lists these keys)."
+            + "\nBuild the model as a reason says, or pass strict=False to skip these keys (with a warning "
+            "naming them; the report's 'unused' lists them)."
         )
+    warn_unused(source, unused)
     for path, (_, value) in values.items():
         targets[path].assign(np.asarray(value, dtype=targets[path].dtype))
     for path in targets:

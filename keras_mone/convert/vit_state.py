@@ -30,7 +30,7 @@ import warnings
 import keras
 import numpy as np
 
-from keras_mone.convert.keys import describe_unused
+from keras_mone.convert.keys import STRICT_SCOPE, describe_unused, name_target, warn_unused
 from keras_mone.layers.token_sequence import layout_positions
 from keras_mone.models.weight_transfer import relative_weight_paths
 
@@ -57,10 +57,11 @@ def load_vit_state(model, state, source="checkpoint", strict=True):
 
     Every shape is checked, and in strict mode every checkpoint key is used,
     before the first value is written. Position embeddings are resized when
-    the model's patch grid differs. With ``strict=False`` what fits is
-    loaded: a class token the model does not use is dropped with its
-    position, a head of another class count (or on a backbone) is skipped,
-    and so is every key the model has no part for.
+    the model's patch grid differs. With ``strict=False`` the keys the model
+    has no part for are skipped with a warning naming them: a class token
+    the model does not use (dropped with its position), a head of another
+    class count (or on a backbone), ... A shape mismatch is an error in
+    either mode.
 
     Returns:
         A report: ``{"loaded": [paths], "kept": {path: reason}, "unused":
@@ -90,7 +91,7 @@ def load_vit_state(model, state, source="checkpoint", strict=True):
     for index, block in enumerate(state["blocks"]):
         for key, path in BLOCK_KEYS.items():
             values[f"{prefix}block_{index}/{path}"] = block[key]
-    unused, kept = dict(state.get("unused", {})), {}
+    unused, kept = name_target(state.get("unused", {}), backbone), {}
     values.update(_positions(state, targets, prefix, backbone, source, unused))
     values.update(_head(state, targets, source, unused, kept))
     mismatched = [
@@ -102,15 +103,17 @@ def load_vit_state(model, state, source="checkpoint", strict=True):
             f"{source} does not fit the model (nothing was loaded); first mismatches:\n  "
             + "\n  ".join(mismatched[:5])
             + "\nBuild the model with the checkpoint's hidden_dim, mlp_dim, num_heads, patch_size "
-            "and representation_size."
+            "and representation_size.\n" + STRICT_SCOPE + "."
         )
     if strict and unused:
         raise ValueError(
             f"{source}: {len(unused)} key(s) the model would not use (nothing was loaded):\n"
             + describe_unused(unused)
-            + "\nBuild the model as a reason says, or pass strict=False to load what fits (the model "
-            "then computes something else than the checkpoint; the report's 'unused' lists these keys)."
+            + "\nBuild the model as a reason says, or pass strict=False to skip these keys (with a warning "
+            "naming them; the model then computes something else than the checkpoint; the report's "
+            "'unused' lists them)."
         )
+    warn_unused(source, unused)
     for path, value in values.items():
         variable = targets[path]
         variable.assign(np.asarray(value, dtype=variable.dtype))

@@ -9,6 +9,7 @@ shape fits (``SafeLoadingMixin``), so a folder whose config and weights
 disagree fails naming the mismatched shapes, and nothing half-loads.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -35,7 +36,8 @@ def save_to_preset(model, path, overwrite=False, weights_source="keras_mone", li
     ``save_to_preset`` (replaced only with ``overwrite=True``; files in it
     that are not preset files stay). The preset is written into a temporary
     sibling folder and renamed into place, so a failure leaves ``path`` as it
-    was. New folders get the umask's permissions.
+    was. New folders get the umask's permissions. A ``PermissionError``
+    names ``path`` when its parent folder is not writable.
 
     Args:
         model: a built keras_mone classifier or backbone.
@@ -51,9 +53,7 @@ def save_to_preset(model, path, overwrite=False, weights_source="keras_mone", li
     """
     path = os.path.abspath(os.fspath(path))
     replacing = _check_target(path, overwrite)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".preset-", dir=parent)
+    staging = _staging_folder(path)
     try:
         os.chmod(staging, os.stat(path).st_mode & 0o7777 if os.path.isdir(path) else 0o777 & ~_umask())
         with open(os.path.join(staging, CONFIG_FILE), "w") as f:
@@ -77,6 +77,22 @@ def save_to_preset(model, path, overwrite=False, weights_source="keras_mone", li
         raise
     publish_folder(staging, path, replacing)
     return metadata
+
+
+def _staging_folder(path):
+    """A new temporary folder beside ``path``; a ``PermissionError`` naming ``path`` if it cannot be written."""
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        return tempfile.mkdtemp(prefix=".preset-", dir=parent)
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise PermissionError(
+            error.errno,
+            f"save_to_preset: cannot write the preset folder {path!r}: its parent folder {parent!r} is not "
+            f"writable ({error.strerror}); nothing was written. Pass a folder in a writable place.",
+        ) from error
 
 
 def _umask():

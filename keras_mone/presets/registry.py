@@ -96,7 +96,8 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, force_dow
         weights: a weights tag (``weights_tags(name)``), e.g.
             ``"augreg_in21k_ft_in1k"``: a third-party checkpoint, downloaded
             and converted on first use, then cached. Built-in names only (a
-            preset folder holds one set of weights).
+            preset folder holds one set of weights). With
+            ``load_weights=False`` it is refused (nothing is downloaded).
         sha256: for folder, ``https://`` and hub handles, the expected sha256
             of the folder's ``metadata.json`` (which pins the other files).
         force_download: download again although the handle or tag is cached
@@ -118,6 +119,8 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, force_dow
             "checked against the package's manifest. Drop `sha256`."
         )
     spec = get_preset(name)
+    if weights is not None and not load_weights:
+        _refuse_tag_without_weights(name, spec, weights)
     tag = None
     if weights is not None or (load_weights and not spec.get("weights") and (preset_tags(spec, _zoo()))):
         tag, tag_spec = tag_entry(name, spec, _zoo(), weights)
@@ -155,6 +158,18 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, force_dow
     elif load_weights:
         load_checked_weights(model, name, spec["weights"])
     return model
+
+
+def _refuse_tag_without_weights(name, spec, weights):
+    """The ``ValueError`` for ``weights=TAG`` with ``load_weights=False``: no download, no guess."""
+    config = preset_tags(spec, _zoo()).get(weights, {}).get("config")
+    hint = (f" To build the architecture that tag loads into without its weights, pass its configuration "
+            f"instead: {', '.join(f'{k}={v!r}' for k, v in config.items())}.") if config else ""
+    raise ValueError(
+        f"from_preset({name!r}): weights={weights!r} asks for a checkpoint but load_weights=False asks "
+        f"for none; nothing was downloaded. Pass weights= to load that tag, or load_weights=False without "
+        f"weights= to build the architecture randomly initialised.{hint}"
+    )
 
 
 def _from_handle(handle, load_weights, sha256, force_download, overrides):
