@@ -205,6 +205,90 @@ def test_plot_routing_needs_a_mone_model(scored, tmp_path):
     assert not (tmp_path / "r.png").exists()
 
 
+@pytest.fixture(scope="module")
+def adaptive():
+    return from_preset("mone_vit_digits_adaptive")
+
+
+def _drawn(figure):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _inside(extent, box):
+    return extent.x0 >= box.x0 and extent.y0 >= box.y0 and extent.x1 <= box.x1 and extent.y1 <= box.y1
+
+
+def test_plot_routing_keeps_the_title_whole_for_one_image(adaptive, scored, tmp_path):
+    """Issue 43: one image cut the title to "t (brightest: full exp"."""
+    adaptive.set_capacity(0.5)
+    figure = analysis.plot_routing(adaptive, scored[0][:1], tmp_path / "one.png")
+    renderer = _drawn(figure)
+    title = next(t for t in figure.findobj(lambda a: hasattr(a, "get_text")) if t.get_text() == figure.get_suptitle())
+    assert " ".join(title.get_text().replace("\u00a0", " ").split()) == (
+        "Nested expert of each token, router 0 (before block 0), at e_c = 0.5"
+    )
+    assert _inside(title.get_window_extent(renderer), figure.bbox)
+    legend = figure.axes[1].get_legend()
+    assert _inside(legend.get_window_extent(renderer), figure.bbox)
+    assert figure.get_figwidth() >= 4.5 and len(figure.axes) == 2
+
+
+def test_plot_routing_grid_is_the_models_expert_of_each_token(adaptive, scored):
+    """Every drawn cell is the expert the model's router sends that token to
+    (eager forward record, class token dropped, row-major patch grid)."""
+    adaptive.set_capacity(0.3)
+    x = scored[0][:3]
+    figure = analysis.plot_routing(adaptive, x, num_images=3)
+    _, record = adaptive.backbone(x, training=False, return_intermediates=True)
+    expected = keras.ops.convert_to_numpy(record["expert_index"][0])[:, -64:].reshape(3, 8, 8)
+    assert len(np.unique(expected)) == 4  # every expert is used: the comparison sees each value
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(figure.axes[3 + i].images[-1].get_array()), expected[i])
+    np.testing.assert_array_equal(analysis.routing_grid(adaptive, x)["grid"], expected)
+
+
+def test_plot_routing_legend_names_every_expert(adaptive, scored):
+    adaptive.set_capacity(0.5)
+    figure = analysis.plot_routing(adaptive, scored[0], num_images=2)
+    legend = figure.axes[-1].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["D", "D/2", "D/4", "D/8"]
+    assert "D: full" in legend.get_title().get_text()
+
+
+def test_plot_routing_names_dropped_skipped_and_learner_tokens():
+    """MoNE's dropped tokens (MoD Greedy allocation), MoD / A-MoD's skipped ones, ACM's learner counts."""
+    from conftest import images
+    from harness import build_classifier
+
+    from keras_mone.analysis.capacity_methods import model_variant
+
+    x = images(batch=2)
+    dropping, _ = model_variant(build_classifier("mone_vit"), capacity_method="mod_greedy", capacity=0.25)
+    expected = {"mone": ["D", "D/2", "D/4", "D/8", "dropped"], "mod_vit": ["run", "skipped"],
+                "acm_vit": ["4/4 learners", "3/4 learners", "2/4 learners", "1/4 learners", "none (skipped)"]}
+    models = {"mone": dropping, "mod_vit": build_classifier("mod_vit"), "acm_vit": build_classifier("acm_vit")}
+    for name, model in models.items():
+        figure = analysis.plot_routing(model, x)
+        grid = np.stack([np.asarray(ax.images[-1].get_array()) for ax in figure.axes[2:]])
+        assert [t.get_text() for t in figure.axes[-1].get_legend().get_texts()] == expected[name]
+        np.testing.assert_array_equal(grid, analysis.routing_grid(model, x)["grid"])
+        if name == "mone":  # MoD Greedy: a quarter of the tokens to the full expert, the rest dropped
+            assert set(np.unique(grid).tolist()) == {-1, 3}
+
+
+def test_plot_routing_refuses_a_bad_router(adaptive, scored, tmp_path):
+    for router in (1, -1, True, 0.0, "0"):
+        with pytest.raises(ValueError, match=r"`router` must be an int in \[0, 1\) \(the model's routers\)"):
+            analysis.plot_routing(adaptive, scored[0][:2], tmp_path / "r.png", router=router)
+    with pytest.raises(ValueError, match="`input_alpha` must be a number in"):
+        analysis.plot_routing(adaptive, scored[0][:2], tmp_path / "r.png", input_alpha=1.0)
+    assert not (tmp_path / "r.png").exists()
+
+
 @pytest.mark.large
 def test_preset_descriptions_give_the_gmacs_of_the_built_model():
     """The preset list's "N GMACs at 224" is keras_mone.flops of the preset as

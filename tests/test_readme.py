@@ -49,6 +49,7 @@ TINY_DIGITS = dict(
     image_size=16, digit_scale=1, clutter=1, samples_per_digit=1, test_samples_per_digit=1, epochs=1,
     steps_per_epoch=2, position_step=8, model_args=dict(patch_size=8, hidden_dim=32, depth=1, num_heads=4, mlp_dim=64),
 )
+TINY_DATA_ONLY = ("samples_per_digit", "test_samples_per_digit", "epochs", "steps_per_epoch")
 TINY_FOLDER = [
     "image_size=32", *TINY_ARGS, "batch_size=4", "steps_per_epoch=1", "epochs=1", "warmup_steps=0",
     "shuffle_buffer=16", "checkpoint_steps=0", "augmentation=none",
@@ -182,7 +183,13 @@ def sandbox(tmp_path, monkeypatch):
     from keras_mone import recipes
 
     load = recipes.load
-    monkeypatch.setattr(recipes, "load", lambda name, **kw: load(name, **{**TINY_DIGITS, **kw}))
+    def tiny_load(name, **kw):
+        # a block that starts from a preset keeps its geometry (the preset's weights must fit)
+        from_preset = str(kw.get("init_from", "")).startswith("preset:")
+        tiny = {k: v for k, v in TINY_DIGITS.items() if not from_preset or k in TINY_DATA_ONLY}
+        return load(name, **{**tiny, **kw})
+
+    monkeypatch.setattr(recipes, "load", tiny_load)
     return tmp_path
 
 

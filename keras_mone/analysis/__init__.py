@@ -17,7 +17,7 @@ from keras_mone.analysis.routing import expert_share_of_tokens
 from keras_mone.analysis.routing_maps import routing_maps, threshold_sweep
 from keras_mone.analysis.token_importance import importance_vs_score, leave_one_out
 from keras_mone.analysis.token_maps import spearman, token_record
-from keras_mone.analysis.routing_plot import plot_routing, routing_map
+from keras_mone.analysis.routing_plot import plot_routing, routing_grid, routing_map
 from keras_mone.analysis.throughput import images_per_second
 from keras_mone.analysis.token_merging import merged_gmacs, merging_tokens, token_merging_sweep
 
@@ -38,6 +38,7 @@ __all__ = [
     "patch_embedding_macs",
     "plot_routing",
     "register_flop_counter",
+    "routing_grid",
     "routing_map",
     "routing_maps",
     "spearman",

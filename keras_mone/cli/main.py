@@ -1,9 +1,10 @@
-"""``keras-mone`` command line: quickstart, train, presets, bench, analyze."""
+"""``keras-mone`` command line: quickstart, train, finetune, presets, bench, analyze."""
 
 import argparse
 import sys
 
 from keras_mone.cli.analyze import add_subcommand as add_analyze
+from keras_mone.cli.finetune import add_subcommand as add_finetune
 from keras_mone.host_memory import restart_subcommand_with_huge_pages
 
 
@@ -167,6 +168,7 @@ def build_parser():
     train.add_argument("--list", action="store_true", help="list the bundled recipes")
     train.add_argument("--restart", action="store_true", help="start over: move the run directory's old run (checkpoints, history, model) to previous/<n>/")
     train.set_defaults(run=_train)
+    add_finetune(commands)
     presets = commands.add_parser(
         "presets",
         help="list the model presets; show one's model card; publish a trained run as a preset's weights; verify them",

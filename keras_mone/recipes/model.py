@@ -83,7 +83,9 @@ def init_from_saved_model(model, path, prune=False):
     """Initialises ``model`` from the model saved at ``path`` (a ``.keras``
     file, or ``"preset:<name>"``: a preset with shipped weights).
 
-    Image classifiers copy an image model of the same layout weight by weight
+    A model whose backbone is of the model's own class (e.g. a Mixer or
+    Sparse-MLP into the same) is copied weight by weight, its head too when
+    the class counts agree. Image classifiers copy an image model of the same layout weight by weight
     (``transfer_weights``: e.g. a dense ViT into MoD / A-MoD / MoNE, whose
     routers keep their initialisation), its head too when the class counts
     agree. For a video classifier, an image model (``.keras``: ``ImageClassifier`` or ViT / MoNE-ViT / MatViT
@@ -102,6 +104,8 @@ def init_from_saved_model(model, path, prune=False):
     if prune:
         return prune_dense_vit(saved, model)
     backbone = getattr(saved, "backbone", saved)
+    if type(backbone) is type(model.backbone) and not isinstance(backbone, ViTBackbone):
+        return _copy_with_head(saved, backbone, model)  # e.g. a Mixer into a Mixer, weight by weight
     if not isinstance(model.backbone, ViViTBackbone):
         if isinstance(backbone, ViViTBackbone) or not isinstance(backbone, ViTBackbone):
             raise ValueError(f"{path!r} holds a {type(backbone).__name__}; an image ViT of the same size is needed.")
