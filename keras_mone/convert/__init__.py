@@ -26,6 +26,10 @@ ViViT-FE then starts from the image model with
 A ``MixerBackbone`` (or an ``ImageClassifier`` on one) takes MLP-Mixer
 checkpoints instead, formats ``"vision_transformer"`` (flax ``.npz``: build
 with ``gelu_approximate=True``) and ``"timm"`` (``keras_mone.convert.mixer``).
+
+``write_checkpoint(model, path, format)`` is the inverse (``keras_mone.convert.writer``):
+it writes a model in a format's key layout, so that ``load_checkpoint`` into a
+fresh model of the same configuration reproduces it.
 """
 
 import os
@@ -33,6 +37,7 @@ import os
 from keras_mone.convert import big_vision, keras_hub, mixer, timm
 from keras_mone.convert.checkpoint_file import read_checkpoint_file
 from keras_mone.convert.vit_state import load_vit_state
+from keras_mone.convert.writer import write_checkpoint
 
 FORMATS = ("vision_transformer", "big_vision", "timm", "keras_hub")
 
@@ -69,4 +74,4 @@ def load_checkpoint(model, source, format, strict=True):
     return load_vit_state(model, state, source=f"{format} checkpoint {name!r}", strict=strict)
 
 
-__all__ = ["FORMATS", "load_checkpoint", "load_vit_state", "read_vit_state"]
+__all__ = ["FORMATS", "load_checkpoint", "load_vit_state", "read_vit_state", "write_checkpoint"]
