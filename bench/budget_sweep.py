@@ -23,13 +23,16 @@ Interrupted sweeps resume: runs whose rows are in the JSON are skipped;
 ``--report-only`` writes the table and plot from the rows there (the seeds
 column says how many seeds each row has).
 
-Writes ``--output``/budget_sweep.json, the accuracy-against-GMACs plot
-``--plot`` (mean +- sd over seeds, with the shipped presets and the Mixer /
-Sparse-MLP results of ``bench/new_methods.py`` where present) and a
-BENCHMARKS.md section::
+Writes into its ``--output`` run folder (default ``runs/budget_sweep[_from_dense]``)
+``budget_sweep.json``, the report ``report.md`` and the accuracy-against-GMACs
+plot ``accuracy_vs_gmacs[_from_dense].png`` (mean +- sd over seeds, with the
+shipped presets and the Mixer / Sparse-MLP results of ``bench/new_methods.py``
+where present). ``--update-benchmarks`` also writes the report as the
+repository's BENCHMARKS.md section and the plot to ``bench/figures/`` (the
+maintainers' commands)::
 
-    KERAS_BACKEND=jax python bench/budget_sweep.py --seeds 0,1,2 --epochs 4
-    KERAS_BACKEND=jax python bench/budget_sweep.py --from-dense --seeds 0,1,2 --epochs 2
+    KERAS_BACKEND=jax python bench/budget_sweep.py --seeds 0,1,2 --epochs 4 --update-benchmarks
+    KERAS_BACKEND=jax python bench/budget_sweep.py --from-dense --seeds 0,1,2 --epochs 2 --update-benchmarks
 """
 
 import argparse
@@ -43,6 +46,7 @@ import keras
 
 from budget_plot import plot_sweep
 from keras_mone import flops, recipes
+from keras_mone.training.quickstart import training_schedule
 from new_methods import accuracy, test_split, train
 from training_targets import write_section
 
@@ -151,6 +155,14 @@ def data_overrides(args):
     return {} if args.samples_per_digit is None else {"samples_per_digit": args.samples_per_digit}
 
 
+def steps_per_epoch(args):
+    """``(steps per epoch, batch size)`` the sweep's models train with: the dense recipe's after
+    ``--samples-per-digit`` (every recipe of the sweep shares its data and batch size)."""
+    recipe, _ = recipes.resolve(RECIPES[args.from_dense]["dense"], **data_overrides(args))
+    _, steps, batch = training_schedule(recipe)
+    return steps, batch
+
+
 def evaluate(model, images, labels, set_budget=None, value=None):
     if set_budget is not None:
         set_budget(model, value)
@@ -161,12 +173,14 @@ class Rows(list):
     """The sweep's rows, written to ``path`` after every append (an interrupted sweep keeps its rows);
     rows already in ``path`` are loaded, and ``done(method, seed)`` tells a resumed sweep what to skip."""
 
-    def __init__(self, path, dense):
+    def __init__(self, path, dense=None):
         super().__init__()
         self.path, self.dense = path, dense
         if os.path.exists(path):
             with open(path) as f:
-                super().extend(json.load(f)["rows"])
+                saved = json.load(f)
+            super().extend(saved["rows"])
+            self.dense = saved["dense_gmacs"] if dense is None else dense
 
     def done(self, method, seed, target=None):
         return any(r["method"] == method and r.get("seed") == seed and target in (None, r["target"]) for r in self)
@@ -237,25 +251,39 @@ def section_title(args):
             f"{args.epochs} epochs (issue 28 item 8)")
 
 
-def report(table, dense, args, seeds, plot_path):
+def command(args):
+    """The command line that reproduces this report (the flags that change what it says)."""
+    words = [f"KERAS_BACKEND={keras.backend.backend()}", "python", "bench/budget_sweep.py"]
+    if tuple(args.methods) != METHODS:
+        words.append(f"--methods \"{','.join(args.methods)}\"")
+    if args.from_dense:
+        words.append("--from-dense")
+    words += ["--seeds", args.seeds, "--epochs", str(args.epochs), "--targets", args.targets]
+    if args.samples_per_digit is not None:
+        words += ["--samples-per-digit", str(args.samples_per_digit)]
+    if args.update_benchmarks:
+        words.append("--update-benchmarks")
+    return " ".join(words)
+
+
+def report(table, dense, args, seeds, plot_path, schedule):
+    """The sweep's markdown section; ``schedule`` is ``(steps per epoch, batch size)`` of its training runs."""
     def spread(values):
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{100 * statistics.mean(values):.2f} +- {100 * sd:.2f}"
 
+    steps, batch = schedule
     if args.from_dense:
-        start = (f"--from-dense --seeds {args.seeds} --epochs {args.epochs} --targets {args.targets}`. Every model "
-                 f"is converted from the shipped `vit_digits` (97.59%) and trains {args.epochs} epoch(s) "
-                 f"= {179 * args.epochs} steps of 128 fresh renderings")
+        trained = (f"Every model is converted from the shipped `vit_digits` (97.59%) and trains {args.epochs} epoch(s) "
+                   f"= {steps * args.epochs} steps of {batch} fresh renderings")
     else:
-        start = (f"--seeds {args.seeds} --epochs {args.epochs} --targets {args.targets}`. Every model trained "
-                 f"{args.epochs} epoch(s) of the CPU recipes' renderings (ACM: the conversion recipe's one epoch "
-                 "from `vit_digits`)")
-    if tuple(args.methods) != METHODS:
-        start = f"--methods \"{','.join(args.methods)}\" " + start
+        trained = (f"Every model trained {args.epochs} epoch(s) = {steps * args.epochs} steps of {batch} "
+                   f"fresh renderings of the CPU recipes (ACM: the conversion recipe's one epoch = {steps} steps "
+                   "from `vit_digits`)")
     lines = [
         section_title(args), "",
-        f"Command: `KERAS_BACKEND={keras.backend.backend()} python bench/budget_sweep.py {start}; 5026 test "
-        f"images; mean +- sample sd over the seeds of {seeds} each row ran (column seeds); dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
+        f"Command: `{command(args)}`. {trained}; 5026 test images; mean +- sample sd over the seeds of {seeds} "
+        f"each row ran (column seeds); dense ViT at {dense:.5f} GMACs. Plot: `{plot_path}`.", "",
         "| method | target x dense | setting | GMACs | accuracy % | seeds |", "|---|---|---|---|---|---|",
     ]
     for (method, target), entry in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -278,30 +306,45 @@ def main(argv=None):
                         help=f"comma-separated subset of {','.join(METHODS)} (e.g. the pairs a finding compares)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the rows already in --output's budget_sweep.json")
-    parser.add_argument("--output", default=None, help="default runs/budget_sweep[_from_dense]")
-    parser.add_argument("--plot", default=None, help="default bench/figures/accuracy_vs_gmacs[_from_dense].png")
-    parser.add_argument("--benchmarks", default="BENCHMARKS.md")
+    parser.add_argument("--output", default=None,
+                        help="run folder (default runs/budget_sweep[_from_dense]): runs, budget_sweep.json, "
+                             "report.md and the plot")
+    parser.add_argument("--update-benchmarks", action="store_true",
+                        help="also write the report as the --benchmarks section and the plot to bench/figures/ "
+                             "(maintainers)")
+    parser.add_argument("--plot", default=None,
+                        help="default --output/accuracy_vs_gmacs[_from_dense].png, or in bench/figures/ "
+                             "with --update-benchmarks")
+    parser.add_argument("--benchmarks", default="BENCHMARKS.md", help="the file --update-benchmarks writes")
     args = parser.parse_args(argv)
     suffix = "_from_dense" if args.from_dense else ""
     args.output = args.output or f"runs/budget_sweep{suffix}"
-    args.plot = args.plot or f"bench/figures/accuracy_vs_gmacs{suffix}.png"
+    figures = os.path.join("bench", "figures") if args.update_benchmarks else args.output
+    args.plot = args.plot or os.path.join(figures, f"accuracy_vs_gmacs{suffix}.png")
     args.methods = [m.strip() for m in args.methods.split(",")]
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown:
         parser.error(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     targets = [float(t) for t in args.targets.split(",")]
-    images, labels, _ = test_split()
-    dense = dense_gmacs()
-    runs = plan(targets, dense, from_dense=args.from_dense)
-    rows = Rows(os.path.join(args.output, "budget_sweep.json"), dense)
-    for seed in [] if args.report_only else seeds:
-        sweep_seed(seed, targets, dense, runs, args, (images, labels), rows)
+    rows = Rows(os.path.join(args.output, "budget_sweep.json"))
+    if args.report_only and rows.dense is None:
+        parser.error(f"--report-only: no {rows.path} to report")
+    if not args.report_only:
+        images, labels, _ = test_split()
+        rows.dense = dense = dense_gmacs()
+        runs = plan(targets, dense, from_dense=args.from_dense)
+        for seed in seeds:
+            sweep_seed(seed, targets, dense, runs, args, (images, labels), rows)
     table = summarise([r for r in rows if r.get("seed", seeds[0]) in seeds and r["method"] in args.methods])
     extra = None if args.from_dense else os.path.join("runs", "new_methods", "results.json")
-    plot_sweep(table, dense, args.plot, extra=extra)
-    text = report(table, dense, args, seeds, args.plot)
-    write_section(text, args.benchmarks, section_title(args))
+    plot_sweep(table, rows.dense, args.plot, extra=extra)
+    text = report(table, rows.dense, args, seeds, args.plot, steps_per_epoch(args))
+    os.makedirs(args.output, exist_ok=True)
+    with open(os.path.join(args.output, "report.md"), "w") as f:
+        f.write(text)
+    if args.update_benchmarks:
+        write_section(text, args.benchmarks, section_title(args))
     print(text)
 
 

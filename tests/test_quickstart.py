@@ -16,7 +16,9 @@ from keras_mone.training.quickstart import (
     load_test_data,
     resolve_recipe,
     run_quickstart,
+    time_left,
     top1_accuracy,
+    training_schedule,
 )
 
 TINY_OVERRIDES = dict(
@@ -26,8 +28,12 @@ TINY_OVERRIDES = dict(
 )
 
 
-def test_quickstart_writes_results_and_figures(tmp_path):
+PHASES = ["test_data", "dense_training", "dense_evaluation", "mone_training", "mone_evaluation", "plots"]
+
+
+def test_quickstart_writes_results_and_figures(tmp_path, capsys):
     results = run_quickstart(str(tmp_path), TINY_OVERRIDES, eval_capacities=(0.2, 0.5, 1.0), verbose=0)
+    printed = capsys.readouterr().out
     for name in ("results.json", "accuracy_vs_gmacs.png", "routing.png"):
         assert os.path.getsize(tmp_path / name) > 0, name
     with open(tmp_path / "results.json") as f:
@@ -44,9 +50,21 @@ def test_quickstart_writes_results_and_figures(tmp_path):
     assert "MoNE-ViT" in format_results(results) and "dense ViT" in format_results(results)
     # Where the time went: every phase timed once, together within the total.
     phases = saved["phase_seconds"]
-    assert list(phases) == ["test_data", "dense_training", "dense_evaluation", "mone_training", "mone_evaluation", "plots"]
+    assert list(phases) == PHASES
     assert all(seconds > 0 for seconds in phases.values()) and sum(phases.values()) <= saved["seconds"]
     assert format_phases(results).startswith("Time: test data ") and f"total {saved['seconds']:.1f} s" in format_phases(results)
+    # What trained, from the recipe: 1438 digits x 1 rendering // 128 = 11 steps of 128 images.
+    assert saved["train_images"] == 11 * 128
+    assert "1 epochs of 11 steps x 128 = 1,408 fresh images" in printed
+    # A progress line after each phase: time elapsed, and about how long the rest takes.
+    progress = [line for line in printed.splitlines() if line.startswith("Progress: ")]
+    assert [line.split(" done, ")[0][len("Progress: "):] for line in progress] == [p.replace("_", " ") for p in PHASES]
+    assert all(" s elapsed; about " in line and " s left (" in line for line in progress[:-1])
+    assert progress[0].endswith("(at a quiet 2-core machine's speed)")  # nothing measured yet
+    assert all("x a quiet 2-core machine's time so far)" in line for line in progress[1:-1])
+    assert progress[-1].endswith(" s elapsed")
+    elapsed = [int(line.split(" done, ")[1].split(" s elapsed")[0]) for line in progress]
+    assert elapsed == sorted(elapsed) and elapsed[-1] <= saved["seconds"] + 1
 
 
 def test_quickstart_trains_through_the_recipe_loop(tmp_path):
@@ -64,6 +82,29 @@ def test_quickstart_trains_through_the_recipe_loop(tmp_path):
     again = run_quickstart(str(tmp_path), TINY_OVERRIDES, eval_capacities=(0.5,), verbose=0)
     assert again["dense"]["accuracy"] == first["dense"]["accuracy"]
     assert again["mone"][0]["accuracy"] == first["mone"][0]["accuracy"]
+
+
+def test_time_left_scales_the_reference_by_the_measured_slowdown():
+    left = {"mone_training": 90.0, "plots": 2.0}
+    assert time_left({}, left) == (92.0, None)
+    assert time_left({"test_data": (0.3, 0.1)}, left) == (92.0, None)  # too short to measure a speed
+    seconds, slowdown = time_left({"test_data": (0.3, 0.1), "dense_training": (270.0, 90.0)}, left)
+    assert slowdown == pytest.approx(3.0) and seconds == pytest.approx(276.0)
+    # a resumed run that trained nothing (reference 0 s) does not count
+    assert time_left({"dense_training": (5.0, 0.0), "dense_evaluation": (4.0, 2.0)}, left) == (184.0, 2.0)
+
+
+def test_documented_training_images_are_the_recipes():
+    """README and docs/training.md give the images a quickstart epoch trains, as the recipes count them."""
+    epochs, steps, batch = training_schedule(resolve_recipe(DENSE_RECIPE, {}))
+    assert (epochs, steps, batch) == (4, 179, 128)
+    assert training_schedule(resolve_recipe(MONE_RECIPE, {})) == (epochs, steps, batch)
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    for doc in ("README.md", os.path.join("docs", "training.md")):
+        with open(os.path.join(root, doc)) as f:
+            text = " ".join(f.read().split())
+        assert f"{steps * batch:,}" in text and "23,008" not in text, doc
+    assert training_schedule(resolve_recipe(DENSE_RECIPE, {"steps_per_epoch": 5})) == (epochs, 5, batch)
 
 
 def test_results_are_written_before_the_plots(tmp_path, monkeypatch):

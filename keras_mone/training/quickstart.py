@@ -11,7 +11,8 @@ the test split in memory), so a jax or torch install is enough. Then evaluates M
 test split and writes ``results.json`` (with per-epoch histories: loss,
 accuracy, MoNE's alpha and router entropy, and the wall-clock seconds of each
 phase: ``phase_seconds``), ``accuracy_vs_gmacs.png`` and ``routing.png`` (tokens
-sent to the full expert, as in Fig. 1 and 8 of the MoNE paper)."""
+sent to the full expert, as in Fig. 1 and 8 of the MoNE paper). After each
+phase it prints the time elapsed and about how long the rest will take."""
 
 import contextlib
 import csv
@@ -37,6 +38,13 @@ MONE_RECIPE = "cluttered_digits_mone"
 EVAL_CAPACITIES = (0.2, 0.3, 0.5, 1.0)
 THROUGHPUT_IMAGES = 2048  # test images timed per model and capacity
 ROUTING_IMAGES = 1024  # test images whose digit tokens' experts are counted
+#: Seconds of the default quickstart's phases on a quiet 2-core machine (BENCHMARKS.md, "Quickstart",
+#: 2026-11-26: 716 training steps a model, compilation included; four MoNE capacities evaluated);
+#: the estimate of the time left scales them to the run's steps, capacities and speed.
+REFERENCE_SECONDS = dict(
+    test_data=0.1, dense_step=88.0 / 716, dense_evaluation=2.4, mone_step=88.9 / 716,
+    evaluation_per_capacity=16.9 / 4, plots=2.2,
+)
 
 
 def load_test_data(recipe):
@@ -62,17 +70,27 @@ def resolve_recipe(name, overrides):
     return recipe
 
 
+def training_schedule(recipe):
+    """``(epochs, steps per epoch, batch size)`` of a fresh-renderings digits recipe:
+    its ``steps_per_epoch``, else the whole batches of one epoch's renderings
+    (the training loop leaves the rest out)."""
+    steps = recipe["steps_per_epoch"] or digits_stream(recipe).steps_per_epoch
+    return recipe["epochs"], steps, recipe["batch_size"]
+
+
 def train_recipe(name, output_dir, overrides, verbose="auto"):
     """Trains recipe ``name`` with ``overrides`` in ``output_dir`` (resuming a run
     of the same recipe there) through ``keras_mone.recipes.load(...).fit()``;
-    returns the trained model and its per-epoch history (``history.csv``: loss,
-    accuracy, validation metrics, MoNE's alpha and router entropy)."""
+    returns the trained model, its per-epoch history (``history.csv``: loss,
+    accuracy, validation metrics, MoNE's alpha and router entropy) and the
+    steps this call trained (fewer on a resumed run)."""
     setup = load(name, resume=True, **{**overrides, "output_dir": output_dir})
+    steps = setup.total_steps - setup.initial_step
     setup.fit(verbose=verbose)
     with open(os.path.join(output_dir, "history.csv")) as f:
         rows = list(csv.DictReader(f))
     history = {key: [float(row[key]) for row in rows if row[key] != ""] for key in (rows[0] if rows else {}) if key != "epoch"}
-    return setup.model, history
+    return setup.model, history, steps
 
 
 def top1_accuracy(model, test_data, batch_size=256):
@@ -120,6 +138,38 @@ def timed(phase_seconds, phase):
         phase_seconds[phase] = phase_seconds.get(phase, 0.0) + time.perf_counter() - started
 
 
+def time_left(done, left):
+    """``(seconds left, slowdown)``: the reference seconds of the phases ``left``
+    times the slowdown, this run's seconds over the reference's in the phases
+    ``done`` (``{phase: (seconds, reference seconds)}``) that should take a second
+    or more (None, and the reference's seconds, before one is done)."""
+    counted = [(seconds, reference) for seconds, reference in done.values() if reference >= 1.0]
+    slowdown = sum(s for s, _ in counted) / sum(r for _, r in counted) if counted else None
+    return (slowdown or 1.0) * sum(left.values()), slowdown
+
+
+class Progress:
+    """Prints, after each phase, the time elapsed and about how long the phases
+    left will take (``time_left``); ``expected`` maps each phase, in order, to its
+    reference seconds."""
+
+    def __init__(self, expected, phase_seconds, started):
+        self.expected, self.phase_seconds, self.started = dict(expected), phase_seconds, started
+        self.done = {}
+
+    def finished(self, phase, reference=None):
+        """Prints the line for ``phase`` (``reference``: its reference seconds, now known)."""
+        expected = self.expected.pop(phase)
+        self.done[phase] = (self.phase_seconds[phase], expected if reference is None else reference)
+        line = f"Progress: {phase.replace('_', ' ')} done, {time.perf_counter() - self.started:.0f} s elapsed"
+        if self.expected:
+            seconds, slowdown = time_left(self.done, self.expected)
+            pace = ("at a quiet 2-core machine's speed" if slowdown is None
+                    else f"this machine has taken {slowdown:.1f}x a quiet 2-core machine's time so far")
+            line += f"; about {seconds:.0f} s left ({pace})"
+        print(line, flush=True)
+
+
 def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, verbose="auto"):
     """Runs the quickstart and writes its outputs to ``output_dir``; returns the results.
 
@@ -135,39 +185,59 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         if not 0.0 < capacity <= 1.0:
             raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
     os.makedirs(output_dir, exist_ok=True)
+    epochs, steps, batch = training_schedule(dense_recipe)
+    mone_epochs, mone_steps, _ = training_schedule(mone_recipe)
+    reference = REFERENCE_SECONDS
     started = time.perf_counter()
     phases = {}
+    expected = dict(  # the reference seconds of each phase, in order
+        test_data=reference["test_data"],
+        dense_training=reference["dense_step"] * epochs * steps,
+        dense_evaluation=reference["dense_evaluation"],
+        mone_training=reference["mone_step"] * mone_epochs * mone_steps,
+        mone_evaluation=reference["evaluation_per_capacity"] * len(eval_capacities),
+        plots=reference["plots"],
+    )
+    progress = Progress(expected, phases, started)
     with timed(phases, "test_data"):
         test_data, digit_tokens = load_test_data(dense_recipe)
-    stream = digits_stream(dense_recipe)
+    progress.finished("test_data")
     results = {
         "backend": keras.backend.backend(),
         "recipes": {"dense": DENSE_RECIPE, "mone": MONE_RECIPE},
         "overrides": overrides,
-        "epochs": dense_recipe["epochs"],
-        "train_images": dense_recipe["epochs"] * stream.steps_per_epoch * stream.batch_size,
+        "epochs": epochs,
+        "train_images": epochs * steps * batch,
         "test_images": len(test_data[0]),
         "phase_seconds": phases,
     }
 
     print(
-        f"Training the dense ViT ({DENSE_RECIPE}: {dense_recipe['epochs']} epochs of "
-        f"{stream.steps_per_epoch * stream.batch_size} fresh images; test split {len(test_data[0])} images)"
+        f"Training the dense ViT ({DENSE_RECIPE}: {epochs} epochs of {steps} steps x {batch} = "
+        f"{steps * batch:,} fresh images; test split {len(test_data[0])} images)"
     )
     with timed(phases, "dense_training"):
-        dense, results["dense_history"] = train_recipe(DENSE_RECIPE, os.path.join(output_dir, "dense"), overrides, verbose)
+        dense, results["dense_history"], trained = train_recipe(
+            DENSE_RECIPE, os.path.join(output_dir, "dense"), overrides, verbose
+        )
+    progress.finished("dense_training", reference["dense_step"] * trained)
     with timed(phases, "dense_evaluation"):
         results["dense"] = evaluate(dense, test_data)
+    progress.finished("dense_evaluation")
 
     print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
     with timed(phases, "mone_training"):
-        mone, results["mone_history"] = train_recipe(MONE_RECIPE, os.path.join(output_dir, "mone"), overrides, verbose)
+        mone, results["mone_history"], trained = train_recipe(
+            MONE_RECIPE, os.path.join(output_dir, "mone"), overrides, verbose
+        )
+    progress.finished("mone_training", reference["mone_step"] * trained)
     results["train_capacity"] = mone_recipe["capacity"]
     results["mone"] = []
     with timed(phases, "mone_evaluation"):
         for capacity in eval_capacities:
             mone.set_capacity(capacity)
             results["mone"].append(evaluate(mone, test_data, digit_tokens))
+    progress.finished("mone_evaluation")
 
     results["seconds"] = time.perf_counter() - started
     write_results(results, output_dir)  # before the plots: a failing plot loses no result
@@ -177,6 +247,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         quickstart_plots.plot_accuracy_vs_gmacs(results, os.path.join(output_dir, "accuracy_vs_gmacs.png"))
         mone.set_capacity(min(eval_capacities, key=lambda c: abs(c - 0.3)))
         quickstart_plots.plot_routing(mone, test_data, os.path.join(output_dir, "routing.png"))
+    progress.finished("plots")
     results["seconds"] = time.perf_counter() - started
     write_results(results, output_dir)
     print(format_results(results))
