@@ -49,12 +49,24 @@ def restart_with_huge_pages(command):
     """Replaces this process by ``command`` (an argv list, e.g. the same command
     line) with :data:`TUNABLE` in its environment, unless it already has it,
     the platform is not Linux, or ``KERAS_MONE_HUGE_PAGES=0``; then returns
-    False and the caller goes on. Call it before any work: the process is replaced."""
+    False and the caller goes on. Where the system refuses the restart (an
+    ``OSError`` from ``execve``, e.g. a sandbox that forbids it), one line on
+    stderr says so and it returns False: the command runs in place, without
+    huge pages. Call it before any work: the process is replaced."""
     if os.environ.get(ENVIRONMENT_SWITCH, "1") == "0" or not sys.platform.startswith("linux") or has_huge_pages():
         return False
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(command[0], command, with_huge_pages(os.environ))
+    try:
+        os.execve(command[0], command, with_huge_pages(os.environ))
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        print(
+            f"keras-mone: could not restart with GLIBC_TUNABLES={TUNABLE} ({type(error).__name__}: {reason}); "
+            f"running in place without huge pages (set {ENVIRONMENT_SWITCH}=0 to skip the restart).",
+            file=sys.stderr,
+        )
+        return False
 
 
 def restart_command_with_huge_pages(argv=None):

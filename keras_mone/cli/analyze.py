@@ -18,7 +18,7 @@ import sys
 from keras_mone.cli.analyze_ablations import COMMANDS as ABLATIONS
 from keras_mone.cli.analyze_commands import COMMANDS
 from keras_mone.cli.analyze_merging import COMMANDS as MERGING
-from keras_mone.cli.analyze_common import common_arguments
+from keras_mone.cli.analyze_common import check_arguments, common_arguments
 
 ANALYSES = {**COMMANDS, **ABLATIONS, **MERGING}
 
@@ -40,6 +40,7 @@ def add_subcommand(commands):
 def _runner(run):
     def run_analysis(args):
         try:
+            check_arguments(args)  # before the model or the data load
             return run(args)
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)

@@ -13,9 +13,49 @@ def common_arguments(parser):
         help="the shipped preset whose test split to analyse (default: MODEL when it is one)",
     )
     parser.add_argument("--output", required=True, help="directory for the PNG and the JSON")
-    parser.add_argument("--num-images", type=int, default=None, help="first N test examples (default: analysis' own)")
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument(
+        "--num-images", type=int, default=None, help="first N >= 1 test examples (default: analysis' own)",
+    )
+    parser.add_argument("--batch-size", type=int, default=128, help="examples per call (>= 1)")
     parser.add_argument("--capacity", type=float, default=None, help="set_capacity(e_c) before the analysis")
+
+
+#: Integer options of the analyses that count something (``dest -> flag``): each must be >= 1.
+COUNT_OPTIONS = {
+    "num_images": "--num-images", "batch_size": "--batch-size", "shown": "--shown", "top": "--top",
+    "images_per_pass": "--images-per-pass", "timing_batch": "--timing-batch", "repeats": "--repeats",
+}
+#: Float options that must be > 0 (``dest -> flag``); ``--step`` must also be <= 1.
+POSITIVE_OPTIONS = {"gmacs": "--gmacs", "latency_ms": "--latency-ms", "step": "--step"}
+
+
+def check_arguments(args):
+    """Raises ``ValueError`` naming the first option of ``args`` out of its range, and
+    ``--output`` when it cannot become a directory; called before any work."""
+    for dest, flag in COUNT_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be an integer >= 1, got {value}.")
+    for dest, flag in POSITIVE_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is not None and not (0 < value <= (1 if dest == "step" else float("inf"))):
+            allowed = "in (0, 1]" if dest == "step" else "> 0"
+            raise ValueError(f"{flag} must be a number {allowed}, got {value:g}.")
+    check_output(args.output)
+
+
+def check_output(path):
+    """Raises ``ValueError`` naming ``--output`` unless ``path`` is a writable directory
+    or can be made one (its nearest existing ancestor a writable directory)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--output {path!r} is an existing file; give a directory (made if missing).")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"--output {path!r} lies under {existing!r}, a file: no directory can be made there.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {path!r}: the directory {existing!r} is not writable.")
 
 
 def load_model(args):
@@ -41,7 +81,7 @@ def load_data(args, default_count=None):
     from keras_mone.presets import evaluation_data
 
     x, y = evaluation_data(args.data or args.model)
-    count = args.num_images or default_count
+    count = default_count if args.num_images is None else args.num_images
     return (x, y) if count is None else (x[:count], y[:count])
 
 

@@ -45,7 +45,7 @@ def run(args):
             args.preset, args.data_dir, args.eval_fraction, resume=not args.restart,
             **parse_overrides(args.overrides),
         )
-    except (RecipeError, ValueError, FileNotFoundError) as error:
+    except (RecipeError, ValueError, FileNotFoundError, ImportError) as error:  # ImportError: tf.data absent
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"Fine-tuning {args.preset} on {args.data_dir}:")

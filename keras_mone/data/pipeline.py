@@ -41,8 +41,9 @@ def _tf():
         import tensorflow as tf
     except ImportError as error:  # pragma: no cover - depends on the install
         raise ImportError(
-            "The training input pipeline uses tf.data: `pip install tensorflow-cpu` "
-            "(it serves as input on every Keras backend)."
+            "Training on an image folder or TFDS uses a tf.data input pipeline, and tensorflow is not "
+            'installed: pip install "keras-mone[tensorflow]" (tensorflow-cpu; it feeds every Keras backend, '
+            "your models still run on the one KERAS_BACKEND names)."
         ) from error
     return tf
 
@@ -55,6 +56,52 @@ class Source:
     num_examples: int
     num_classes: int
     decode: object  # raw image -> float32 (H, W, 3) in [0, 255]
+    labels: object = None  # int array of every label when known up front (checked then, see label_guard)
+    split: str = ""  # the split's name, for messages
+
+
+def label_message(label, num_classes, split):
+    """``"label 12 in split 'train' is outside num_classes=10 (labels must be 0..9)"``."""
+    return (
+        f"label {label} in split {split!r} is outside num_classes={num_classes} "
+        f"(labels must be 0..{num_classes - 1})"
+    )
+
+
+def check_labels(labels, num_classes, split):
+    """Raises ``ValueError`` naming the first of ``labels`` outside ``0..num_classes - 1``
+    (its one-hot row would be all zeros: a loss of 0 and nothing learned)."""
+    labels = np.asarray(labels).reshape(-1)
+    outside = np.flatnonzero((labels < 0) | (labels >= num_classes))
+    if outside.size:
+        raise ValueError(
+            f"{label_message(int(labels[outside[0]]), num_classes, split)}; outside: {outside.size} of "
+            f"{labels.size} labels."
+        )
+
+
+def label_guard(source, num_classes):
+    """``labels -> labels`` for a tf.data map that refuses labels outside ``num_classes``:
+    a source whose labels are known (``source.labels``) is checked now (``ValueError``)
+    and the guard does nothing; otherwise each label is asserted in the pipeline
+    (``InvalidArgumentError`` when the batch holding it is read)."""
+    split = getattr(source, "split", "")
+    if getattr(source, "labels", None) is not None:
+        check_labels(source.labels, num_classes, split)
+        return lambda labels: labels
+    tf = _tf()
+    # no quotes: tf.debugging.Assert prints them escaped
+    allowed = f"in split {split} is outside num_classes={num_classes} (labels must be 0..{num_classes - 1})"
+
+    def guard(labels):
+        flat = tf.reshape(labels, [-1])
+        outside = tf.logical_or(flat < 0, flat >= num_classes)
+        found = tf.boolean_mask(flat, outside)
+        check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(outside)), ["label", found, allowed])
+        with tf.control_dependencies([check]):
+            return tf.identity(labels)
+
+    return guard
 
 
 def image_folder_source(root, split, class_names=None):
@@ -80,7 +127,7 @@ def image_folder_source(root, split, class_names=None):
     paths, labels = zip(*files)
     examples = tf.data.Dataset.from_tensor_slices((list(paths), np.asarray(labels, "int32")))
     examples = examples.map(lambda path, label: (tf.io.read_file(path), label))
-    return Source(examples, len(paths), len(class_names), _decode_bytes)
+    return Source(examples, len(paths), len(class_names), _decode_bytes, np.asarray(labels, "int32"), split)
 
 
 _SPLIT = re.compile(r"([^\[\]]+)(?:\[(-?\d*)(%?):(-?\d*)(%?)\])?")
@@ -162,7 +209,8 @@ def tfds_source(name, split, data_dir=None, seed=0):
     examples = examples.map(lambda e: (e["image"], e["label"]))
     info = builder.info
     return Source(
-        examples, info.splits[split].num_examples, info.features["label"].num_classes, _decode_bytes
+        examples, info.splits[split].num_examples, info.features["label"].num_classes, _decode_bytes,
+        split=split,
     )
 
 
@@ -178,7 +226,7 @@ def cluttered_digits_source(split, image_size, digit_scale, clutter, samples_per
     examples = tf.data.Dataset.from_tensor_slices(
         (images.astype("float32") * 255.0, labels.astype("int32"))
     )
-    return Source(examples, len(images), NUM_CLASSES, lambda image: image)
+    return Source(examples, len(images), NUM_CLASSES, lambda image: image, labels.astype("int32"), split)
 
 
 def _decode_bytes(raw):
@@ -233,6 +281,7 @@ def eval_dataset(source, image_size, batch_size, num_classes, preprocessing="inc
     """Batches ``(images in [-1, 1], one-hot labels)`` of one pass over ``source``;
     ``full_batches``: ``(images, labels, sample weights)`` padded as ``full_batches`` does."""
     tf = _tf()
+    guard = label_guard(source, num_classes)
 
     def preprocess(raw, label):
         image = source.decode(raw)
@@ -241,7 +290,7 @@ def eval_dataset(source, image_size, batch_size, num_classes, preprocessing="inc
         else:
             image = _resize(image, image_size)
         image = tf.ensure_shape(image, (image_size, image_size, 3))
-        return _scale(image), tf.one_hot(label, num_classes)
+        return _scale(image), tf.one_hot(guard(label), num_classes)
 
     ds = source.examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
     if full_batches:
@@ -297,11 +346,13 @@ def _resize_shorter_and_crop(image, size):
 
 def training_stream(source, preprocess, batch_size, num_classes, mixup, shuffle_buffer, seed, start_step):
     """Shuffled, repeated, preprocessed batches of one-hot labelled examples, MixUp applied
-    per batch; the first ``start_step`` batches are skipped before decoding (resume)."""
+    per batch; the first ``start_step`` batches are skipped before decoding (resume).
+    Labels outside ``num_classes`` are refused (``label_guard``)."""
     tf = _tf()
+    guard = label_guard(source, num_classes)
 
     def finish(inputs, labels):
-        labels = tf.one_hot(labels, num_classes)
+        labels = tf.one_hot(guard(labels), num_classes)
         if mixup is not None:
             mixed = mixup({"images": inputs, "labels": labels})
             inputs, labels = mixed["images"], mixed["labels"]

@@ -32,6 +32,7 @@ from keras_mone.data.pipeline import (
     _scale,
     _tf,
     class_folders,
+    label_guard,
     pad_to_full_batches,
     training_stream,
 )
@@ -55,6 +56,8 @@ class VideoSource:
     num_classes: int
     length: object
     frames: object
+    labels: object = None  # int array of every label when known up front (pipeline.label_guard)
+    split: str = ""
 
 
 def video_folder_source(root, split, class_names=None):
@@ -90,7 +93,7 @@ def video_folder_source(root, split, class_names=None):
         )
         return tf.cast(decoded, "float32")
 
-    return VideoSource(examples, len(clips), len(class_names), length, frames)
+    return VideoSource(examples, len(clips), len(class_names), length, frames, np.asarray(labels, "int32"), split)
 
 
 def moving_digits_source(split, num_frames, image_size, digit_scale, clutter, samples_per_digit, target, seed,
@@ -109,6 +112,7 @@ def moving_digits_source(split, num_frames, image_size, digit_scale, clutter, sa
         examples, len(videos), MOVING_TARGETS[target],
         length=lambda raw: tf.shape(raw)[0],
         frames=lambda raw, indices: tf.gather(raw, indices),
+        labels=labels.astype("int32"), split=split,
     )
 
 
@@ -198,6 +202,7 @@ def eval_dataset(
     centre crop (``"scale_jitter"``) or a plain resize; ``(clips in [-1, 1], one-hot)``,
     or with ``full_batches`` padded batches with sample weights (``pipeline.pad_to_full_batches``)."""
     tf = _tf()
+    guard = label_guard(source, num_classes)
 
     def preprocess(raw, label):
         indices = sample_frame_indices(source.length(raw), num_frames, frame_stride, False)
@@ -207,7 +212,7 @@ def eval_dataset(
         else:
             frames = tf.image.resize(frames, (image_size, image_size))
         frames = tf.ensure_shape(frames, (num_frames, image_size, image_size, 3))
-        return _scale(frames), tf.one_hot(label, num_classes)
+        return _scale(frames), tf.one_hot(guard(label), num_classes)
 
     ds = source.examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
     if full_batches:

@@ -190,11 +190,14 @@ class SparseMixerBlock(_TwoSublayers, ConfigMixin, keras.layers.Layer):
             num_experts, expert_dim, top_k, self.capacity_factor, self.aux_loss_weight,
             names=(f"{prefix}_num_experts", f"{prefix}_expert_dim", f"{prefix}_top_k"),
         )
-        return SparseMoE(
+        layer = SparseMoE(
             num_experts, expert_dim, top_k, capacity_factor=self.capacity_factor, noise=self.noise,
             aux_loss_weight=self.aux_loss_weight, gelu_approximate=self.gelu_approximate, seed=seed,
             dtype=self.dtype_policy, name=name,
         )
+        # the items it routes are known now: MoE_S the C' channel columns, MoE_C the S' tokens
+        layer.warn_if_starved(self.hidden_dim if prefix == "token" else self.num_tokens, stacklevel=4)
+        return layer
 
     @staticmethod
     def _apply(sublayer, inputs, training):

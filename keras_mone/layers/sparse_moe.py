@@ -7,6 +7,7 @@ estimator of V-MoE (Riquelme et al. 2021, App. A).
 """
 
 import math
+import warnings
 
 import keras
 from keras import ops
@@ -37,6 +38,22 @@ def expert_capacity(num_items, num_experts, top_k, capacity_factor):
     """``min(items, ceil(capacity_factor * K * items / N_E))``: slots per expert and example."""
     # the tolerance keeps e.g. 1.25 * 2 * 8 / 4 = 5.000...01 at 5
     return max(1, min(num_items, math.ceil(capacity_factor * top_k * num_items / num_experts - 1e-9)))
+
+
+def starved_capacity_message(num_items, num_experts, top_k, capacity_factor, where=""):
+    """The warning for a ``capacity_factor`` too small to give an expert one item per example
+    (``expert_capacity`` then keeps the minimum, 1), else ``None``."""
+    asked = capacity_factor * top_k * num_items / num_experts
+    if asked >= 1 - 1e-9:
+        return None
+    realised = num_experts / (top_k * num_items)
+    return (
+        f"`capacity_factor`={capacity_factor:g} is realised as {realised:.3f} with {num_items} items per "
+        f"example{where}: each of the {num_experts} experts takes 1 item per example (the minimum: "
+        f"{capacity_factor:g} * top_k {top_k} * {num_items} items / {num_experts} experts = {asked:.3g} slots), "
+        f"so at most {num_experts} of the {top_k * num_items} top-{top_k} choices run; the others pass "
+        "through the residual."
+    )
 
 
 def importance_and_load(logits, noisy_logits, top_k, noise_std):
@@ -116,6 +133,19 @@ class SparseMoE(ConfigMixin, keras.layers.Layer):
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.noise_std = 1.0 / self.num_experts
+        self._warned_items = None
+
+    def warn_if_starved(self, num_items, stacklevel=2):
+        """Warns (once per item count) when ``capacity_factor`` leaves every expert the minimum of
+        one item per example: fewer slots than ``capacity_factor`` asks for cannot be made."""
+        if num_items == self._warned_items:
+            return
+        self._warned_items = num_items
+        message = starved_capacity_message(
+            num_items, self.num_experts, self.top_k, self.capacity_factor, f" in `{self.name}`"
+        )
+        if message:
+            warnings.warn(message, stacklevel=stacklevel + 1)
 
     def build(self, input_shape):
         if len(input_shape) != 3 or input_shape[1] is None or input_shape[2] is None:
@@ -123,6 +153,7 @@ class SparseMoE(ConfigMixin, keras.layers.Layer):
                 f"SparseMoE `{self.name}` takes inputs (batch, items, features) with static items "
                 f"and features, got shape {tuple(input_shape)}."
             )
+        self.warn_if_starved(input_shape[1])
         features, hidden, experts = input_shape[2], self.expert_hidden_dim, self.num_experts
         # glorot per expert: VarianceScaling counts the expert axis into both fans
         glorot = keras.initializers.VarianceScaling(experts, "fan_avg", "uniform")

@@ -92,9 +92,27 @@ def in_memory_eval_data(recipe, num_classes, full_batches=False):
     from keras_mone.data.in_memory import ArrayBatches
 
     images, labels = load_cluttered_digits(**cluttered_digits_arguments(recipe, "test"))
+    try:
+        pipeline.check_labels(labels, num_classes, recipe["eval_split"])
+    except ValueError as error:
+        raise schema.RecipeError(f"{recipe['dataset']} recipe: {error}") from error
     images = images.astype("float32") * np.float32(255.0) / np.float32(127.5) - np.float32(1.0)
     targets = np.eye(num_classes, dtype="float32")[labels]
     return ArrayBatches(images, targets, recipe["eval_batch_size"] or recipe["batch_size"], full_batches)
+
+
+def check_source_labels(source, num_classes, name):
+    """Raises ``RecipeError`` when a source whose labels are known up front (folders,
+    bundled arrays) holds one outside ``num_classes``; others are checked as they stream."""
+    if source is None or getattr(source, "labels", None) is None:
+        return
+    try:
+        pipeline.check_labels(source.labels, num_classes, source.split)
+    except ValueError as error:
+        raise schema.RecipeError(
+            f"recipe {name!r}: {error} The split has {source.num_classes} classes: set key 'num_classes' to 0 "
+            f"(the data's) or to {source.num_classes} or more."
+        ) from error
 
 
 def data_sources(recipe):

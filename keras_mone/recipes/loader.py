@@ -30,13 +30,15 @@ import keras
 from keras_mone.data import pipeline, video_pipeline
 from keras_mone.recipes import schema
 from keras_mone.recipes.builders import checkpoint_dir, make_callbacks, make_loss, make_optimizer, training_mode
-from keras_mone.recipes.data_sources import data_sources, digits_stream, in_memory_eval_data
+from keras_mone.recipes.data_sources import (
+    MissingExtra, check_source_labels, data_sources, digits_stream, in_memory_eval_data,
+)
 from keras_mone.recipes.files import resolve
 from keras_mone.recipes.model import _saved_model, build_classifier, init_from_saved_model
 from keras_mone.recipes.phases import PhasedSetup, preflight
 from keras_mone.recipes.run_directory import claim, to_toml
 from keras_mone.training import checkpoint as checkpoint_lib
-from keras_mone.training.distribution import distribution_scope, num_replicas
+from keras_mone.training.distribution import check_supported, distribution_scope, num_replicas
 from keras_mone.training.distribution import resolve as resolve_distribution
 from keras_mone.training.losses import FullWidthAccuracy
 
@@ -152,6 +154,10 @@ def load(name_or_path, resume=True, **overrides):
         A ``TrainingSetup`` (a ``PhasedSetup`` for a recipe with ``phases``).
     """
     recipe, name = resolve(name_or_path, **overrides)
+    try:  # e.g. data_parallel on torch: refused before the run directory is touched
+        check_supported(recipe["distribution"])
+    except ValueError as error:
+        raise schema.RecipeError(f"recipe {name!r}: key 'distribution': {error}") from error
     if recipe["phases"]:
         return PhasedSetup(recipe, name, resume, _load_resolved)
     preflight(recipe, name)
@@ -160,11 +166,16 @@ def load(name_or_path, resume=True, **overrides):
 
 def _load_resolved(recipe, name, resume):
     """``load`` of one resolved (validated) recipe."""
-    claim(recipe, name, resume)  # refuses another recipe's checkpoints before anything is built
     keras.utils.set_random_seed(recipe["seed"])
-    train_source, eval_source = data_sources(recipe)
+    try:  # read before the run directory is claimed: a missing tensorflow writes nothing
+        train_source, eval_source = data_sources(recipe)
+    except ImportError as error:
+        raise MissingExtra(f"recipe {name!r}: {error}") from error
+    claim(recipe, name, resume)  # refuses another recipe's checkpoints before anything is built
     stream = digits_stream(recipe) if train_source is None else None
     num_classes = recipe["num_classes"] or (stream or train_source).num_classes
+    for source in (train_source, eval_source):  # labels known up front: refused before the model is built
+        check_source_labels(source, num_classes, name)
     batch = recipe["batch_size"]
     steps_per_epoch = recipe["steps_per_epoch"] or (
         stream.steps_per_epoch if stream else max(1, train_source.num_examples // batch)
