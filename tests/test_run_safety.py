@@ -101,6 +101,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
     with pytest.raises(recipes.RecipeError, match="could be restored") as error:
         recipes.load("cluttered_digits_vit", **tiny_overrides(run, epochs=2, checkpoint_steps=2))
     assert newest in str(error.value) and older in str(error.value)
+    assert "--restart" in str(error.value)  # what a command-line user can do about it
     assert os.path.exists(newest) and os.path.exists(older)  # reported, never deleted
 
 

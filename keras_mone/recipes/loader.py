@@ -214,7 +214,11 @@ def _load_resolved(recipe, name, resume):
         try:
             initial_step = checkpoint_lib.restore(model, checkpoint_dir(recipe)) if resume else 0
         except ValueError as error:  # no checkpoint could be restored: files named, none deleted
-            raise schema.RecipeError(f"recipe {name!r}: {error}") from error
+            raise schema.RecipeError(
+                f"recipe {name!r}: {error}\nNothing was deleted. To keep these checkpoints and start over, "
+                "pass --restart (keras-mone train / finetune) or resume=False: the run moves to previous/<n>/; "
+                "or choose another output_dir."
+            ) from error
 
     with open(os.path.join(directory, "recipe.toml"), "w") as f:
         f.write(to_toml(recipe, name))
