@@ -16,7 +16,7 @@ import keras
 import numpy as np
 
 from keras_mone import flops
-from keras_mone.models.methods import architectures
+from keras_mone.methods.registry import architectures
 from interleaved import TABLE_HEADER, speed_rows, time_models
 from training_targets import write_section
 

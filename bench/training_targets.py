@@ -34,7 +34,7 @@ import keras
 
 from keras_mone import recipes
 from keras_mone.analysis import expert_share_of_tokens, flops
-from keras_mone.training.quickstart import ROUTING_IMAGES, load_test_data
+from keras_mone.cli.quickstart import ROUTING_IMAGES, load_test_data
 
 CAPACITIES = (0.2, 0.3, 0.5, 0.75)
 SECTION = "## Training targets (CPU recipes)"

@@ -11,7 +11,7 @@ restart_command_with_huge_pages()  # the keras-mone command only (keras_mone.hos
 choose_backend()
 
 # The command has restarted and the backend is chosen before anything imports Keras.
-from keras_mone import analysis, convert, data, layers, models, presets, routing, training  # noqa: E402
+from keras_mone import analysis, convert, data, layers, methods, models, presets, routing, training  # noqa: E402
 from keras_mone.analysis import flops  # noqa: E402
 from keras_mone.version import __version__  # noqa: E402
 
@@ -22,6 +22,7 @@ __all__ = [
     "data",
     "flops",
     "layers",
+    "methods",
     "models",
     "presets",
     "routing",

@@ -15,7 +15,7 @@ import pytest
 from conftest import BATCH, images, randomize_weights, to_numpy, videos
 
 from keras_mone.models import forward_with_record
-from keras_mone.models.methods import architectures
+from keras_mone.methods.registry import architectures
 from keras_mone.training import SumOverWidths
 
 NUM_CLASSES = 3

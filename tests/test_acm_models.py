@@ -8,7 +8,7 @@ import pytest
 from conftest import BATCH, TINY, images, randomize_weights, to_numpy
 
 from keras_mone import flops, models
-from keras_mone.models import acm_method
+from keras_mone.methods import acm as acm_method
 from keras_mone.models.acm_vit_backbone import ACMViTBackbone
 from keras_mone.models.weight_transfer import transfer_weights
 

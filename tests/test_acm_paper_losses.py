@@ -17,7 +17,7 @@ from conftest import TINY, gradients, images, randomize_weights, to_numpy
 
 from keras_mone import models
 from keras_mone.layers import ACMGate
-from keras_mone.models import acm_method
+from keras_mone.methods import acm as acm_method
 from keras_mone.training import acm_losses
 
 N = 4

@@ -12,7 +12,7 @@ from conftest import BATCH, TINY, assert_f32_close, images, randomize_weights, r
 
 from keras_mone import flops, models
 from keras_mone.layers.acm_attention import PROJECTIONS, ACMAttention
-from keras_mone.models import acm_method
+from keras_mone.methods import acm as acm_method
 from keras_mone.models.acm_transfer import acm_from_dense
 from keras_mone.models.acm_vit_backbone import ACMViTBackbone
 from keras_mone.routing import acm_quotas

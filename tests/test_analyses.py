@@ -223,7 +223,7 @@ def test_gmacs_budget_against_the_flop_counter():
 ])
 def test_cli_writes_png_and_json(tmp_path, analysis, extra):
     from keras_mone.cli.main import main
-    from keras_mone.models.methods import architectures
+    from keras_mone.methods.registry import architectures
 
     architecture = architectures()["mone_vit"]
     model = architecture.task(architecture.build_backbone(**architecture.tiny_config), num_classes=10)

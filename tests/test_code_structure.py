@@ -56,6 +56,62 @@ def test_no_import_loops():
     assert not loops, "import loops:\n" + "\n".join(" -> ".join(loop) for loop in loops)
 
 
+#: The library's floors, bottom up (issue 41): a package imports only packages
+#: on lower floors, whether at the top of a file or inside a function (a lazy
+#: import couples two packages all the same), and through a package's
+#: ``__init__`` too. Top-level modules are named without the package prefix;
+#: ``""`` is ``keras_mone/__init__`` (the facade over the library);
+#: ``recipe_files`` is the folder of bundled recipe TOML files.
+FLOORS = {
+    "arguments": 0, "version": 0, "overrides": 0, "file_io": 0, "backend_choice": 0, "host_memory": 0,
+    "recipe_files": 0,
+    "routing": 1,        # EPR, capacities, token groups: plain functions on tensors
+    "layers": 2,         # Keras layers: nested dense, attention, MLPs, routers, ACM, Mixer
+    "models": 3,         # backbones and task classes
+    "analysis": 4, "convert": 4, "data": 4,  # what reads models: FLOPs and analyses, checkpoints, inputs
+    "training": 5,       # losses, modes, callbacks, checkpoints
+    "methods": 6,        # the method registry: architectures, modes, recipe arguments
+    "presets": 7,        # named models and their weights
+    "recipes": 8, "": 8,  # training runs from presets; the package facade
+    "bench": 9, "cli": 9,  # applications: the benchmark, the keras-mone command, the quickstart
+}
+
+
+def _room(module):
+    return module.split(".")[1] if "." in module else ""
+
+
+def _package_edges():
+    """``{(importing room, imported room): [importing modules]}`` over every import statement."""
+    paths = dict(modules())
+    edges = {}
+    for name, path in paths.items():
+        for imported in imported_modules(name, path, paths):
+            pair = (_room(name), _room(imported))
+            if pair[0] != pair[1]:
+                edges.setdefault(pair, []).append(name)
+    return edges
+
+
+def test_every_package_has_a_floor():
+    rooms = {_room(name) for name, _ in modules()}
+    assert rooms <= set(FLOORS), f"packages without a floor in FLOORS: {sorted(rooms - set(FLOORS))}"
+
+
+def test_packages_import_only_lower_floors():
+    # Rules out what issue 41 found: models <-> training, routing <-> layers,
+    # presets <-> recipes, presets <-> analysis, a ten-file circle through
+    # data, presets and recipes, and applications (the quickstart) inside the
+    # library; a same-floor pair in both directions is a circle too.
+    upward = {
+        pair: sorted(importers) for pair, importers in _package_edges().items()
+        if FLOORS[pair[1]] >= FLOORS[pair[0]]
+    }
+    assert not upward, "imports that do not point down a floor:\n" + "\n".join(
+        f"{a or 'keras_mone'} -> {b or 'keras_mone'}: {', '.join(m)}" for (a, b), m in sorted(upward.items())
+    )
+
+
 @pytest.mark.parametrize("name, path", list(modules()), ids=[n for n, _ in modules()])
 def test_module_is_small_and_imports_no_private_keras(name, path):
     text = path.read_text()

@@ -6,7 +6,7 @@ from conftest import TINY, TINY_VIDEO, to_numpy
 from harness import run_backbone_test, tiny_inputs
 
 from keras_mone import flops, presets
-from keras_mone.models.methods import architectures
+from keras_mone.methods.registry import architectures
 from keras_mone.presets import registry
 
 

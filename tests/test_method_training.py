@@ -8,7 +8,7 @@ import pytest
 from conftest import BATCH, TINY, images, randomize_weights, to_numpy
 
 from keras_mone import models
-from keras_mone.models import methods
+from keras_mone.methods import registry as methods
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.loss_terms import LossTerm
 from keras_mone.training.modes import TrainingMode

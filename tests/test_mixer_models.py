@@ -6,7 +6,7 @@ import pytest
 from conftest import BATCH, images, randomize_weights, to_numpy
 
 from keras_mone import flops, models, presets
-from keras_mone.models.methods import architectures
+from keras_mone.methods.registry import architectures
 
 TINY = architectures()["mixer"].tiny_config
 SPARSE_TINY = architectures()["sparse_mlp"].tiny_config

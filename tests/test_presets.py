@@ -8,7 +8,7 @@ from keras_mone import presets
 from keras_mone.analysis.bench_models import _unbuilt_layers
 from keras_mone.presets import registry
 from keras_mone.models import VIT_SIZES, ImageClassifier, MoNEViTBackbone, ViTBackbone, decode_variant
-from keras_mone.models.methods import architectures
+from keras_mone.methods.registry import architectures
 
 # Published parameter counts (timm / the ViT and DeiT papers), 1000 classes, class token.
 PUBLISHED = {"Ti": 5.72e6, "S": 22.05e6, "B": 86.57e6, "L": 304.33e6}

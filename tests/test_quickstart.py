@@ -8,7 +8,7 @@ import pytest
 
 from keras_mone import recipes
 from keras_mone.cli.main import main
-from keras_mone.training.quickstart import (
+from keras_mone.cli.quickstart import (
     DENSE_RECIPE,
     MONE_RECIPE,
     format_phases,
@@ -109,7 +109,7 @@ def test_documented_training_images_are_the_recipes():
 
 def test_results_are_written_before_the_plots(tmp_path, monkeypatch):
     """A failing plot loses no result: results.json holds every evaluation."""
-    from keras_mone.training import quickstart_plots
+    from keras_mone.cli import quickstart_plots
 
     def broken_plot(*args, **kwargs):
         raise RuntimeError("plot failed")

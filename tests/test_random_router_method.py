@@ -4,7 +4,7 @@ import keras
 import numpy as np
 
 from keras_mone import flops, layers, models, presets
-from keras_mone.models.methods import method_of
+from keras_mone.methods.registry import method_of
 
 
 def test_registry_entry_gives_presets_recipes_and_costs(tmp_path):

@@ -163,10 +163,10 @@ def test_a_method_registered_at_runtime_is_seen_everywhere(monkeypatch, tmp_path
     # A plug-in registers a method after keras_mone was imported: the registry
     # views that presets, recipes, training modes and FLOPs read see it at once.
     from keras_mone import flops, recipes
-    from keras_mone.models import methods
+    from keras_mone.methods import registry as methods
     from keras_mone.models.image_classifier import ImageClassifier
     from keras_mone.recipes.schema import ARCHITECTURES, VIDEO_ARCHITECTURES, RecipeError
-    from keras_mone.models.methods import ARCHITECTURE_MODES
+    from keras_mone.methods.registry import ARCHITECTURE_MODES
     from recipe_helpers import tiny_overrides
 
     monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))

@@ -11,7 +11,7 @@ import pytest
 from conftest import images, randomize_weights, to_numpy
 
 from keras_mone import flops, models, presets
-from keras_mone.models.methods import architectures
+from keras_mone.methods.registry import architectures
 
 TINY = {**architectures()["sparse_mlp"].tiny_config, "sparse_depth": 2}
 

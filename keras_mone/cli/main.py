@@ -10,7 +10,7 @@ from keras_mone.host_memory import restart_subcommand_with_huge_pages
 
 def _quickstart(args):
     from keras_mone.recipes import RecipeError, parse_overrides
-    from keras_mone.training.quickstart import run_quickstart
+    from keras_mone.cli.quickstart import run_quickstart
 
     try:
         overrides = parse_overrides(args.overrides)
@@ -85,7 +85,7 @@ def _publish(args):
 
 
 def _show(args):
-    from keras_mone.presets.card import model_card
+    from keras_mone.cli.preset_card import model_card
 
     if not args.run_dir:
         print("error: `keras-mone presets show NAME` (names: `keras-mone presets`)", file=sys.stderr)

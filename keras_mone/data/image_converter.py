@@ -12,6 +12,9 @@ from keras_mone.layers.config import ConfigMixin, register
 #: Input range of every preset of the zoo (AugReg / keras-hub ViTs and the digits presets).
 PRESET_INPUT_RANGE = (-1.0, 1.0)
 UINT8_RANGE = (0, 255)
+#: ``name -> spec`` of a built-in preset (raising for an unknown name), set by
+#: ``keras_mone.presets`` when imported (data sits below presets).
+PRESET_LOOKUP = None
 
 
 def _value_range(name, value):
@@ -58,9 +61,9 @@ class ImageConverter(ConfigMixin, keras.layers.Layer):
     @classmethod
     def for_preset(cls, name, value_range=UINT8_RANGE):
         """The converter from ``value_range`` to the input range of preset ``name``."""
-        from keras_mone.presets.registry import get_preset
-
-        get_preset(name)  # an unknown name is an error naming the presets
+        if PRESET_LOOKUP is None:
+            raise RuntimeError("`ImageConverter.for_preset` needs keras_mone.presets: `import keras_mone` first.")
+        PRESET_LOOKUP(name)  # an unknown name is an error naming the presets
         return cls(value_range=value_range, target_range=PRESET_INPUT_RANGE)
 
     def call(self, images):

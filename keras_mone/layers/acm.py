@@ -10,7 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mone.layers.arguments import integer, number
+from keras_mone.arguments import integer, number
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.nested_dense import NestedDense
 from keras_mone.routing import acm_quotas
@@ -18,6 +18,11 @@ from keras_mone.routing.epr import gather_tokens, inverse_permutation, one_hot
 
 MODES = ("exact", "grouped")
 
+
+
+def with_zero_choice(choices):
+    """A one-hot over ``k = 1..N`` (``ACMLinear``'s gate) as one over ``k = 0..N``."""
+    return ops.pad(ops.cast(choices, "float32"), [[0, 0]] * (len(choices.shape) - 1) + [[1, 0]])
 
 class LearnerStack(keras.layers.Layer):
     """Shared base of ``ACMMLP`` and ``ACMLinear``: ``N`` learners as hidden-unit chunks.

@@ -9,7 +9,7 @@ import keras
 from keras import ops
 
 from keras_mone.layers.acm_linear import ACMLinear
-from keras_mone.layers.arguments import integer, number
+from keras_mone.arguments import integer, number
 from keras_mone.layers.attention import multi_head_attention
 from keras_mone.layers.config import ConfigMixin, register
 

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_mone.layers.arguments import integer, number
+from keras_mone.arguments import integer, number
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.routing.epr import one_hot
 

@@ -5,7 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_mone.layers.acm import LearnerStack
-from keras_mone.layers.arguments import integer
+from keras_mone.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.routing.epr import gather_tokens, inverse_permutation
 

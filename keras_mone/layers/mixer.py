@@ -9,7 +9,7 @@ Sublayer names follow the vision_transformer Mixer ``.npz`` one to one:
 import keras
 from keras import ops
 
-from keras_mone.layers import arguments
+from keras_mone import arguments
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.sparse_moe import SparseMoE, check_moe_arguments
 

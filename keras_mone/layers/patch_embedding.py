@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mone.layers.arguments import integer
+from keras_mone.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.token_sequence import (
     add_sequence_weights,

@@ -8,7 +8,7 @@ No residual around either.
 import keras
 from keras import ops
 
-from keras_mone.layers import arguments
+from keras_mone import arguments
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.mixer import check_sequence, layer_norms
 

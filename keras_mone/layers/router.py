@@ -1,5 +1,7 @@
 """Routers and the Expert Preferred Routing layer (MoNE Sec. 4.1-4.3, Algorithm 1)."""
 
+import functools
+
 import keras
 from keras import ops
 
@@ -119,8 +121,11 @@ class ExpertPreferredRouting(ConfigMixin, keras.layers.Layer):
         self.capacities = tuple(float(x) for x in c)
 
     def token_counts(self, num_tokens):
-        """``(counts per expert, num_dropped)`` for ``num_tokens`` tokens."""
-        return epr.expert_token_counts(self.capacities, num_tokens)
+        """``(counts per expert, num_dropped)`` for ``num_tokens`` tokens (kept per
+        capacities and token count: every forward pass asks twice per router)."""
+        if not isinstance(num_tokens, int):  # e.g. a symbolic size while tracing
+            return epr.expert_token_counts(self.capacities, num_tokens)
+        return _token_counts(self.capacities, num_tokens)
 
     def group(self, router_probs):
         """``(groups, dropped)`` index tensors, see ``routing.epr.route_tokens``."""
@@ -136,3 +141,8 @@ class ExpertPreferredRouting(ConfigMixin, keras.layers.Layer):
 
     def compute_output_spec(self, router_probs):
         return keras.KerasTensor(router_probs.shape[:-1], dtype="int32")
+
+
+@functools.lru_cache(maxsize=256)
+def _token_counts(capacities, num_tokens):
+    return epr.expert_token_counts(capacities, num_tokens)

@@ -12,7 +12,7 @@ import warnings
 import keras
 from keras import ops
 
-from keras_mone.layers import arguments
+from keras_mone import arguments
 from keras_mone.layers.config import ConfigMixin, register
 
 _MOE_NAMES = ("num_experts", "expert_hidden_dim", "top_k")

@@ -43,14 +43,13 @@ loss terms (``keras_mone.training.acm_losses``) read these lists.
 from keras import ops
 
 from keras_mone.layers import acm_teacher
-from keras_mone.layers.acm import ACMMLP
+from keras_mone.layers.acm import ACMMLP, with_zero_choice
 from keras_mone.layers.acm_attention import PROJECTIONS, ACMAttention
 from keras_mone.layers.acm_gate import ACMGate
-from keras_mone.layers.arguments import integer
+from keras_mone.arguments import integer
 from keras_mone.layers.config import register
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.routing.acm_quotas import check_beta
-from keras_mone.training.acm_losses import with_zero_choice
 
 EXECUTIONS = ("exact", "grouped")
 

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_mone.layers.arguments import integer
+from keras_mone.arguments import integer
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.models.backbone import model_from_preset
 from keras_mone.models.capacity_control import CapacityControlMixin

@@ -9,7 +9,7 @@ setting of ``SparseMoE``, not a budget).
 
 import keras
 
-from keras_mone.layers import arguments
+from keras_mone import arguments
 from keras_mone.layers.config import register
 from keras_mone.layers.mixer import MixerBlock, SparseMixerBlock
 from keras_mone.layers.patch_embedding import PatchEmbedding

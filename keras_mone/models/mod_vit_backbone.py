@@ -22,7 +22,7 @@ import math
 import warnings
 
 import keras
-from keras_mone.layers import arguments
+from keras_mone import arguments
 from keras_mone.layers.config import register
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.routing import capacity as capacity_lib

@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 
-from keras_mone.layers import arguments
+from keras_mone import arguments
 from keras_mone.layers.config import register
 from keras_mone.layers.router import ExpertPreferredRouting, RandomRouter, Router
 from keras_mone.models.vit_backbone import ViTBackbone

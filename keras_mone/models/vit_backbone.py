@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_mone.layers import arguments
+from keras_mone import arguments
 from keras_mone.layers.block import block_stack
 from keras_mone.layers.config import register
 from keras_mone.layers.patch_embedding import PatchEmbedding

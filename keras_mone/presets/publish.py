@@ -51,7 +51,7 @@ def test_split_arguments(recipe):
     """Arguments of ``load_cluttered_digits`` / ``load_moving_digits`` for a
     digits recipe's test split (clips ``num_frames`` long: the recipes' frame
     stride 1)."""
-    from keras_mone.recipes.data_sources import cluttered_digits_arguments, moving_digits_arguments
+    from keras_mone.data.digit_tasks import cluttered_digits_arguments, moving_digits_arguments
 
     if recipe["dataset"] not in PUBLISHABLE_DATASETS:
         raise ValueError(

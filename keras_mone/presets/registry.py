@@ -9,8 +9,9 @@ import os
 import tomllib
 
 from keras_mone.layers.config import config_argument_names
+from keras_mone.data import image_converter
 from keras_mone.models.backbone import PRESET_HOOKS
-from keras_mone.models.methods import ARCHITECTURES, TASKS, architectures
+from keras_mone.methods.registry import ARCHITECTURES, TASKS, architectures
 from keras_mone.presets.folder import is_preset_folder, load_preset_folder
 from keras_mone.presets.handles import URL_SCHEMES, fetch_preset_folder, is_remote, resolve_hub_handle
 from keras_mone.presets.tags import load_tagged_weights, preset_tags, tag_entry
@@ -196,3 +197,4 @@ def _preset_classes(name):
 
 
 PRESET_HOOKS.update(build=from_preset, classes=_preset_classes)  # ImageClassifier / Backbone.from_preset
+image_converter.PRESET_LOOKUP = get_preset  # ImageConverter.for_preset

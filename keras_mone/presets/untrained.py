@@ -36,10 +36,10 @@ def untrained_parts(backbone):
 
 def training_command(architecture, variant):
     """The bundled recipe (a ``keras-mone train`` command) that trains ``architecture`` at ``variant``."""
-    from keras_mone.recipes.files import list_recipes
+    from keras_mone.recipe_files import bundled_names  # the recipe files, not the recipes package above
 
     size = variant.replace("/", "").lower()
-    names = list_recipes()
+    names = bundled_names()
     for candidate in (f"augreg_{architecture}_{size}_i1k", f"augreg_{architecture}_{size}_i21k"):
         if candidate in names:
             return f"recipe {candidate} (keras-mone train {candidate})"

@@ -20,9 +20,10 @@ Loading checks the file's sha256 against the manifest before Keras reads it,
 so a corrupt, truncated or replaced file is reported by name, never loaded.
 """
 
-import hashlib
 import importlib.resources
 import os
+
+from keras_mone.file_io import atomic_write_text, sha256_of  # noqa: F401  (sha256_of: this module's public name)
 
 ZOO_PACKAGE = "keras_mone.zoo"
 WEIGHTS_FOLDER = "weights"
@@ -38,15 +39,6 @@ def zoo_folders():
     extra = os.environ.get(ZOO_PATH_ENV, "")
     folders += [folder for folder in extra.split(os.pathsep) if folder]
     return folders
-
-
-def sha256_of(path):
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_checked_weights(model, name, entry):
@@ -88,7 +80,7 @@ def write_manifest(path, manifest):
             lines.append(f"[{name}.{key}]")
             lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
         lines.append("")
-    _atomic_write_text(path, "\n".join(lines))
+    atomic_write_text(path, "\n".join(lines))
 
 
 def _toml_key(key):
@@ -109,8 +101,3 @@ def _toml_value(value):
     return str(int(value))
 
 
-def _atomic_write_text(path, text):
-    temporary = f"{path}.partial"
-    with open(temporary, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)

@@ -4,7 +4,7 @@ import os
 
 import keras
 
-from keras_mone.models.methods import mode_of
+from keras_mone.methods.registry import mode_of
 from keras_mone.training import checkpoint as checkpoint_lib
 from keras_mone.training.losses import SigmoidCrossEntropy
 from keras_mone.training.optimizers import adamw_kernels_only, sgd_kernels_only

@@ -4,6 +4,7 @@ import os
 
 from keras_mone.data import pipeline, video_pipeline
 from keras_mone.data.cluttered_digits import NUM_CLASSES
+from keras_mone.data.digit_tasks import cluttered_digits_arguments, moving_digits_arguments
 from keras_mone.recipes import schema
 
 
@@ -22,31 +23,6 @@ def _video_sources(recipe):
     if recipe["eval_split"]:
         test = video_pipeline.moving_digits_source(**moving_digits_arguments(recipe, "test"))
     return train, test
-
-
-def cluttered_digits_arguments(recipe, split):
-    """Arguments of ``load_cluttered_digits`` (and ``pipeline.cluttered_digits_source``)
-    for ``split`` ("train" or "test") of a digits recipe, also the part the video
-    task shares; the test split is rendered from ``test_seed``, the fixed
-    training set from ``seed``."""
-    train = split == "train"
-    return dict(
-        split=split, image_size=recipe["image_size"], digit_scale=recipe["digit_scale"],
-        clutter=recipe["clutter"], position_step=recipe["position_step"],
-        samples_per_digit=recipe["samples_per_digit"] if train else recipe["test_samples_per_digit"],
-        seed=recipe["seed"] if train else recipe["test_seed"],
-    )
-
-
-def moving_digits_arguments(recipe, split):
-    """Arguments of ``video_pipeline.moving_digits_source`` for ``split`` of a
-    moving-digits recipe: clips just long enough for ``num_frames`` frames
-    ``frame_stride`` apart."""
-    return dict(
-        cluttered_digits_arguments(recipe, split),
-        num_frames=(recipe["num_frames"] - 1) * recipe["frame_stride"] + 1,
-        target=recipe["digits_target"], speed_step=recipe["speed_step"],
-    )
 
 
 def digits_stream(recipe):

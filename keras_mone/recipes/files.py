@@ -15,12 +15,9 @@ RECIPE_PACKAGE = "keras_mone.recipe_files"
 
 def list_recipes():
     """``{name: description}`` of the bundled recipes (bases excluded), sorted."""
-    recipes = {}
-    for entry in importlib.resources.files(RECIPE_PACKAGE).iterdir():
-        if entry.name.endswith(".toml") and not entry.name.startswith("_"):
-            name = entry.name[: -len(".toml")]
-            recipes[name] = _read(name)[0].get("description", "")
-    return dict(sorted(recipes.items()))
+    from keras_mone.recipe_files import bundled_names
+
+    return {name: _read(name)[0].get("description", "") for name in bundled_names()}
 
 
 def _read(name_or_path, seen=()):

@@ -27,7 +27,7 @@ import inspect
 import os
 
 from keras_mone.data.pipeline import IMAGE_SUFFIXES
-from keras_mone.models.methods import architectures
+from keras_mone.methods.registry import architectures
 from keras_mone.recipes.files import list_recipes, resolve
 from keras_mone.recipes.schema import PRESET_PREFIX, RecipeError
 

@@ -2,7 +2,7 @@
 
 from keras_mone.models.acm_transfer import acm_from_dense
 from keras_mone.models.dense_pruning import prune_dense_vit
-from keras_mone.models.methods import architectures, method_of
+from keras_mone.methods.registry import architectures, method_of
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone

@@ -31,7 +31,7 @@ import shutil
 
 import keras
 
-from keras_mone.models.methods import architectures, method_of
+from keras_mone.methods.registry import architectures, method_of
 from keras_mone.recipes import schema
 from keras_mone.recipes.run_directory import RUN_FILES, archive, differing_keys, to_toml
 

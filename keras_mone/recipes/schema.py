@@ -15,9 +15,9 @@ from keras_mone.data.moving_digits import MOVING_TARGETS
 from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
 from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.methods import ARCHITECTURES as BACKBONE_CLASSES
-from keras_mone.models.methods import TASKS as TASK_CLASSES
-from keras_mone.models.methods import ARCHITECTURE_MODES, MODE_NAMES, RegistryView, architectures
+from keras_mone.methods.registry import ARCHITECTURES as BACKBONE_CLASSES
+from keras_mone.methods.registry import TASKS as TASK_CLASSES
+from keras_mone.methods.registry import ARCHITECTURE_MODES, MODE_NAMES, RegistryView, architectures
 from keras_mone.training.distribution import DISTRIBUTIONS
 
 #: Live views of the method registry (a method registered later is accepted too).

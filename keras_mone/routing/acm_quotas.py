@@ -30,7 +30,7 @@ import math
 import numpy as np
 from keras import ops
 
-from keras_mone.layers.arguments import integer, number
+from keras_mone.arguments import integer, number
 from keras_mone.routing.epr import gather_tokens, inverse_permutation, select_top_k
 
 

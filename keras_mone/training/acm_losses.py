@@ -16,12 +16,8 @@ import math
 
 from keras import ops
 
-from keras_mone.layers.arguments import number
-
-
-def with_zero_choice(choices):
-    """A one-hot over ``k = 1..N`` (``ACMLinear``'s gate) as one over ``k = 0..N``."""
-    return ops.pad(ops.cast(choices, "float32"), [[0, 0]] * (len(choices.shape) - 1) + [[1, 0]])
+from keras_mone.layers.acm import with_zero_choice  # noqa: F401  (re-exported: the losses' input convention)
+from keras_mone.arguments import number
 
 
 def _modules(x):

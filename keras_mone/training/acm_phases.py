@@ -6,7 +6,7 @@ Phase 1 (``distill``): learners start as slices of the dense modules (exact at
 (``attach_teachers``); only the learners train (``train_learners_only``).
 Phase 2 (``gates``) keeps the teacher as the target of the tau labels.
 The functions take the built model; the training modes that call them live in
-``keras_mone.models.acm_method``.
+``keras_mone.methods.acm``.
 """
 
 import keras

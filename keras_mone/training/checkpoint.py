@@ -19,7 +19,6 @@ an interrupted epoch from its first batch; with
 ``keras_mone.recipes.TrainingSetup.fit`` a run resumes at the exact batch.
 """
 
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,8 @@ import warnings
 
 import keras
 import numpy as np
+
+from keras_mone.file_io import sha256_of
 
 KEEP = 2
 _NAME = re.compile(r"^step_(\d+)\.json$")
@@ -36,14 +37,6 @@ _LEGACY_WEIGHTS, _LEGACY_STATE = "state.weights.h5", "state.json"
 
 class TrainingDiverged(RuntimeError):
     """Training produced non-finite values; nothing non-finite was saved."""
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def seed_states(model):
@@ -191,7 +184,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         model.save_weights(partial, overwrite=True)
         os.replace(partial, weights)
         state = os.path.join(self.directory, f"step_{step}.json")
-        record = {"step": step, "sha256": _sha256(weights)}
+        record = {"step": step, "sha256": sha256_of(weights)}
         record["seeds"] = [keras.ops.convert_to_numpy(v).tolist() for v in seed_states(model)]
         if mid_epoch:
             record["metrics"] = [keras.ops.convert_to_numpy(v).tolist() for v in model.metrics_variables]
@@ -227,7 +220,7 @@ def _verified(weights):
         return
     with open(record) as f:
         expected = json.load(f).get("sha256")
-    if expected and _sha256(weights) != expected:
+    if expected and sha256_of(weights) != expected:
         raise ValueError(f"checkpoint {weights!r} is corrupt: its sha256 is not the recorded {expected}.")
 
 

@@ -5,7 +5,7 @@ arguments (MatViT's ``joint_training``), the task loss (``SumOverWidths``),
 the number of epochs (isoFLOPs), callbacks (the adaptive-capacity sampler)
 and the method's own loss terms (``keras_mone.models.loss_terms.LossTerm``,
 logged by name in ``history.csv``). A method lists its modes in its
-registry entry (``keras_mone.models.methods.Method.modes``); nothing else
+registry entry (``keras_mone.methods.registry.Method.modes``); nothing else
 keeps a table of mode names.
 
 The standard modes:

@@ -29,9 +29,10 @@ from keras_mone.analysis.token_maps import padded_batches
 from keras_mone.data import load_cluttered_digits, patch_coverage
 from keras_mone.data.cluttered_digits import NUM_CLASSES
 from keras_mone.models.variants import decode_variant
-from keras_mone.presets.weights import _atomic_write_text
+from keras_mone.file_io import atomic_write_text
 from keras_mone.recipes import RecipeError, load, resolve
-from keras_mone.recipes.data_sources import cluttered_digits_arguments, digits_stream
+from keras_mone.data.digit_tasks import cluttered_digits_arguments
+from keras_mone.recipes.data_sources import digits_stream
 
 DENSE_RECIPE = "cluttered_digits_vit"
 MONE_RECIPE = "cluttered_digits_mone"
@@ -241,7 +242,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
 
     results["seconds"] = time.perf_counter() - started
     write_results(results, output_dir)  # before the plots: a failing plot loses no result
-    from keras_mone.training import quickstart_plots
+    from keras_mone.cli import quickstart_plots
 
     with timed(phases, "plots"):
         quickstart_plots.plot_accuracy_vs_gmacs(results, os.path.join(output_dir, "accuracy_vs_gmacs.png"))
@@ -259,7 +260,7 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
 def write_results(results, output_dir):
     """Writes ``results`` to ``output_dir/results.json`` through a temporary file,
     so that rewriting it after the plots cannot leave a truncated file."""
-    _atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(results, indent=2))
+    atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(results, indent=2))
 
 
 def format_phases(results):

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Callable
 
-from keras_mone.models.acm_method import register as _register_acm
+from keras_mone.methods.acm import register as _register_acm
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.matvit_backbone import MatViTBackbone
 from keras_mone.models.mixer_backbone import (
