@@ -1,6 +1,6 @@
 """Forward-pass wall clock of dense ViT vs MoNE-ViT on the current Keras backend.
 
-A thin wrapper of ``keras_mone.analysis.benchmark.run_benchmark`` (the same as
+A thin wrapper of ``keras_mone.bench.benchmark.run_benchmark`` (the same as
 ``keras-mone bench --no-train-step``):
 
     KERAS_BACKEND=jax python bench/forward_speed.py            # ViT-B/16, batch 8, 224

@@ -42,7 +42,7 @@ import numpy as np
 from block_profile import interleaved_medians, replaced
 from mlp_forms import qkv_concatenated_first
 from keras_mone import flops, models
-from keras_mone.analysis.bench_memory import compiled_jax_step
+from keras_mone.bench.memory import compiled_jax_step
 from keras_mone.layers import activations
 from keras_mone.layers import attention as attention_module
 from keras_mone.layers import block as block_module

@@ -34,7 +34,7 @@ import numpy as np
 
 from block_profile import interleaved_medians, replaced
 from keras_mone import flops, models
-from keras_mone.analysis.bench_measure import _current_rss_bytes, _reset_peak_rss, _vm_hwm_bytes
+from keras_mone.bench.measure import _current_rss_bytes, _reset_peak_rss, _vm_hwm_bytes
 from keras_mone.layers import nested_dense
 
 

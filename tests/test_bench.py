@@ -1,19 +1,27 @@
-"""The benchmark harness (keras_mone.analysis.benchmark, `keras-mone bench`) end to end.
+"""The benchmark harness (keras_mone.bench.benchmark, `keras-mone bench`) end to end.
 
 A tiny configuration, 2 repeats: this checks the structure of the result, the
-files and the command line, never the timings (the machine is shared).
+files and the command line, never the timings (the machine is shared). The
+device-input path, the precision policies and the timm peer run on the CPU
+here; the GPU branches (device names, peak device memory) run against fakes.
 """
 
 import importlib.util
 import json
 import os
 import shlex
+import sys
+import types
 
 import keras
+import numpy as np
 import pytest
 
 from conftest import BACKEND, TINY
-from keras_mone.analysis import benchmark
+from keras_mone.bench import benchmark
+from keras_mone.bench import device as bench_device
+from keras_mone.bench import models as bench_models
+from keras_mone.bench.tables import combined_table, device_memory
 from keras_mone.cli.main import build_parser, main
 
 # `variant` picks the presets; the overrides shrink them to the tiny test geometry.
@@ -29,6 +37,8 @@ TINY_RUN = dict(
     model_overrides=OVERRIDES,
 )
 HAS_KERAS_HUB = importlib.util.find_spec("keras_hub") is not None
+HAS_TIMM = importlib.util.find_spec("timm") is not None
+HAS_TORCH = importlib.util.find_spec("torch") is not None
 STAT_KEYS = {
     "median_s", "min_s", "max_s", "q25_s", "q75_s", "iqr_s", "latency_ms", "images_per_s",
     "times_s", "first_call_s", "speedup", "flop_ratio", "efficiency",
@@ -59,11 +69,14 @@ def test_result_structure(run):
     assert list(rows) == ["dense", "mone e_c=0.5"]
     dense, half = rows.values()
     assert dense["flop_ratio"] == 1.0 and dense["forward"]["speedup"] == 1.0
+    assert dense["device_forward"]["speedup"] == 1.0 and dense["device_train"]["speedup"] == 1.0
     assert half["flop_ratio"] > 1.0 and half["capacity"] == 0.5
     assert sum(half["tokens_per_expert"]) + half["dropped_tokens"] == config["num_tokens"]
     for row in rows.values():
         assert row["parameters"] > 0 and row["gmacs"] > 0
-        for mode in ("forward", "train"):
+        assert row["precision"] == "float32" and row["dtype_policy"] == "float32"
+        assert row["compiled_forward"] is None  # torch.compile only on request
+        for mode in ("forward", "train", "device_forward", "device_train"):
             stats = row[mode]
             assert STAT_KEYS <= set(stats), mode
             assert len(stats["times_s"]) == 2
@@ -80,6 +93,32 @@ def test_result_structure(run):
     assert isinstance(result["warnings"], list)
 
 
+def test_report_names_the_device(run):
+    result, _ = run
+    device = result["environment"]["device"]
+    title = benchmark.format_markdown(result).splitlines()[0]
+    assert title.endswith(f"backend {BACKEND} on {device['name']}")
+    if device["platform"] == "cpu":  # CI: the processor's model, from /proc/cpuinfo or platform
+        assert device["name"] == f"CPU: {bench_device.cpu_model()}" and bench_device.cpu_model()
+
+
+def test_device_input_path(run):
+    # CPU: the batch is "on the device" in host memory; device memory statistics are absent ("n/a")
+    result, _ = run
+    markdown = benchmark.format_markdown(result)
+    for row in result["models"]:
+        for phase in ("forward", "train"):
+            memory = row["device_memory"][phase]
+            assert memory["device"] is None
+            assert (memory["compiled_mib"] is not None) == (BACKEND == "jax")  # XLA memory_analysis
+            if BACKEND == "jax":
+                assert memory["compiled_mib"] > 0
+    for heading in ("**Summary**", "**Forward pass**, device input", "**Training step**, device input",
+                    "**Forward pass**, host input", "| mone e_c=0.5 | forward, device input | float32 | 2 |"):
+        assert heading in markdown
+    assert "n/a / n/a" in markdown  # peak device memory of dense / MoNE
+
+
 def test_peer_reference(run):
     peer = run[0]["peer"]
     if HAS_KERAS_HUB:
@@ -88,6 +127,12 @@ def test_peer_reference(run):
         assert peer == {"available": False, "reason": peer["reason"]}
         assert "keras_hub" in peer["reason"]
     assert "Peer reference" in benchmark.format_markdown(run[0])
+    timm = run[0]["timm"]
+    if HAS_TIMM and HAS_TORCH:
+        assert timm["available"] and set(timm["runs"]) == {"float32"}
+    else:
+        assert not timm["available"] and timm["reason"].startswith("timm not installed") and not timm["runs"]
+        assert "**timm peer**: none (timm not installed" in benchmark.format_markdown(run[0])
 
 
 def test_files_written(run):
@@ -122,6 +167,9 @@ def test_command_reproduces_the_settings(run):
         settings["batch_size"], settings["image_size"], settings["repeats"], settings["warmup"], settings["seed"]
     )
     assert (args.train_step, args.memory, args.peer) == (True, False, True)
+    assert (args.precision, args.device_input, args.host_input, args.routing_probes, args.timm, args.torch_compile) == (
+        "float32", True, True, True, True, False
+    )
     assert dict(benchmark.parse_model_override(o) for o in args.model_override) == OVERRIDES
     assert args.output == str(output)
 
@@ -212,6 +260,9 @@ def test_memory_probe_reports_allocations(capsys, mode):
         (dict(repeats=0), "repeats"),
         (dict(model_overrides={"capacity": 0.5}), "capacities"),
         (dict(variant="X/16"), "variant"),
+        (dict(precisions=("float64",)), "precisions"),
+        (dict(precisions=()), "precisions"),
+        (dict(device_input=False, host_input=False), "input path"),
     ],
 )
 def test_invalid_arguments(kwargs, match):
@@ -237,7 +288,7 @@ def test_one_override_parser_for_bench_and_recipes():
 
 
 def test_unbuilt_layers_are_found_at_any_depth():
-    from keras_mone.analysis.bench_models import _unbuilt_layers
+    from keras_mone.bench.models import _unbuilt_layers
     from keras_mone.models import MoNEViTBackbone
 
     backbone = MoNEViTBackbone(capacity=0.5, **TINY)
@@ -246,3 +297,252 @@ def test_unbuilt_layers_are_found_at_any_depth():
     assert len(unbuilt) > 3 * TINY["depth"] and any("attention" in path for path in unbuilt)
     backbone(keras.ops.zeros((1, TINY["image_size"], TINY["image_size"], 3)))
     assert _unbuilt_layers(backbone) == []
+
+
+@pytest.fixture
+def budget_sweep(monkeypatch, tmp_path):
+    """``bench/budget_sweep.py`` imported, run from ``tmp_path`` (no repository file within reach),
+    its plot replaced by a stub that records where it was asked to draw."""
+    import importlib
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    module = importlib.import_module("budget_sweep")
+    plots = []
+
+    def plot_sweep(table, dense, path, extra=None):
+        plots.append(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "wb").close()
+
+    monkeypatch.setattr(module, "plot_sweep", plot_sweep)
+    monkeypatch.chdir(tmp_path)
+    rows = [
+        dict(method="isoFLOP dense", target=0.25, seed=0, setting="depth 1, D 64", accuracy=0.9, gmacs=0.0039),
+        dict(method="MoNE", target=0.4, seed=0, setting=0.3057, accuracy=0.91, gmacs=0.0061),
+    ]
+    os.makedirs("sweep")
+    with open(os.path.join("sweep", "budget_sweep.json"), "w") as f:
+        json.dump(dict(dense_gmacs=0.01488, rows=rows), f)
+    return module, plots
+
+
+def test_budget_sweep_reports_into_its_run_folder_and_the_steps_that_ran(budget_sweep, capsys):
+    module, plots = budget_sweep
+    argv = ["--report-only", "--from-dense", "--output", "sweep", "--seeds", "0", "--epochs", "2",
+            "--samples-per-digit", "1", "--methods", "isoFLOP dense,MoNE"]
+    module.main(argv)
+    assert plots == [os.path.join("sweep", "accuracy_vs_gmacs_from_dense.png")]
+    assert sorted(os.listdir(".")) == ["sweep"]  # no BENCHMARKS.md, no bench/figures
+    with open(os.path.join("sweep", "report.md")) as f:
+        text = f.read()
+    assert text == capsys.readouterr().out.rstrip("\n") + "\n"
+    # 1438 training digits x 1 rendering // 128 = 11 steps an epoch (not the recipes' 179)
+    assert "trains 2 epoch(s) = 22 steps of 128 fresh renderings" in text
+    assert "--samples-per-digit 1`" in text and "--update-benchmarks" not in text
+    assert "| MoNE | 0.4 | 0.3057 | 0.00610 | 91.00 +- 0.00 | 1 |" in text
+
+    module.main(argv + ["--update-benchmarks"])
+    figure = os.path.join("bench", "figures", "accuracy_vs_gmacs_from_dense.png")
+    assert plots[-1] == figure and os.path.exists(figure)
+    with open("BENCHMARKS.md") as f:
+        section = f.read()
+    assert "--samples-per-digit 1 --update-benchmarks`" in section and f"Plot: `{figure}`" in section
+    assert section.count("## isoFLOP dense, MoNE across budgets on cluttered digits, converted from vit_digits, 2 epochs") == 1
+
+
+def test_budget_sweep_steps_follow_the_recipes(budget_sweep):
+    from argparse import Namespace
+
+    module, _ = budget_sweep
+    # 16 renderings of each of the 1438 training digits, whole batches of 128
+    for from_dense in (False, True):
+        assert module.steps_per_epoch(Namespace(from_dense=from_dense, samples_per_digit=None)) == (179, 128)
+    assert module.steps_per_epoch(Namespace(from_dense=True, samples_per_digit=4)) == (44, 128)
+
+
+# ---------------------------------------------------------------------------
+# precisions, the timm peer, device names and device memory
+# ---------------------------------------------------------------------------
+def _fake_timm():
+    """A stand-in ``timm`` module whose ``create_model`` builds a small torch model of the asked geometry."""
+    torch = pytest.importorskip("torch")
+
+    class Tiny(torch.nn.Module):
+        def __init__(self, img_size, patch_size, embed_dim, num_classes, **kwargs):
+            super().__init__()
+            self.embed = torch.nn.Conv2d(3, embed_dim, patch_size, stride=patch_size)
+            self.head = torch.nn.Linear(embed_dim, num_classes)
+
+        def forward(self, x):
+            return self.head(self.embed(x).flatten(2).mean(-1))
+
+    module = types.ModuleType("timm")
+    module.__version__ = "0.0-fake"
+    module.calls = []
+
+    def create_model(name, pretrained=False, **kwargs):
+        module.calls.append((name, pretrained, kwargs))
+        return Tiny(**kwargs)
+
+    module.create_model = create_model
+    return module
+
+
+@pytest.fixture(scope="module")
+def precision_run():
+    """float32 and mixed_bfloat16, device input only, with a fake timm installed."""
+    fake = _fake_timm()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "timm", fake)
+        result = benchmark.run_benchmark(
+            **TINY_RUN, precisions=("float32", "mixed_bfloat16"), host_input=False, routing_probes=False,
+            peer=False, verbose=False,
+        )
+    return result, fake
+
+
+def test_precisions(precision_run):
+    result, _ = precision_run
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored
+    assert result["settings"]["precisions"] == ["float32", "mixed_bfloat16"]
+    rows = [(r["precision"], r["label"], r["dtype_policy"]) for r in result["models"]]
+    assert rows == [
+        ("float32", "dense", "float32"), ("float32", "mone e_c=0.5", "float32"),
+        ("mixed_bfloat16", "dense", "mixed_bfloat16"), ("mixed_bfloat16", "mone e_c=0.5", "mixed_bfloat16"),
+    ]
+    for row in result["models"]:
+        assert row["forward"] is None and row["train"] is None  # no host input
+        assert row["routing"] is None
+        for mode in ("device_forward", "device_train"):
+            assert STAT_KEYS <= set(row[mode]) and len(row[mode]["times_s"]) == 2
+            assert row[mode]["speedup"] == 1.0 or row["kind"] == "mone"
+    assert result["routing_probe"] == {}
+    markdown = benchmark.format_markdown(result)
+    assert "precision float32, mixed_bfloat16" in markdown
+    assert "| mone e_c=0.5 | forward, device input | mixed_bfloat16 | 2 |" in markdown
+    assert "| dense | mixed_bfloat16 |" in markdown  # the timing tables gain a precision column
+    assert "**Forward pass**, host input" not in markdown
+    words = shlex.split(result["command"])
+    args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
+    assert (args.precision, args.host_input, args.routing_probes, args.peer) == (
+        "float32,mixed_bfloat16", False, False, False
+    )
+
+
+def test_timm_peer_present(precision_run):
+    result, fake = precision_run
+    timm = result["timm"]
+    assert timm["available"] and timm["version"] == "0.0-fake" and timm["model"] == "vit_base_patch16_224"
+    name, pretrained, kwargs = fake.calls[0]
+    assert len(fake.calls) == 1  # built once, timed in every precision
+    assert (name, pretrained) == ("vit_base_patch16_224", False)
+    assert kwargs["embed_dim"] == TINY["hidden_dim"] and kwargs["depth"] == TINY["depth"]
+    assert kwargs["patch_size"] == TINY["patch_size"] and kwargs["num_classes"] == 10
+    assert set(timm["runs"]) == {"float32", "mixed_bfloat16"}
+    for run in timm["runs"].values():
+        assert run["compared_with"] == "device_forward" and run["dense_over_timm_time"] > 0
+        assert STAT_KEYS - {"speedup", "flop_ratio", "efficiency"} <= set(run["forward"])
+        assert run["memory"]["device"] is None  # CPU
+    markdown = benchmark.format_markdown(result)
+    assert "**timm peer**: timm 0.0-fake `vit_base_patch16_224`" in markdown
+    assert "| mixed_bfloat16 |" in markdown.split("**timm peer**")[1]
+    table = combined_table([result])
+    assert "timm vit_base_patch16_224" in table and "| ViT-Ti/16 32x32, e_c=0.5 | " + BACKEND + ", float32 |" in table
+
+
+def test_timm_peer_absent(monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
+    backbone = bench_models._build("vit_ti16", {**TINY, "num_classes": 10}).backbone
+    model, info = bench_device.build_timm_peer(backbone, 10)
+    assert model is None and not info["available"] and info["reason"].startswith("timm not installed")
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_device_steps_match_the_model(precision):
+    kwargs = {**TINY, "num_classes": 10, "capacity": 0.5}
+    with bench_device.precision_policy(precision):
+        model = bench_models._compile(bench_models._build("mone_vit_ti16", kwargs), True)
+    assert keras.mixed_precision.global_policy().name == "float32"
+    images, labels = bench_models._batch(model.backbone, 10, 2, 0)
+    expected = model.predict_on_batch(images)
+    x, y = bench_device.device_batch(images, labels)
+    step = bench_device.Measured(bench_device.forward_step(model, x))
+    logits = keras.ops.convert_to_numpy(keras.ops.cast(step(), "float32"))
+    tolerance = 1e-5 if precision == "float32" else 5e-2
+    np.testing.assert_allclose(logits, np.asarray(expected, "float32"), rtol=tolerance, atol=tolerance)
+    assert step.memory["device"] is None  # no device memory statistics on the CPU
+    train = bench_device.train_step(model, x, y)
+    losses = [float(keras.ops.convert_to_numpy(keras.ops.cast(train(), "float32"))) for _ in range(3)]
+    assert all(np.isfinite(losses))
+    if BACKEND == "jax":  # the jax step trains copies: the model's own weights stay as they were
+        np.testing.assert_array_equal(model.predict_on_batch(images), expected)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile is the torch backend's")
+def test_torch_compile_wraps_the_forward(monkeypatch):
+    import torch
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda function: compiled.append(function) or function)
+    model = bench_models._build("vit_ti16", {**TINY, "num_classes": 10})
+    images, labels = bench_models._batch(model.backbone, 10, 2, 0)
+    x, _ = bench_device.device_batch(images, labels)
+    output = bench_device.forward_step(model, x, compiled=True)()
+    assert len(compiled) == 1 and tuple(output.shape) == (2, 10)
+
+
+class _FakeJaxDevice:
+    platform, device_kind = "gpu", "NVIDIA H200"
+
+    def __init__(self, stats):
+        self.stats = list(stats)
+
+    def memory_stats(self):
+        return self.stats.pop(0)
+
+
+def test_jax_gpu_name_and_peak_memory(monkeypatch):
+    jax = pytest.importorskip("jax")
+    mib = 2**20
+    stats = [
+        {"bytes_in_use": 100 * mib, "peak_bytes_in_use": 150 * mib}, {"peak_bytes_in_use": 400 * mib},  # rose
+        {"bytes_in_use": 100 * mib, "peak_bytes_in_use": 400 * mib}, {"peak_bytes_in_use": 400 * mib},  # did not
+    ]
+    device = _FakeJaxDevice(stats)
+    monkeypatch.setattr(jax, "devices", lambda *args: [device])
+    assert bench_device.device_info("jax") == {"name": "NVIDIA H200", "platform": "gpu", "count": 1}
+    rose = bench_device.memory_peak("jax", bench_device.memory_mark("jax"))
+    assert rose == {"peak_mib": 300.0, "exact": True}
+    bound = bench_device.memory_peak("jax", bench_device.memory_mark("jax"))
+    assert bound == {"peak_mib": 300.0, "exact": False}
+    assert device_memory({"device_memory": {"forward": {"device": bound}}}, "forward") == "<= 300"
+    assert device_memory({"device_memory": {"forward": {"device": rose}}}, "forward") == "300"
+    assert device_memory({"device_memory": None}, "forward") == "n/a"
+
+
+def test_torch_cuda_name_and_peak_memory(monkeypatch):
+    torch = pytest.importorskip("torch")
+    mib = 2**20
+    for name, value in dict(
+        is_available=lambda: True, get_device_name=lambda *a: "NVIDIA H100 80GB HBM3", device_count=lambda: 1,
+        synchronize=lambda *a: None, reset_peak_memory_stats=lambda *a: None,
+        memory_allocated=lambda *a: 10 * mib, max_memory_allocated=lambda *a: 74 * mib,
+    ).items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    assert bench_device.device_info("torch") == {"name": "NVIDIA H100 80GB HBM3", "platform": "gpu", "count": 1}
+    peak = bench_device.memory_peak("torch", bench_device.memory_mark("torch"))
+    assert peak == {"peak_mib": 64.0, "exact": True}
+
+
+def test_cli_device_options_round_trip():
+    settings = dict(
+        variant="B/16", family="vit", capacities=[0.3, 0.5], batch_size=64, image_size=224, repeats=10, warmup=2,
+        seed=0, train_step=False, memory=False, peer=False, model_overrides={}, output_dir=None,
+        precisions=["float32", "mixed_bfloat16"], device_input=True, host_input=False, routing_probes=False,
+        timm_peer=False, torch_compile=True,
+    )
+    words = shlex.split(benchmark.reproduce_command(settings, "torch"))
+    args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
+    assert args.precision == "float32,mixed_bfloat16" and not args.host_input and not args.routing_probes
+    assert not args.timm and args.torch_compile and args.device_input and not args.peer

@@ -73,7 +73,8 @@ FLOORS = {
     "methods": 6,        # the method registry: architectures, modes, recipe arguments
     "presets": 7,        # named models and their weights
     "recipes": 8, "": 8,  # training runs from presets; the package facade
-    "bench": 9, "cli": 9,  # applications: the benchmark, the keras-mone command, the quickstart
+    "bench": 9,          # the benchmark (an application: builds presets and times them)
+    "cli": 10,           # the keras-mone command, the quickstart, model cards
 }
 
 

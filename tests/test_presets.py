@@ -5,7 +5,7 @@ import re
 import pytest
 
 from keras_mone import presets
-from keras_mone.analysis.bench_models import _unbuilt_layers
+from keras_mone.bench.models import _unbuilt_layers
 from keras_mone.presets import registry
 from keras_mone.models import VIT_SIZES, ImageClassifier, MoNEViTBackbone, ViTBackbone, decode_variant
 from keras_mone.methods.registry import architectures

@@ -115,7 +115,7 @@ def _verify():
 
 
 def _bench(args):
-    from keras_mone.analysis.benchmark import (
+    from keras_mone.bench.benchmark import (
         append_to_benchmarks,
         format_markdown,
         parse_model_override,
@@ -138,12 +138,71 @@ def _bench(args):
         seed=args.seed,
         model_overrides=dict(parse_model_override(o) for o in args.model_override),
         verbose=not args.quiet,
+        precisions=[p for p in args.precision.split(",") if p.strip()],
+        device_input=args.device_input,
+        host_input=args.host_input,
+        routing_probes=args.routing_probes,
+        timm_peer=args.timm,
+        torch_compile=args.torch_compile,
     )
     print(format_markdown(result))
     if args.append_benchmarks:
         append_to_benchmarks(result, args.append_benchmarks)
         print(f"appended to {args.append_benchmarks}")
     return 0
+
+
+def _add_bench(commands):
+    """The ``bench`` subcommand's options."""
+    bench = commands.add_parser(
+        "bench",
+        help="time dense ViT vs MoNE-ViT (device and host input, precisions, train step, routing share, "
+        "memory, timm peer) on this backend and device",
+    )
+    bench.add_argument("--variant", default="B/16", help="ViT size/patch, e.g. B/16 (default)")
+    bench.add_argument(
+        "--family", default="vit", choices=("vit", "vivit"),
+        help="vit (images, default) or vivit (ViViT-FE on 32-frame clips)",
+    )
+    bench.add_argument("--capacities", default="0.2,0.3,0.5,0.75,1.0", help="comma-separated MoNE e_c")
+    bench.add_argument("--batch-size", type=int, default=8)
+    bench.add_argument("--image-size", type=int, default=224)
+    bench.add_argument("--repeats", type=int, default=10, help="timed calls per model, interleaved")
+    bench.add_argument("--warmup", type=int, default=2, help="untimed calls per model first (>= 1)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--output", default=None, help="directory for benchmark.json/.md and the plot")
+    bench.add_argument("--no-train-step", dest="train_step", action="store_false", help="forward only")
+    bench.add_argument("--memory", action="store_true", help="peak RSS per model and mode (subprocesses)")
+    bench.add_argument("--memory-calls", type=int, default=3, help="calls per memory subprocess")
+    bench.add_argument("--no-peer", dest="peer", action="store_false", help="skip the keras_hub reference")
+    bench.add_argument(
+        "--precision", default="float32", metavar="POLICIES",
+        help="comma-separated Keras dtype policies, one set of models each: float32 (default), mixed_bfloat16, "
+        "mixed_float16",
+    )
+    bench.add_argument(
+        "--no-device-input", dest="device_input", action="store_false",
+        help="skip the compiled steps on a batch already on the device",
+    )
+    bench.add_argument(
+        "--no-host-input", dest="host_input", action="store_false",
+        help="skip predict_on_batch / train_on_batch on numpy input",
+    )
+    bench.add_argument("--no-routing-probes", dest="routing_probes", action="store_false",
+                       help="skip the router + EPR share probes")
+    bench.add_argument("--no-timm", dest="timm", action="store_false", help="skip the timm (PyTorch) reference")
+    bench.add_argument("--torch-compile", action="store_true",
+                       help="torch backend: also time the forward under torch.compile")
+    bench.add_argument(
+        "--model-override", action="append", default=[], metavar="KEY=VALUE",
+        help="extra from_preset argument for all models (repeatable), e.g. depth=2",
+    )
+    bench.add_argument(
+        "--append-benchmarks", default=None, metavar="BENCHMARKS.md",
+        help="append the markdown report (command, backend, date, versions, machine) to this file",
+    )
+    bench.add_argument("--quiet", action="store_true", help="no progress lines")
+    bench.set_defaults(run=_bench)
 
 
 def build_parser():
@@ -181,36 +240,7 @@ def build_parser():
     presets.add_argument("--name", help="publish: the preset whose weights the run becomes")
     presets.add_argument("--command", default="", help="publish: how the run was made (recorded)")
     presets.set_defaults(run=_presets)
-    bench = commands.add_parser(
-        "bench",
-        help="time dense ViT vs MoNE-ViT (forward, train step, routing share, memory) on this backend",
-    )
-    bench.add_argument("--variant", default="B/16", help="ViT size/patch, e.g. B/16 (default)")
-    bench.add_argument(
-        "--family", default="vit", choices=("vit", "vivit"),
-        help="vit (images, default) or vivit (ViViT-FE on 32-frame clips)",
-    )
-    bench.add_argument("--capacities", default="0.2,0.3,0.5,0.75,1.0", help="comma-separated MoNE e_c")
-    bench.add_argument("--batch-size", type=int, default=8)
-    bench.add_argument("--image-size", type=int, default=224)
-    bench.add_argument("--repeats", type=int, default=10, help="timed calls per model, interleaved")
-    bench.add_argument("--warmup", type=int, default=2, help="untimed calls per model first (>= 1)")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--output", default=None, help="directory for benchmark.json/.md and the plot")
-    bench.add_argument("--no-train-step", dest="train_step", action="store_false", help="forward only")
-    bench.add_argument("--memory", action="store_true", help="peak RSS per model and mode (subprocesses)")
-    bench.add_argument("--memory-calls", type=int, default=3, help="calls per memory subprocess")
-    bench.add_argument("--no-peer", dest="peer", action="store_false", help="skip the keras_hub reference")
-    bench.add_argument(
-        "--model-override", action="append", default=[], metavar="KEY=VALUE",
-        help="extra from_preset argument for all models (repeatable), e.g. depth=2",
-    )
-    bench.add_argument(
-        "--append-benchmarks", default=None, metavar="BENCHMARKS.md",
-        help="append the markdown report (command, backend, date, versions, machine) to this file",
-    )
-    bench.add_argument("--quiet", action="store_true", help="no progress lines")
-    bench.set_defaults(run=_bench)
+    _add_bench(commands)
     add_analyze(commands)
     return parser
 

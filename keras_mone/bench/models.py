@@ -18,6 +18,8 @@ DENSE = "dense"
 PROBE_CALLS = 5
 """Calls per timing sample of the (cheap) routing probes; their times are per call."""
 PEER = "keras_hub ViTBackbone"
+TIMM = "timm vit_base_patch16_224"
+"""Timing key of the timm peer (``bench_device.build_timm_peer``)."""
 
 # Backbone arguments that only MoNE models accept: model_overrides with these
 # keys go to the MoNE models only.

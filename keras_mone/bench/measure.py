@@ -17,8 +17,9 @@ import keras
 import numpy as np
 
 from keras_mone.version import __version__ as KERAS_MONE_VERSION
-from keras_mone.analysis.bench_memory import allocation_measure, peak_allocation_bytes
-from keras_mone.analysis.bench_models import _batch, _build, _compile
+from keras_mone.bench.device import cpu_model, device_info, precision_policy
+from keras_mone.bench.memory import allocation_measure, peak_allocation_bytes
+from keras_mone.bench.models import _batch, _build, _compile
 
 def _stats(times, batch_size):
     times = [float(t) for t in times]
@@ -114,9 +115,9 @@ def _memory_child(spec):
     steady-state peak as well.
     """
     keras.utils.set_random_seed(spec["seed"])
-    model = _build(spec["preset"], spec["kwargs"])
     train = spec["mode"] == "train"
-    _compile(model, train)
+    with precision_policy(spec.get("precision")):
+        model = _compile(_build(spec["preset"], spec["kwargs"]), train)
     images, labels = _batch(model.backbone, model.num_classes, spec["batch_size"], spec["seed"])
 
     def step():
@@ -152,9 +153,10 @@ def _memory_child(spec):
     }))
 
 
-def _measure_memory(label, preset, kwargs, mode, batch_size, seed, calls, log):
-    spec = dict(preset=preset, kwargs=kwargs, mode=mode, batch_size=batch_size, seed=seed, calls=calls)
-    command = [sys.executable, "-m", "keras_mone.analysis.benchmark", "--memory-probe", json.dumps(spec)]
+def _measure_memory(label, preset, kwargs, mode, batch_size, seed, calls, log, precision=None):
+    spec = dict(preset=preset, kwargs=kwargs, mode=mode, batch_size=batch_size, seed=seed, calls=calls,
+                precision=precision)
+    command = [sys.executable, "-m", "keras_mone.bench.benchmark", "--memory-probe", json.dumps(spec)]
     env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
     start = time.perf_counter()
     process = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -162,7 +164,7 @@ def _measure_memory(label, preset, kwargs, mode, batch_size, seed, calls, log):
     lines = [line for line in process.stdout.splitlines() if line.startswith("{")]
     if process.returncode != 0 or not lines:
         tail = (process.stderr or process.stdout).strip().splitlines()[-5:]
-        log(f"memory: {label} {mode} FAILED ({elapsed:.1f} s)")
+        log(f"memory: {label} {mode} {precision or ''} FAILED ({elapsed:.1f} s)")
         return {"error": f"subprocess exited with {process.returncode}: " + " | ".join(tail)}
     data = json.loads(lines[-1])
     delta = max(data["peak_bytes"] - data["baseline_bytes"], 0)
@@ -183,7 +185,7 @@ def _measure_memory(label, preset, kwargs, mode, batch_size, seed, calls, log):
         "allocation_peak_mb": None if data.get("allocation_peak_bytes") is None else data["allocation_peak_bytes"] / 2**20,
         "allocation_measure": data.get("allocation_measure"),
     }
-    log(f"memory: {label} {mode} +{out['peak_minus_baseline_mb']:.0f} MB ({elapsed:.1f} s)")
+    log(f"memory: {label} {mode} {precision or ''} +{out['peak_minus_baseline_mb']:.0f} MB ({elapsed:.1f} s)")
     return out
 
 
@@ -206,12 +208,13 @@ def _environment():
     }
     return {
         "backend": backend,
+        "device": device_info(backend),
         "versions": versions,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": {
             "platform": platform.platform(),
             "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine(),
+            "processor": cpu_model(),
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
         },
@@ -236,6 +239,8 @@ def reproduce_command(settings, backend=None):
         "--warmup", str(settings["warmup"]),
         "--seed", str(settings["seed"]),
     ]
+    if settings.get("precisions", ["float32"]) != ["float32"]:
+        parts += ["--precision", ",".join(settings["precisions"])]
     for key, value in (settings.get("model_overrides") or {}).items():
         parts += ["--model-override", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     if not settings["train_step"]:
@@ -244,6 +249,12 @@ def reproduce_command(settings, backend=None):
         parts.append("--memory")
         if settings.get("memory_calls", 3) != 3:
             parts += ["--memory-calls", str(settings["memory_calls"])]
+    for key, flag in (("device_input", "--no-device-input"), ("host_input", "--no-host-input"),
+                      ("routing_probes", "--no-routing-probes"), ("timm_peer", "--no-timm")):
+        if not settings.get(key, True):
+            parts.append(flag)
+    if settings.get("torch_compile"):
+        parts.append("--torch-compile")
     if not settings["peer"]:
         parts.append("--no-peer")
     if settings.get("output_dir"):

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The GPU benchmark of issue 40 in one run (about 5 minutes on one H100 / H200).
+#
+#   bash bench/gpu.sh                  # from the repository root or anywhere
+#   OUT=/some/dir bash bench/gpu.sh    # results under $OUT/gpu_bench (default: runs/gpu_bench)
+#
+# For a bare GPU machine whose image has jax with CUDA, torch and timm but not
+# keras / namex / optree: whatever of keras_mone's imports is missing is
+# installed from the wheels in $WHEELS (default: wheels/, made beforehand with
+# `pip download keras namex optree -d wheels/ --no-deps`), else from the package
+# index if it is reachable. keras_mone itself runs from this checkout
+# (PYTHONPATH), not installed.
+#
+# Runs, each its own process (dense and MoNE interleaved, medians of $REPEATS):
+#   1. jax   ViT-B/16 224, e_c 0.3 and 0.5, batch 64, float32 + mixed_bfloat16:
+#            forward on device input and on host input (predict_on_batch), timm peer
+#   2. jax   the same at batch 256, device input only, timm peer
+#   3. jax   ViT-B/16 e_c 0.3, batch 64, float32: training steps (device input; train_on_batch)
+#   4. torch ViT-B/16 e_c 0.3, batch 64, float32, eager: forward on device and host input, timm peer
+#   5. jax   ViViT-FE-B/16 32x256x256, e_c 0.4, batch 1, float32, device input
+#   6. jax   ViViT-FE-B/16 32x256x256, e_c 0.3, batch 8, float32 + mixed_bfloat16, device input
+# and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
+# report (with the card's name, versions and command line); each run's JSON,
+# markdown, plot and log lie in $OUT_DIR/<run>/.
+#
+# Knobs: REPEATS (10), STEP_TIMEOUT (seconds per run, 150), TORCH_COMPILE=1
+# (run 4 also under torch.compile: adds minutes of compilation), WHEELS, and
+# EXTRA_ARGS, appended to every run (the last of a repeated option wins), e.g.
+# a CPU smoke test of the script in a minute or two:
+#   EXTRA_ARGS="--image-size 32 --batch-size 2 --repeats 2 --warmup 1 --model-override patch_size=8
+#   --model-override hidden_dim=32 --model-override depth=2 --model-override num_heads=4
+#   --model-override mlp_dim=64" bash bench/gpu.sh
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT_DIR="${OUT:-$ROOT/runs}/gpu_bench"
+WHEELS="${WHEELS:-$ROOT/wheels}"
+REPEATS="${REPEATS:-10}"
+STEP_TIMEOUT="${STEP_TIMEOUT:-150}"
+PYTHON="${PYTHON:-python}"
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# torch (timm) shares the GPU with jax in runs 1-2: jax allocates as it goes
+# instead of taking 75% of the card up front
+export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}"
+# runs 1-3 compile the same ViT-B/16 programs in different processes
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${TMPDIR:-/tmp}/keras_mone_jax_cache}"
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+start=$SECONDS
+
+# -- 1. what the image lacks ----------------------------------------------------
+missing=$("$PYTHON" - <<'EOF'
+import importlib.util
+packages = {"keras": "keras", "namex": "namex", "optree": "optree", "absl": "absl-py", "rich": "rich",
+            "h5py": "h5py", "ml_dtypes": "ml-dtypes", "scipy": "scipy", "matplotlib": "matplotlib",
+            "sklearn": "scikit-learn"}
+print(" ".join(p for module, p in packages.items() if importlib.util.find_spec(module) is None))
+EOF
+)
+if [ -n "$missing" ]; then
+    echo "[gpu.sh] installing: $missing"
+    # shellcheck disable=SC2086  # one word per package
+    "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" $missing \
+        || "$PYTHON" -m pip install -q $missing \
+        || { echo "[gpu.sh] could not install $missing (no wheels in $WHEELS, no index)"; exit 1; }
+fi
+"$PYTHON" - <<'EOF' || exit 1
+import importlib.util
+for module in ("jax", "torch", "timm"):
+    print(f"[gpu.sh] {module}: {'yes' if importlib.util.find_spec(module) else 'NOT INSTALLED'}")
+EOF
+echo "[gpu.sh] setup done in $((SECONDS - start)) s"
+
+# -- 2. the runs ----------------------------------------------------------------
+COMMON=(--repeats "$REPEATS" --warmup 2 --no-routing-probes --no-peer --quiet)
+B16=(--variant B/16 --image-size 224)
+VIVIT=(--family vivit --variant B/16 --image-size 256 --no-timm --no-train-step --no-host-input)
+runs=()
+
+bench() {  # bench NAME BACKEND ARGS...: one `keras-mone bench` process
+    local name="$1" backend="$2"
+    shift 2
+    local t0=$SECONDS
+    mkdir -p "$OUT_DIR/$name"
+    # shellcheck disable=SC2086  # EXTRA_ARGS: one word per argument
+    KERAS_BACKEND="$backend" timeout "$STEP_TIMEOUT" "$PYTHON" -m keras_mone.cli.main bench "$@" "${COMMON[@]}" \
+        --output "$OUT_DIR/$name" ${EXTRA_ARGS:-} >"$OUT_DIR/$name/log.txt" 2>&1
+    local rc=$?
+    echo "[gpu.sh] $name ($backend): exit $rc in $((SECONDS - t0)) s (total $((SECONDS - start)) s)"
+    [ "$rc" -eq 0 ] && runs+=("$OUT_DIR/$name/benchmark.json") || tail -5 "$OUT_DIR/$name/log.txt"
+}
+
+bench vit_b16_b64 jax "${B16[@]}" --capacities 0.3,0.5 --batch-size 64 \
+    --precision float32,mixed_bfloat16 --no-train-step
+bench vit_b16_b256 jax "${B16[@]}" --capacities 0.3,0.5 --batch-size 256 \
+    --precision float32,mixed_bfloat16 --no-train-step --no-host-input
+bench vit_b16_b64_train jax "${B16[@]}" --capacities 0.3 --batch-size 64 --precision float32 --no-timm
+torch_extra=()
+[ "${TORCH_COMPILE:-0}" = 1 ] && torch_extra=(--torch-compile)
+bench vit_b16_b64_torch torch "${B16[@]}" --capacities 0.3 --batch-size 64 --precision float32 \
+    --no-train-step "${torch_extra[@]}"
+bench vivit_b16_b1 jax "${VIVIT[@]}" --capacities 0.4 --batch-size 1 --precision float32
+bench vivit_b16_b8 jax "${VIVIT[@]}" --capacities 0.3 --batch-size 8 --precision float32,mixed_bfloat16
+
+# -- 3. the report --------------------------------------------------------------
+REPORT="$OUT_DIR/gpu_bench.md"
+KERAS_BACKEND=jax "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
+import json
+import sys
+
+from keras_mone.bench.report import format_markdown
+from keras_mone.bench.tables import combined_table
+
+report, seconds, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+results = [json.load(open(path)) for path in paths]
+with open(report, "w") as f:
+    f.write(f"# GPU benchmark (bench/gpu.sh, {len(results)} runs, {seconds} s)\n\n")
+    if results:
+        f.write(combined_table(results) + "\n")
+    for result in results:
+        f.write(format_markdown(result) + "\n")
+print(f"[gpu.sh] wrote {report}")
+EOF
+echo "[gpu.sh] done in $((SECONDS - start)) s"
+[ "${#runs[@]}" -eq 6 ]
