@@ -100,6 +100,6 @@ def test_the_command_trains_evaluates_and_resumes(tmp_path, capsys):
     assert results["steps"] == 2 and 0.0 <= results["accuracy"] <= 1.0
     assert (run / "model.keras").exists() and (run / "recipe.toml").exists()
     assert main(argv) == 0  # the same command again: resumes at its end, trains nothing
-    assert "Resuming at step 2 of 2" in capsys.readouterr().out
+    assert "Resuming cluttered_digits_vit_from_dense at step 2 of 2" in capsys.readouterr().out
     assert main(["finetune", "vit_digits", str(tmp_path / "nowhere")]) == 2
     assert "is not a folder" in capsys.readouterr().err

@@ -38,7 +38,6 @@ def add_subcommand(commands):
 def run(args):
     from keras_mone.recipes import RecipeError, parse_overrides
     from keras_mone.recipes import finetune
-    from keras_mone.training.checkpoint import TrainingDiverged
 
     try:
         setup, notes = finetune.load(
@@ -51,9 +50,17 @@ def run(args):
     print(f"Fine-tuning {args.preset} on {args.data_dir}:")
     for note in notes:
         print(f"  {note}")
+    return fit_and_report(setup)
+
+
+def fit_and_report(setup):
+    """Trains a built recipe (``keras-mone train`` and ``finetune``): where it resumes, its plan,
+    then its results; 1 if training diverged (nothing non-finite saved), else 0."""
+    from keras_mone.training.checkpoint import TrainingDiverged
+
     if setup.initial_step:
-        print(f"Resuming at step {setup.initial_step} of {setup.total_steps}")
-    print(f"Training: {setup.epochs} epochs x {setup.steps_per_epoch} steps -> {setup.output_dir}")
+        print(f"Resuming {setup.name} at step {setup.initial_step} of {setup.total_steps}")
+    print(f"Training {setup.name}: {setup.epochs} epochs x {setup.steps_per_epoch} steps -> {setup.output_dir}")
     try:
         results = setup.fit()
     except TrainingDiverged as error:

@@ -5,6 +5,7 @@ import sys
 
 from keras_mone.cli.analyze import add_subcommand as add_analyze
 from keras_mone.cli.finetune import add_subcommand as add_finetune
+from keras_mone.cli.finetune import fit_and_report
 from keras_mone.host_memory import restart_subcommand_with_huge_pages
 
 
@@ -25,7 +26,6 @@ def _quickstart(args):
 
 def _train(args):
     from keras_mone.recipes import RecipeError, list_recipes, load, parse_overrides
-    from keras_mone.training.checkpoint import TrainingDiverged
 
     if args.list or not args.recipe:
         for name, description in list_recipes().items():
@@ -36,16 +36,7 @@ def _train(args):
     except RecipeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if setup.initial_step:
-        print(f"Resuming {setup.name} at step {setup.initial_step} of {setup.total_steps}")
-    print(f"Training {setup.name}: {setup.epochs} epochs x {setup.steps_per_epoch} steps -> {setup.output_dir}")
-    try:
-        results = setup.fit()
-    except TrainingDiverged as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
-    return 0
+    return fit_and_report(setup)
 
 
 def _presets(args):
