@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from keras_mone import recipes
+from keras_mone.file_io import sha256_of
 from keras_mone.cli.main import main as cli
 from keras_mone.models.weights_file import load_saved_model
 from keras_mone.training import checkpoint
@@ -197,7 +198,7 @@ def test_when_every_checkpoint_is_rejected_restore_raises_and_keeps_the_initial_
         weights = str(directory / f"step_{step}.weights.h5")
         trained.save_weights(weights)
         (directory / f"step_{step}.json").write_text(
-            '{"step": %d, "sha256": "%s"}' % (step, checkpoint._sha256(weights))
+            '{"step": %d, "sha256": "%s"}' % (step, sha256_of(weights))
         )
     model = _tiny_model()
     initial = [keras.ops.convert_to_numpy(v) for v in model.variables]
