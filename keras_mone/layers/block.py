@@ -7,6 +7,7 @@ from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, pad_features
+from keras_mone.layers.packed_block import packable, packed_block
 from keras_mone.layers.regularization import DropPath
 
 
@@ -116,6 +117,9 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
             return []
         if gates is not None and self.gate is None and any(g is not None for g in gates):
             raise ValueError(f"MoNEBlock '{self.name}' got `gates` but was built without a gate (gate=None, routed=False).")
+        if packable(self, groups, gates, training, return_received_attention):
+            outputs = packed_block(self, groups, widths, gates, training)  # torch: fewer ops and layer calls
+            return outputs[0] if single else outputs
         gates = [None] * len(groups) if gates is None else gates
         attended = self.attention(
             [self.norm1(g) for g in groups], widths=widths, training=training,

@@ -1,11 +1,16 @@
 """Expert Preferred Routing (MoNE paper, Algorithm 1) with static shapes.
 
-Every function here uses ``keras.ops`` only and static per-expert token counts,
-so it compiles under ``jax.jit``, ``tf.function`` and ``torch.compile``.
+Every function here uses ``keras.ops`` and static per-expert token counts, so
+it compiles under ``jax.jit``, ``tf.function`` and ``torch.compile``. On torch,
+where eager calls pay per op on the host, a few functions take a shorter form
+with the same results (``_top_k_indices``, ``inverse_permutation``,
+``gather_tokens``) and small index constants are made once per device
+(``_arange``); none of them reads a tensor's values on the host.
 """
 
 import math
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -21,7 +26,7 @@ def one_hot(indices, depth, dtype):
     ``[0, depth)`` gives a zero row on every backend). Unlike torch's
     ``one_hot`` it checks no values at run time, so ``torch.export`` (and with
     it ONNX export) can trace it."""
-    return ops.cast(ops.expand_dims(indices, -1) == ops.arange(depth, dtype=indices.dtype), dtype)
+    return ops.cast(ops.expand_dims(indices, -1) == _arange(depth, indices), dtype)
 
 
 def expert_token_counts(capacities, num_tokens):
@@ -176,7 +181,13 @@ def _top_k_indices(scores, k):
     backends' ``top_k`` order tied values differently), and the one-hot of the
     rank places each of the first ``k`` tokens in its slot without a sort. The
     ``(batch, N, N)`` comparison is small next to a block's matmuls.
+
+    On torch it is a stable sort of the negated scores: the same order by
+    definition (higher score first, ties to the lower index), in three ops
+    (not when exporting: torch's ONNX exporters have no stable sort).
     """
+    if _sorting():
+        return ops.argsort(ops.negative(scores), axis=1)[:, :k]
     num_tokens = scores.shape[1]
     index = ops.arange(num_tokens, dtype="int32")
     lower_index = ops.expand_dims(index, 1) > ops.expand_dims(index, 0)  # [i, j]: j < i
@@ -198,7 +209,7 @@ def _unassigned_indices(taken, count):
     free = 1.0 - taken
     rank = ops.cast(ops.cumsum(free, axis=1) - 1.0, "int32")
     slots = one_hot(rank, count, dtype="float32") * ops.expand_dims(free, -1)
-    positions = ops.arange(num_tokens, dtype="float32")
+    positions = _arange(num_tokens, taken, "float32")
     return ops.cast(ops.einsum("bnk,n->bk", slots, positions), "int32")
 
 
@@ -212,6 +223,8 @@ def gather_tokens(x, indices):
     shows the difference).
     """
     indices = ops.cast(indices, "int32")
+    if _torch():
+        return _torch_gather_tokens(x, indices)
     offsets = ops.expand_dims(ops.arange(ops.shape(x)[0], dtype="int32") * x.shape[1], -1)
     if len(x.shape) == 2:
         # Rows of one feature: Keras' torch ``take`` of a 1-D array ends in a
@@ -222,9 +235,68 @@ def gather_tokens(x, indices):
 
 
 def inverse_permutation(permutation):
-    """Per-example inverse of a (batch, tokens) permutation (one-hot, no sort)."""
+    """Per-example inverse of a (batch, tokens) permutation (one-hot, no sort;
+    on torch a sort, one op, as in ``_top_k_indices``)."""
+    if _sorting():
+        return ops.argsort(permutation, axis=1)
     num_tokens = permutation.shape[1]
     moved = one_hot(permutation, num_tokens, dtype="float32")
     positions = ops.arange(num_tokens, dtype="float32")
     return ops.cast(ops.einsum("bpn,p->bn", moved, positions), "int32")
 
+
+def _torch_gather_tokens(x, indices):
+    """``gather_tokens`` on torch: one ``index_select`` of the flattened rows.
+
+    ``ops.take`` adds an int64 cast and a wrap-around of negative indices
+    (four more kernels per gather); token indices are never negative.
+    """
+    import torch
+
+    offsets = _arange(x.shape[0], indices, "int32", scale=x.shape[1])
+    rows = (indices + offsets[:, None]).reshape(-1)
+    features = tuple(x.shape[2:])
+    return torch.index_select(x.reshape((-1,) + features), 0, rows).reshape(tuple(indices.shape) + features)
+
+
+def _torch():
+    return keras.backend.backend() == "torch"
+
+
+def _sorting():
+    """Whether to rank by a stable sort: on torch, unless exporting (``torch.export``,
+    TorchScript tracing), whose ONNX exporters have no stable sort."""
+    if not _torch():
+        return False
+    import torch
+
+    return not (torch.compiler.is_exporting() or torch.jit.is_tracing())
+
+
+_CONSTANTS = {}
+
+
+def _arange(n, like, dtype=None, scale=1):
+    """``ops.arange(n, dtype) * scale`` on ``like``'s device.
+
+    On torch, outside tracing (``torch.compile``, ``torch.export``, TorchScript),
+    each is made once per device and kept: the same constant, without a kernel
+    launch per call.
+    """
+    dtype = dtype or keras.backend.standardize_dtype(like.dtype)
+    if not _torch():
+        values = ops.arange(n, dtype=dtype)
+        return values if scale == 1 else values * scale
+    import torch
+
+    device = like.device
+    key = (n, dtype, scale, str(device))
+    cacheable = isinstance(n, int) and device.type != "meta" and not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+    if not cacheable:
+        return torch.arange(n, dtype=getattr(torch, dtype), device=device) * scale
+    if key not in _CONSTANTS:
+        if len(_CONSTANTS) > 256:
+            _CONSTANTS.clear()
+        with torch.inference_mode(False), torch.no_grad():  # a plain tensor, even if made in inference mode
+            _CONSTANTS[key] = torch.arange(n, dtype=getattr(torch, dtype), device=device) * scale
+    return _CONSTANTS[key]

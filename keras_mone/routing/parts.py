@@ -19,6 +19,7 @@ plan the forward pass runs.
 A new method subclasses ``TokenRouting`` and overrides what differs.
 """
 
+import keras
 from keras import ops
 
 from keras_mone.routing.epr import gather_tokens, select_top_k
@@ -171,19 +172,33 @@ class NestedExperts(TokenRouting):
             new.order = state.order
             return new
         index_groups, dropped = self.routing.group(self._scores(probs, state.order))
-        positions = []
-        for expert, indices in enumerate(index_groups):
-            if indices.shape[1] == 0:
-                continue
-            gate = self._gate(probs, expert, indices)
-            new.add_group(gather_tokens(current, indices), self.expert_widths[expert], expert, gate)
-            positions.append(indices)
-        if dropped.shape[1]:
-            new.passed = gather_tokens(current, dropped)
-            positions.append(dropped)
+        kept = [(expert, indices) for expert, indices in enumerate(index_groups) if indices.shape[1]]
+        positions = [indices for _, indices in kept] + ([dropped] if dropped.shape[1] else [])
         order = ops.concatenate(positions, axis=1) if len(positions) > 1 else positions[0]
+        if keras.backend.backend() == "torch":
+            self._gather_once(new, current, probs, order, kept)
+        else:
+            for expert, indices in kept:
+                gate = self._gate(probs, expert, indices)
+                new.add_group(gather_tokens(current, indices), self.expert_widths[expert], expert, gate)
+            if dropped.shape[1]:
+                new.passed = gather_tokens(current, dropped)
         new.order = order if state.order is None else gather_tokens(state.order, order)
         return new
+
+    def _gather_once(self, new, current, probs, order, kept):
+        """The groups (and gates) as slices of one gather of all tokens in ``order``:
+        two gathers instead of two per expert (torch, where each op costs host time)."""
+        tokens = gather_tokens(current, order)
+        gates = gather_tokens(probs, order) if self.gated else None
+        start = 0
+        for expert, indices in kept:
+            stop = start + indices.shape[1]
+            gate = None if gates is None else gates[:, start:stop, expert]
+            new.add_group(tokens[:, start:stop], self.expert_widths[expert], expert, gate)
+            start = stop
+        if start < order.shape[1]:
+            new.passed = tokens[:, start:]
 
     def _gate(self, probs, expert, indices):
         if not self.gated:
