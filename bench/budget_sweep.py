@@ -46,6 +46,7 @@ import keras
 
 from budget_plot import plot_sweep
 from keras_mone import flops, recipes
+from keras_mone.methods.matvit import SCORED_WIDTHS
 from keras_mone.cli.quickstart import training_schedule
 from new_methods import accuracy, test_split, train
 from training_targets import write_section
@@ -63,7 +64,7 @@ RECIPES = {
 DENSE_SHAPES = [(d, w) for d in (1, 2, 3, 4) for w in (32, 48, 64)]
 #: Heads of the isoFLOP dense models pruned from ``vit_digits`` keep its head width.
 VIT_DIGITS_HEAD_WIDTH = 16
-MATVIT_WIDTHS = (0.125, 0.25, 0.5, 1.0)
+MATVIT_WIDTHS = SCORED_WIDTHS  # the widths publish and the model cards score
 METHODS = ("isoFLOP dense", "MoNE", "MoD", "A-MoD", "MoNE adaptive", "MatViT", "ACM (grouped)")
 
 

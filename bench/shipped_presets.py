@@ -13,6 +13,7 @@ import sys
 
 from keras_mone import presets
 from keras_mone.analysis import flops
+from keras_mone.methods.registry import set_setting
 from training_targets import write_section
 
 SECTION = "## Shipped presets (trained by the project)"
@@ -26,15 +27,17 @@ def rows():
         model = presets.from_preset(name)
         setting = entry["eval"]["setting"]
         for value, accuracy in entry["eval"]["accuracy"].items():
-            if setting == "width":
-                model.set_width(float(value))
-            elif setting == "execution":  # ACM: "exact" or "grouped"
-                model.backbone.set_execution(value)
-            elif model.backbone.routed:
-                model.set_capacity(float(value))
-            value = value if setting == "execution" else float(value)
+            value = _value(value)  # "0.5" -> 0.5; ACM's "exact" / "grouped" stay
+            set_setting(model, setting, value)  # the method's set_<setting> (keras_mone.methods)
             table.append((name, setting, value, accuracy, flops(model).gmacs))
     return table
+
+
+def _value(text):
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def markdown(table):

@@ -18,7 +18,7 @@ import pytest
 from conftest import to_numpy
 from keras_mone import convert, models, presets
 from keras_mone.convert import mixer
-from keras_mone.methods.registry import SPARSE_MLP_TINY
+from keras_mone.methods.mixer import SPARSE_MLP_TINY
 from numpy_reference import gelu, layer_norm
 from test_convert import write_safetensors
 

@@ -1,5 +1,6 @@
 """A preset's model card (``keras-mone presets show NAME``): what it is, costs, was trained for, scores."""
 
+from keras_mone.methods.registry import set_setting
 from keras_mone.presets.publish import evaluation_settings
 from keras_mone.presets.registry import from_preset, get_preset, shipped_presets, weights_tags
 
@@ -29,8 +30,7 @@ def _gmacs(model, setting, value):
     """GMACs at ``set_<setting>(value)`` (capacity, width, ACM's execution)."""
     from keras_mone.analysis.flops import flops
 
-    owner = model if hasattr(model, f"set_{setting}") else model.backbone
-    getattr(owner, f"set_{setting}")(value)
+    set_setting(model, setting, value)
     return flops(model).gmacs
 
 
@@ -51,7 +51,7 @@ def budget_statement(name, model):
     every compute budget, and why."""
     spec = get_preset(name)
     entry = spec.get("weights")
-    if hasattr(model, "set_width"):
+    if evaluation_settings(model, spec["architecture"])[0] == "width":
         return "one model serves every trained width (set_width): the widths D/8..D are trained jointly."
     mode = _mode(name) if entry else None
     if mode is not None and mode != "fixed" and not mode.startswith("adaptive"):
@@ -83,7 +83,7 @@ def model_card(name):
     spec = get_preset(name)
     model = from_preset(name, load_weights=False)
     backbone = model.backbone
-    setting, values = evaluation_settings(model)
+    setting, values = evaluation_settings(model, spec["architecture"])
     entry = spec.get("weights")
     accuracy = entry["eval"]["accuracy"] if entry else {}
     if accuracy and entry["eval"]["setting"] == setting:

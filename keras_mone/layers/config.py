@@ -36,11 +36,14 @@ def config_argument_names(cls):
     """Explicit ``__init__`` arguments of ``cls`` and of its keras_mone bases.
 
     A subclass that forwards ``**kwargs`` to its parent still gets the
-    parent's arguments in its config.
+    parent's arguments in its config. Classes outside keras_mone count when
+    they derive from ``ConfigMixin`` (a plug-in method's backbone); Keras'
+    own bases do not.
     """
     names = []
     for klass in cls.__mro__:
-        if not klass.__module__.startswith("keras_mone") or "__init__" not in vars(klass):
+        ours = klass.__module__.startswith("keras_mone") or (klass is not ConfigMixin and issubclass(klass, ConfigMixin))
+        if not ours or "__init__" not in vars(klass):
             continue
         for p in inspect.signature(klass.__init__).parameters.values():
             if p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):

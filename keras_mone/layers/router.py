@@ -1,13 +1,10 @@
 """Routers and the Expert Preferred Routing layer (MoNE Sec. 4.1-4.3, Algorithm 1)."""
 
-import functools
-
 import keras
 from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.routing import capacity as capacity_lib
-from keras_mone.routing import epr
+from keras_mone.routing.plan import ExpertPreferredPlan
 
 
 @register
@@ -67,7 +64,9 @@ class RandomRouter(ConfigMixin, keras.layers.Layer):
 
 @register
 class ExpertPreferredRouting(ConfigMixin, keras.layers.Layer):
-    """The EPR layer: Algorithm 1 of the MoNE paper, per example, static counts.
+    """The EPR layer: Algorithm 1 of the MoNE paper, per example, static counts
+    (a Keras face of ``keras_mone.routing.plan.ExpertPreferredPlan``, which holds
+    the capacity and does the work).
 
     From the largest expert to the smallest, expert ``j`` takes the top
     ``floor(c_j N)`` still-unassigned tokens by its router probability;
@@ -95,54 +94,37 @@ class ExpertPreferredRouting(ConfigMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_experts = num_experts
-        self.capacity_method = capacity_method
-        self.beta = beta
-        self.delta = delta
-        self.effective_capacity = None
-        self.capacities = None
-        self.set_capacity(effective_capacity)
+        self.plan = ExpertPreferredPlan(num_experts, effective_capacity, capacity_method, beta, delta)
         # No weights: built from the start. Models call ``group`` rather than
         # ``__call__``, and Keras' predict_on_batch re-runs an eager forward
         # pass whenever any layer reports itself unbuilt.
         self.built = True
 
+    num_experts = property(lambda self: self.plan.num_experts)
+    capacity_method = property(lambda self: self.plan.capacity_method)
+    beta = property(lambda self: self.plan.beta)
+    delta = property(lambda self: self.plan.delta)
+    effective_capacity = property(lambda self: self.plan.effective_capacity)
+    capacities = property(lambda self: self.plan.capacities)
+
     def set_capacity(self, effective_capacity):
         """Sets ``e_c`` (validated) and recomputes the expert capacities."""
-        if self.capacity_method == "mone":
-            c = capacity_lib.capacity_distribution(
-                effective_capacity, self.num_experts, beta=self.beta, delta=self.delta
-            )
-        else:
-            c = capacity_lib.distribution_for(
-                self.capacity_method, effective_capacity, self.num_experts
-            )
-        self.effective_capacity = float(effective_capacity)
-        self.capacities = tuple(float(x) for x in c)
+        self.plan.set_capacity(effective_capacity)
 
     def token_counts(self, num_tokens):
-        """``(counts per expert, num_dropped)`` for ``num_tokens`` tokens (kept per
+        """``(counts per expert, num_dropped)`` for ``num_tokens`` tokens (cached per
         capacities and token count: every forward pass asks twice per router)."""
-        if not isinstance(num_tokens, int):  # e.g. a symbolic size while tracing
-            return epr.expert_token_counts(self.capacities, num_tokens)
-        return _token_counts(self.capacities, num_tokens)
+        return self.plan.token_counts(num_tokens)
 
     def group(self, router_probs):
         """``(groups, dropped)`` index tensors, see ``routing.epr.route_tokens``."""
-        counts, num_dropped = self.token_counts(router_probs.shape[1])
-        return epr.route_tokens(router_probs, counts, num_dropped)
+        return self.plan.group(router_probs)
 
     def call(self, router_probs):
-        groups, dropped = self.group(router_probs)
-        return epr.assignment_from_groups(groups, dropped, router_probs.shape[1])
+        return self.plan.assignment(router_probs)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1])
 
     def compute_output_spec(self, router_probs):
         return keras.KerasTensor(router_probs.shape[:-1], dtype="int32")
-
-
-@functools.lru_cache(maxsize=256)
-def _token_counts(capacities, num_tokens):
-    return epr.expert_token_counts(capacities, num_tokens)

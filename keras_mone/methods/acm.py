@@ -26,8 +26,16 @@ per-module lists (``acm_outputs``, ``acm_targets``, ``acm_choices``,
 ``acm_projections``, the Q/K/V/O projections) is distilled and gated alike.
 The modes' ``prepare`` gets the teacher from ``recipe["load_teacher"]()``
 (set by ``keras_mone.recipes.loader``).
+
+ACM's recipe keys (``beta_target``, ``gate_tau``, ``acm_loss_weights``,
+``acm_init``, ``teacher_from``) and their checks are declared here; an ACM
+model is scored in both executions (``set_execution``: ``exact``, each
+token its gate's learner count; ``grouped``, the quotas at ``beta``).
 """
 
+import math
+
+from keras_mone.methods.registry import Architecture, Method, RecipeKey, Scoring, register_method
 from keras_mone.models.acm_vit_backbone import ACMViTBackbone
 from keras_mone.models.image_classifier import ImageClassifier
 from keras_mone.models.loss_terms import LossTerm
@@ -134,10 +142,64 @@ END_TO_END = TrainingMode(
 )
 
 
-def register(register_method, Method, Architecture):
-    register_method(Method(
-        "acm",
-        image=Architecture("acm_vit", ACMViTBackbone, ImageClassifier, video=False),
-        modes=(FIXED, DISTILL, GATES, END_TO_END),
-        recipe_arguments=lambda recipe: dict(beta=recipe["beta_target"], gate_seed=recipe["seed"]),
-    ))
+#: The executions an ACM model's accuracy is recorded at (publish, model cards).
+SCORED_EXECUTIONS = ("exact", "grouped")
+
+RECIPE_KEYS = {
+    "beta_target": RecipeKey(0.5, (int, float), "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference", above=0.0, high=1.0),
+    "gate_tau": RecipeKey(0.833, (int, float), "ACM phase 2 (mode 'gates'): label = smallest n >= 2 with d(n) >= tau d(n-1) (the official code's factor 1.2 is tau 1/1.2)", above=0.0),
+    "acm_loss_weights": RecipeKey([0.1, 0.05, -0.05], list, "ACM phase 3 (mode 'end_to_end'): weights of L_budget, L_entropy and L_diversity (0.1, 0.05: the paper's; -0.05: its text writes +0.05, its intent and the official code subtract L_diversity, docs/methods.md; [0.1, 0, 0] is Fig. 8's budget loss alone)"),
+    "acm_init": RecipeKey("slices", str, "ACM mode 'distill': learners start as slices of the dense MLP (exact at k = N) or 'random' (the paper's: drawn afresh, then distilled)", ("slices", "random")),
+    "teacher_from": RecipeKey("", str, "ACM modes 'distill' / 'gates': the dense model (.keras file or 'preset:<name>') whose modules' outputs are the targets; '' = init_from", model_source=True),
+}
+
+
+def check_recipe(recipe, fail):
+    """The loss weights are three numbers; random learners are distilled first; distillation has a teacher."""
+    weights = recipe["acm_loss_weights"]
+    if len(weights) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in weights):
+        fail(
+            "key 'acm_loss_weights' must hold 3 finite numbers (weights of L_budget, L_entropy, L_diversity), "
+            f"got {weights!r}."
+        )
+    modes = recipe["phases"] or [recipe["mode"]]
+    if recipe["acm_init"] == "random" and modes[0] != "distill":
+        fail(
+            "key 'acm_init' = 'random' needs learner distillation first (mode 'distill', or 'distill' as the "
+            f"first of 'phases'), got {modes!r}."
+        )
+    if "distill" in modes and not (recipe["teacher_from"] or recipe["init_from"]):
+        fail("mode 'distill' needs the dense teacher: set key 'teacher_from' or 'init_from' (a dense ViT).")
+
+
+def later_phase(recipe):
+    """A phase after the first starts from the one before (not from slices); its teacher stays the dense model."""
+    return {"teacher_from": recipe["teacher_from"] or recipe["init_from"],
+            "acm_init": RECIPE_KEYS["acm_init"].default}
+
+
+def untrained_gates(backbone):
+    return ["the ACM gates (each token's learner count) and the learners' partial sums"]
+
+
+def untrained_advice(backbone, parts, command):
+    return (
+        "With every gate choosing all learners it equals the dense checkpoint; its gates choose at random "
+        "until trained. Train them with the ACM recipe's end_to_end mode (keras-mone train "
+        "cluttered_digits_acm_from_dense shows the keys: architecture=acm_vit mode=end_to_end beta_target=... "
+        "init_from=...)."
+    )
+
+
+ACM = register_method(Method(
+    "acm",
+    image=Architecture("acm_vit", ACMViTBackbone, ImageClassifier, video=False),
+    modes=(FIXED, DISTILL, GATES, END_TO_END),
+    recipe_arguments=lambda recipe: dict(beta=recipe["beta_target"], gate_seed=recipe["seed"]),
+    recipe_keys=RECIPE_KEYS,
+    check_recipe=check_recipe,
+    later_phase=later_phase,
+    scored_at=lambda backbone: Scoring("execution", SCORED_EXECUTIONS, backbone.execution),
+    untrained=untrained_gates,
+    untrained_advice=untrained_advice,
+))

@@ -1,42 +1,32 @@
 """The method registry: every conditional-computation method of the zoo, registered once.
 
-A method names its image and video architectures (the ``architecture`` of
-zoo presets and recipes), their backbone and task classes, the backbone
-arguments the method fixes, the training modes it supports and how recipe
-keys become backbone arguments. Presets, recipes, the training modes and the
-checks on them read this registry; no other module keeps a table of method
-names. A method's cost plan is its backbone's routing part
+A method (``Method``) declares, in its own module of ``keras_mone.methods``
+(listed once in ``keras_mone.methods.families``), everything that differs
+per method: its image and video architectures (the ``architecture`` of zoo
+presets and recipes) with their backbone and task classes, the backbone
+arguments it fixes, its training modes, its recipe keys with their checks
+and how they become backbone arguments, the settings a model is scored at
+(capacities, widths, executions), the parts a dense checkpoint leaves
+untrained and the advice given about them. Presets, recipes, publishing,
+model cards and the tests read this registry; no other module keeps a
+table of method names. A method's cost plan is its backbone's routing part
 (``backbone.token_routing()``, ``keras_mone.routing.parts``), which the
 forward pass and ``keras_mone.flops`` both follow.
 
-Adding a method is a routing part and a block gate (when the existing ones
-do not serve), one ``register_method`` call, and its zoo and recipe files.
-The random router (MoNE Fig. 7c) shows the smallest case: a registry entry
-alone, reusing MoNE's backbone with ``router_type="random"`` fixed.
+Adding a method is its backbone (a routing part and a block gate when the
+existing ones do not serve), one module here with a ``register_method``
+call, its name in ``families.FAMILIES``, and its zoo and recipe files;
+docs/skeleton.md walks through one. The random router (MoNE Fig. 7c) is the
+smallest case: an entry alone, reusing MoNE's backbone with
+``router_type="random"`` fixed.
 """
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Callable
 
-from keras_mone.methods.acm import register as _register_acm
-from keras_mone.models.image_classifier import ImageClassifier
-from keras_mone.models.matvit_backbone import MatViTBackbone
-from keras_mone.models.mixer_backbone import (
-    MixerBackbone,
-    SparseMLPBackbone,
-    decode_mixer_variant,
-    decode_sparse_mlp_variant,
-)
-from keras_mone.models.matvit_classifier import MatViTClassifier, MatViViTClassifier
-from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
-from keras_mone.models.sparse_mlp_classifier import SparseMLPClassifier
 from keras_mone.models.variants import decode_variant
-from keras_mone.models.video_classifier import VideoClassifier
-from keras_mone.models.vit_backbone import ViTBackbone
-from keras_mone.models.vivit_backbone import video_form
-from keras_mone.training.modes import FIXED, JOINT, TrainingMode, as_mode
+from keras_mone.training.modes import as_mode
 
 #: The tiny sizes the shared test harness builds (image and video ViTs).
 VIT_TINY = dict(image_size=32, patch_size=8, hidden_dim=32, depth=2, num_heads=4, mlp_dim=64, use_class_token=True)
@@ -93,8 +83,75 @@ class Architecture:
 
 
 @dataclasses.dataclass(frozen=True)
+class RecipeKey:
+    """One recipe key: its default, type, one line of help and the values allowed.
+
+    ``choices`` may be a Mapping (a live registry view): its keys are allowed.
+    ``low`` / ``high`` are inclusive bounds of numbers, ``above`` an exclusive
+    lower bound. ``model_source``: the value names a model (a ``.keras`` file
+    or ``"preset:<name>"``) that must exist when set.
+    """
+
+    default: object
+    kind: type | tuple
+    doc: str
+    choices: tuple | Mapping = ()
+    low: float | None = None
+    high: float | None = None
+    above: float | None = None
+    model_source: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.choices, Mapping):
+            object.__setattr__(self, "choices", tuple(self.choices))
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """The setting a model is scored at (``set_<setting>(value)`` on the model
+    or its backbone), the values its accuracy is recorded at, and its value now."""
+
+    setting: str
+    values: tuple
+    current: object = None
+
+
+def set_setting(model, setting, value):
+    """``set_<setting>(value)`` on ``model`` if it has one, else on its backbone
+    (``set_capacity``, MatViT's ``set_width``, ACM's ``set_execution``)."""
+    owner = model if hasattr(model, f"set_{setting}") else model.backbone
+    getattr(owner, f"set_{setting}")(value)
+
+
+def scoring(model, architecture=None):
+    """The ``Scoring`` of ``model`` (a task model) by its method: ``architecture``
+    names it, else the backbone's class and fixed arguments do."""
+    name = architecture or architecture_of(model.backbone)
+    return method_of(name).scored_at(model.backbone)
+
+
+#: e_c values a routed model's accuracy is recorded at (publish, model cards).
+SCORED_CAPACITIES = (0.2, 0.3, 0.5, 0.75, 1.0)
+
+
+def score_by_capacity(backbone):
+    """A routed backbone at ``SCORED_CAPACITIES``, any other at capacity 1.0 only."""
+    if getattr(backbone, "routed", False):
+        return Scoring("capacity", SCORED_CAPACITIES, backbone.capacity)
+    return Scoring("capacity", (1.0,), getattr(backbone, "capacity", 1.0))
+
+
+def _no_check(recipe, fail):
+    """A method whose keys need no check beyond their own type and bounds."""
+
+
+def _nothing_untrained(backbone):
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
-    """A method of the zoo.
+    """A method of the zoo: everything that differs per method.
 
     Attributes:
         name: the method's name ("dense", "mone", "matvit", ...).
@@ -104,6 +161,23 @@ class Method:
             objects, or the names of standard ones); the first is the default.
         recipe_arguments: ``recipe -> {backbone argument: value}``, the recipe
             keys that configure the method (capacity, router type, width, ...).
+        recipe_keys: ``{name: RecipeKey}``, the recipe keys the method owns. A
+            key several methods share (``capacity``) is declared by each, alike.
+            Any recipe may name them; one set away from its default in a recipe
+            whose method does not own it is an error.
+        check_recipe: ``(recipe, fail)`` checks across the method's keys and
+            modes, run for recipes of its architectures; ``fail(message)`` raises.
+        later_phase: ``recipe -> {key: value}``, what a phase after the first
+            of a phased run (``phases``) sets beside ``init_from`` (ACM: the
+            dense teacher).
+        scored_at: ``backbone -> Scoring``, the settings its accuracy is
+            recorded and shown at (publish, model cards, benchmarks).
+        untrained: ``backbone -> [phrase]``, what a dense checkpoint loaded as
+            its initialisation leaves untrained (empty: nothing).
+        untrained_advice: ``(backbone, parts, command) -> str``, the warning's
+            advice after naming the parts (``command``: the bundled recipe that
+            trains it); ``None``: the capacity / width statement of
+            ``keras_mone.presets.untrained``.
     """
 
     name: str
@@ -111,9 +185,16 @@ class Method:
     video: Architecture = None
     modes: tuple = ("fixed",)
     recipe_arguments: Callable = lambda recipe: {}
+    recipe_keys: Mapping = dataclasses.field(default_factory=dict)
+    check_recipe: Callable = _no_check
+    later_phase: Callable = lambda recipe: {}
+    scored_at: Callable = score_by_capacity
+    untrained: Callable = _nothing_untrained
+    untrained_advice: Callable = None
 
     def __post_init__(self):
         object.__setattr__(self, "modes", tuple(as_mode(mode) for mode in self.modes))
+        object.__setattr__(self, "recipe_keys", dict(self.recipe_keys))
 
     @property
     def architectures(self):
@@ -135,12 +216,31 @@ METHODS = {}
 
 
 def register_method(method):
-    """Adds ``method``; its architecture names must be new."""
+    """Adds ``method``; its architecture names must be new, and a recipe key it
+    shares with another method must be declared alike."""
     clash = set(architectures()) & {a.name for a in method.architectures}
     if method.name in METHODS or clash:
         raise ValueError(f"Method {method.name!r} or architecture(s) {sorted(clash)} registered twice.")
+    for name, key in method.recipe_keys.items():
+        owners = [m.name for m in METHODS.values() if m.recipe_keys.get(name, key) != key]
+        if owners:
+            raise ValueError(f"Method {method.name!r} declares recipe key {name!r} unlike method(s) {owners}.")
     METHODS[method.name] = method
     return method
+
+
+def method_recipe_keys():
+    """``{name: RecipeKey}`` over every registered method, in registration order."""
+    keys = {}
+    for method in METHODS.values():
+        for name, key in method.recipe_keys.items():
+            keys.setdefault(name, key)
+    return keys
+
+
+def key_owners(name):
+    """The methods that own recipe key ``name``."""
+    return [m for m in METHODS.values() if name in m.recipe_keys]
 
 
 def _registered():
@@ -189,71 +289,6 @@ def method_of(architecture):
     return methods[architecture]
 
 
-register_method(Method(
-    "dense",
-    image=Architecture("vit", ViTBackbone, ImageClassifier, video=False),
-    video=Architecture("vivit", video_form(ViTBackbone), VideoClassifier, video=True),
-))
-register_method(Method(
-    "mone",
-    image=Architecture("mone_vit", MoNEViTBackbone, ImageClassifier, video=False),
-    video=Architecture("mone_vivit", video_form(MoNEViTBackbone), VideoClassifier, video=True),
-    modes=("fixed", "adaptive", "isoflops", "adaptive_isoflops"),
-    recipe_arguments=lambda recipe: dict(
-        capacity=recipe["capacity"], router_type=recipe["router_type"], router_seed=recipe["seed"]
-    ),
-))
-register_method(Method(
-    "matvit",
-    image=Architecture("matvit", MatViTBackbone, MatViTClassifier, video=False),
-    video=Architecture("matvivit", video_form(MatViTBackbone), MatViViTClassifier, video=True),
-    modes=(
-        TrainingMode("fixed", FIXED.description + " (one width)", model_arguments=lambda recipe: {"joint_training": False}),
-        JOINT,
-    ),
-    recipe_arguments=lambda recipe: dict(width_fraction=recipe["width_fraction"]),
-))
-
-register_method(Method(
-    "random_router",
-    image=Architecture("random_mone_vit", MoNEViTBackbone, ImageClassifier, video=False,
-                       defaults={"router_type": "random"}),
-    video=Architecture("random_mone_vivit", video_form(MoNEViTBackbone), VideoClassifier, video=True,
-                       defaults={"router_type": "random"}),
-    recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"], router_seed=recipe["seed"]),
-))
-register_method(Method(
-    "mod",
-    image=Architecture("mod_vit", MoDViTBackbone, ImageClassifier, video=False),
-    video=Architecture("mod_vivit", video_form(MoDViTBackbone), VideoClassifier, video=True),
-    recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
-))
-register_method(Method(
-    "amod",
-    image=Architecture("amod_vit", AMoDViTBackbone, ImageClassifier, video=False),
-    video=Architecture("amod_vivit", video_form(AMoDViTBackbone), VideoClassifier, video=True),
-    recipe_arguments=lambda recipe: dict(capacity=recipe["capacity"]),
-))
-
-#: The tiny sizes of the harness for the Mixer family (32x32 images, 16 tokens).
-MIXER_TINY = dict(image_size=32, patch_size=8, hidden_dim=16, depth=1, token_mlp_dim=8, channel_mlp_dim=32)
-SPARSE_MLP_TINY = dict(
-    MIXER_TINY, sparse_depth=1, sparse_tokens=24, sparse_hidden_dim=8, token_num_experts=4,
-    token_expert_dim=16, channel_num_experts=2, channel_expert_dim=16, seed=0,
-)
-register_method(Method(
-    "mixer",
-    image=Architecture("mixer", MixerBackbone, ImageClassifier, video=False,
-                       decode_variant=decode_mixer_variant, tiny=MIXER_TINY),
-))
-register_method(Method(
-    "sparse_mlp",
-    image=Architecture("sparse_mlp", SparseMLPBackbone, SparseMLPClassifier, video=False,
-                       decode_variant=decode_sparse_mlp_variant, tiny=SPARSE_MLP_TINY),
-))
-
-_register_acm(register_method, Method, Architecture)
-
 ARCHITECTURES = RegistryView(lambda method, a: a.backbone)
 """Backbone class of each architecture name (a live view of the registry)."""
 TASKS = RegistryView(lambda method, a: a.task)
@@ -288,3 +323,15 @@ class ModeNames(Mapping):
 
 
 MODE_NAMES = ModeNames()
+
+
+def architecture_of(backbone):
+    """The architecture name of ``backbone``: the entry with its exact class whose
+    fixed arguments (``defaults``) it has, the one fixing most when several do."""
+    fits = [
+        (len(a.defaults), a.name) for _, a in _registered()
+        if type(backbone) is a.backbone and all(getattr(backbone, k, None) == v for k, v in a.defaults.items())
+    ]
+    if not fits:
+        raise ValueError(f"{type(backbone).__name__} is the backbone of no registered architecture.")
+    return max(fits)[1]

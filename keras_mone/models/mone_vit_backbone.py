@@ -92,19 +92,17 @@ class MoNEViTBackbone(ViTBackbone):
         self._first_router = positions[0]
         self.alpha_init = alpha_init  # read by _block_options during super().__init__
         super().__init__(**kwargs)
-        self.num_experts = num_experts
-        self.capacity_method = capacity_method
         self.router_positions = positions
         self.router_type = router_type
         self.router_seed = router_seed
         self.class_token_to_full_expert = class_token_to_full_expert
         self.expert_widths = [hidden_dim // 2 ** (num_experts - 1 - j) for j in range(num_experts)]
-        start = capacity_lib.static_effective_capacity(capacity_method, num_experts) or 1.0
+        # The routing plan owns E, the capacity method and e_c; built at the requested capacity.
         self.routing = ExpertPreferredRouting(
-            num_experts, start, capacity_method=capacity_method, name="routing"
+            num_experts, capacity_lib.method_capacity(capacity_method, capacity, num_experts),
+            capacity_method=capacity_method, name="routing",
         )
-        self.capacity = None
-        self.set_capacity(capacity)
+        self._warn_if_rounded(stacklevel=2)
         if router_type == "learned":
             self.routers = [
                 Router(num_experts, dtype=self.dtype_policy, name=f"router_{p}") for p in positions
@@ -133,18 +131,26 @@ class MoNEViTBackbone(ViTBackbone):
         Weights are untouched; compiled ``predict`` / ``evaluate`` / ``fit``
         functions are rebuilt on their next use.
         """
-        capacity = capacity_lib.method_capacity(self.capacity_method, capacity, self.num_experts)
-        self.routing.set_capacity(capacity)
-        self.capacity = capacity
-        if hasattr(self, "patch_embedding"):
-            realised = self.realised_capacity
-            if abs(realised - capacity) > capacity_lib.REALISED_CAPACITY_TOLERANCE:
-                warnings.warn(
-                    f"`capacity`={capacity} is realised as {realised:.3f} with "
-                    f"{self.num_tokens} tokens per example (experts take whole tokens); "
-                    "`realised_capacity` reports it and FLOP counts follow it.",
-                    stacklevel=2,
-                )
+        self.routing.set_capacity(capacity_lib.method_capacity(self.capacity_method, capacity, self.num_experts))
+        self._warn_if_rounded(stacklevel=3)
+
+    def _warn_if_rounded(self, stacklevel):
+        """Warns when whole tokens per expert move the realised capacity away from ``capacity``."""
+        if not hasattr(self, "patch_embedding"):  # not yet built far enough to count tokens
+            return
+        capacity, realised = self.capacity, self.realised_capacity
+        if abs(realised - capacity) > capacity_lib.REALISED_CAPACITY_TOLERANCE:
+            warnings.warn(
+                f"`capacity`={capacity} is realised as {realised:.3f} with "
+                f"{self.num_tokens} tokens per example (experts take whole tokens); "
+                "`realised_capacity` reports it and FLOP counts follow it.",
+                stacklevel=stacklevel,
+            )
+
+    # The routing plan (``self.routing.plan``, keras_mone.routing.plan) is the one owner of these.
+    num_experts = property(lambda self: self.routing.num_experts)
+    capacity_method = property(lambda self: self.routing.capacity_method)
+    capacity = property(lambda self: self.routing.effective_capacity, doc="The effective capacity e_c in use.")
 
     @property
     def realised_capacity(self):

@@ -15,6 +15,7 @@ import tomllib
 
 import numpy as np
 
+from keras_mone.methods.registry import scoring, set_setting
 from keras_mone.models.weights_file import load_saved_model
 from keras_mone.presets import registry
 from keras_mone.presets.weights import (
@@ -25,22 +26,15 @@ from keras_mone.presets.weights import (
     zoo_folders,
 )
 
-MONE_CAPACITIES = (0.2, 0.3, 0.5, 0.75, 1.0)
-MATVIT_WIDTHS = (0.125, 0.25, 0.5, 1.0)
-ACM_EXECUTIONS = ("exact", "grouped")
 EVAL_BATCH_SIZE = 512
 
 
-def evaluation_settings(model):
-    """``("capacity" | "width", values)`` at which a preset's accuracy is recorded."""
-    backbone = model.backbone
-    if hasattr(backbone, "set_width"):
-        return "width", MATVIT_WIDTHS
-    if hasattr(backbone, "set_execution"):  # ACM: exact (each token its gate's count) and grouped (quotas)
-        return "execution", ACM_EXECUTIONS
-    if backbone.routed:
-        return "capacity", MONE_CAPACITIES
-    return "capacity", (1.0,)
+def evaluation_settings(model, architecture=None):
+    """``(setting, values)`` at which a preset's accuracy is recorded: its method's
+    ``scored_at`` (``keras_mone.methods``; e.g. MoNE capacities, MatViT widths,
+    ACM's executions)."""
+    scored = scoring(model, architecture)
+    return scored.setting, scored.values
 
 
 #: Datasets whose runs can be published: name -> loader of their test split.
@@ -80,20 +74,13 @@ def measure_accuracy(model, setting, values, test_split, dataset="cluttered_digi
     the test split of ``dataset`` rendered with ``test_split``."""
     images, labels = load_test_split(test_split, dataset)
     accuracy = {}
-    initial_execution = getattr(model.backbone, "execution", None)
+    scored = scoring(model)
     for value in values:
-        if setting == "width":
-            model.set_width(value)
-        elif setting == "execution":
-            model.backbone.set_execution(value)
-        elif model.backbone.routed:
-            model.set_capacity(value)
+        set_setting(model, setting, value)
         logits = model.predict(images, batch_size=EVAL_BATCH_SIZE, verbose=0)
         accuracy[str(value)] = float(np.mean(np.argmax(logits, axis=-1) == labels))
-    if setting == "width":
-        model.set_width(1.0)
-    if setting == "execution":
-        model.backbone.set_execution(initial_execution)
+    if scored.setting == setting:
+        set_setting(model, setting, scored.current)  # back to the setting it came with
     return accuracy
 
 
@@ -124,7 +111,7 @@ def publish_run(run_dir, name, command="", zoo_folder=None):
             model.load_weights(path)
         except Exception as error:
             raise ValueError(f"The model in {run_dir!r} does not fit preset {name!r}: {error}") from error
-    setting, values = evaluation_settings(model)
+    setting, values = evaluation_settings(model, registry.get_preset(name)["architecture"])
     test_split = test_split_arguments(recipe)
     accuracy = measure_accuracy(model, setting, values, test_split, recipe["dataset"])
 

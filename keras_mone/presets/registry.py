@@ -154,7 +154,7 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, force_dow
     model = task_cls(backbone, name=config.get("name", name), **task_config)
     model.build()
     if tag is not None:
-        load_tagged_weights(model, name, tag, tag_spec, untrained_parts(backbone), force_download)
+        load_tagged_weights(model, name, tag, tag_spec, untrained_parts(backbone, spec["architecture"]), force_download)
         warn_untrained(model, name, tag, spec["architecture"], spec["variant"])
     elif load_weights:
         load_checked_weights(model, name, spec["weights"])

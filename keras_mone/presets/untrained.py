@@ -10,28 +10,17 @@ it until trained; ``warn_untrained`` says so when it is loaded.
 
 import warnings
 
+from keras_mone.methods.registry import architecture_of, method_of
+
 
 class UntrainedWeightsWarning(UserWarning):
     """A model whose routing or smaller experts were not trained (a dense checkpoint loaded as initialisation)."""
 
 
-def untrained_parts(backbone):
-    """Phrases naming what a dense checkpoint leaves untrained in ``backbone`` (empty for a dense model)."""
-    parts = []
-    if getattr(backbone, "router_type", None) == "learned" or getattr(backbone, "score", None) == "learned":
-        parts.append("the routers")
-    if getattr(backbone, "router_type", None) == "random":
-        parts.append("nothing trained to use the random router")
-    widths = getattr(backbone, "expert_widths", None)
-    if widths:
-        parts.append(f"the smaller experts (widths {', '.join(str(w) for w in widths[:-1])} of {widths[-1]})")
-    if getattr(backbone, "score", None) == "attention":
-        parts.append("the blocks, never trained to skip tokens (A-MoD has no router parameters)")
-    if hasattr(backbone, "set_width"):
-        parts.append("the smaller widths (only the full width comes from the checkpoint)")
-    if hasattr(backbone, "acm_gates"):
-        parts.append("the ACM gates (each token's learner count) and the learners' partial sums")
-    return parts
+def untrained_parts(backbone, architecture=None):
+    """Phrases naming what a dense checkpoint leaves untrained in ``backbone``
+    (its method's ``untrained``, ``keras_mone.methods``; empty for a dense model)."""
+    return method_of(architecture or architecture_of(backbone)).untrained(backbone)
 
 
 def training_command(architecture, variant):
@@ -55,27 +44,22 @@ def training_command(architecture, variant):
 def warn_untrained(model, name, tag, architecture, variant):
     """Warns (``UntrainedWeightsWarning``) if dense checkpoint ``tag`` left parts of ``model`` untrained."""
     backbone = model.backbone
-    parts = untrained_parts(backbone)
+    method = method_of(architecture)
+    parts = method.untrained(backbone)
     if not parts:
         return
-    setting = "width=1.0" if hasattr(backbone, "set_width") else "capacity=1.0"
-    if hasattr(backbone, "acm_gates"):
-        warnings.warn(
-            f"Preset {name!r} loaded the dense checkpoint {tag!r} as an initialisation: untrained are "
-            f"{'; '.join(parts)}. With every gate choosing all learners it equals the dense checkpoint; "
-            "its gates choose at random until trained. Train them with the ACM recipe's end_to_end mode "
-            "(keras-mone train cluttered_digits_acm_from_dense shows the keys: architecture=acm_vit "
-            "mode=end_to_end beta_target=... init_from=...).",
-            UntrainedWeightsWarning,
-            stacklevel=3,
+    command = training_command(architecture, variant)
+    if method.untrained_advice is not None:
+        advice = method.untrained_advice(backbone, parts, command)
+    else:
+        scored = method.scored_at(backbone)
+        advice = (
+            f"At {scored.setting}=1.0 it equals the dense checkpoint; at {scored.setting} {scored.current} it "
+            f"computes something close to meaningless until trained. Train the rest with {command}."
         )
-        return
-    current = getattr(backbone, "width_fraction", None) if hasattr(backbone, "set_width") else getattr(backbone, "capacity", None)
     warnings.warn(
         f"Preset {name!r} loaded the dense checkpoint {tag!r} as an initialisation: untrained are "
-        f"{'; '.join(parts)}. At {setting} it equals the dense checkpoint; at "
-        f"{setting.split('=')[0]} {current} it computes something close to meaningless until trained. "
-        f"Train the rest with {training_command(architecture, variant)}.",
+        f"{'; '.join(parts)}. {advice}",
         UntrainedWeightsWarning,
         stacklevel=3,
     )

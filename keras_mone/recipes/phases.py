@@ -68,9 +68,8 @@ def phase_recipes(recipe, name):
         if recipe["phase_learning_rates"]:
             raw["learning_rate"] = float(recipe["phase_learning_rates"][index])
         if index:
+            raw.update(method_of(recipe["architecture"]).later_phase(recipe))  # e.g. ACM's dense teacher
             raw["init_from"] = os.path.join(phases[-1]["output_dir"], "model.keras")
-            raw["teacher_from"] = recipe["teacher_from"] or recipe["init_from"]
-            raw["acm_init"] = schema.KEYS["acm_init"].default  # learners come from the previous phase
         phase_name = f"recipe {name!r}, phase {index + 1} ({mode})"
         if index:  # its init_from is written by the phase before
             saved, raw["init_from"] = raw["init_from"], ""

@@ -1,12 +1,13 @@
 """The keys of a training recipe: defaults, allowed values, checks.
 
 A recipe is one flat TOML table (``recipes/*.toml``); ``base = "_name"``
-inherits another file's keys. Every key is listed here once; unknown keys and
-bad values raise ``RecipeError`` naming the key and what it allows, before
-anything is built or trained.
+inherits another file's keys. The keys every recipe shares are listed here
+once (``COMMON_KEYS``); each method declares its own and their checks in its
+registry entry (``keras_mone.methods``), and ``KEYS`` is both, live. Unknown
+keys and bad values raise ``RecipeError`` naming the key and what it allows,
+before anything is built or trained.
 """
 
-import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -17,7 +18,16 @@ from keras_mone.data.video_pipeline import VIDEO_PREPROCESSINGS
 from keras_mone.layers.config import config_argument_names
 from keras_mone.methods.registry import ARCHITECTURES as BACKBONE_CLASSES
 from keras_mone.methods.registry import TASKS as TASK_CLASSES
-from keras_mone.methods.registry import ARCHITECTURE_MODES, MODE_NAMES, RegistryView, architectures
+from keras_mone.methods.registry import (
+    ARCHITECTURE_MODES,
+    MODE_NAMES,
+    RecipeKey,
+    RegistryView,
+    architectures,
+    key_owners,
+    method_of,
+    method_recipe_keys,
+)
 from keras_mone.training.distribution import DISTRIBUTIONS
 
 #: Live views of the method registry (a method registered later is accepted too).
@@ -36,43 +46,26 @@ class RecipeError(ValueError):
     """A recipe key or value is not valid."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Key:
-    default: object
-    kind: type | tuple
-    doc: str
-    choices: tuple | Mapping = ()  # a Mapping (registry view) offers its keys
-    low: float | None = None  # inclusive bounds of numbers
-    high: float | None = None
-    above: float | None = None  # exclusive lower bound
+Key = RecipeKey
 
 
 def _k(default, kind, doc, choices=(), low=None, high=None, above=None):
-    return Key(default, kind, doc, choices if isinstance(choices, Mapping) else tuple(choices), low, high, above)
+    return RecipeKey(default, kind, doc, choices, low, high, above)
 
 
-KEYS = {
+COMMON_KEYS = {
     "description": _k("", str, "one line shown by `keras-mone train --list`"),
     "base": _k("", str, "recipe whose keys this one inherits (files starting with _ are bases)"),
     # model
     "architecture": _k("vit", str, "backbone family", ARCHITECTURES),
     "variant": _k("S/16", str, "size/patch from keras_mone.models.VIT_SIZES, e.g. B/16"),
     "model_args": _k({}, dict, "other backbone / classifier arguments (e.g. hidden_dim, depth)"),
-    "capacity": _k(0.5, float, "MoNE effective capacity e_c to train (fixed) and evaluate at", high=1.0, above=0.0),
-    "beta_target": _k(0.5, (int, float), "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference", above=0.0, high=1.0),
-    "gate_tau": _k(0.833, (int, float), "ACM phase 2 (mode 'gates'): label = smallest n >= 2 with d(n) >= tau d(n-1) (the official code's factor 1.2 is tau 1/1.2)", above=0.0),
-    "acm_loss_weights": _k([0.1, 0.05, -0.05], list, "ACM phase 3 (mode 'end_to_end'): weights of L_budget, L_entropy and L_diversity (0.1, 0.05: the paper's; -0.05: its text writes +0.05, its intent and the official code subtract L_diversity, docs/methods.md; [0.1, 0, 0] is Fig. 8's budget loss alone)"),
-    "acm_init": _k("slices", str, "ACM mode 'distill': learners start as slices of the dense MLP (exact at k = N) or 'random' (the paper's: drawn afresh, then distilled)", ("slices", "random")),
-    "teacher_from": _k("", str, "ACM modes 'distill' / 'gates': the dense model (.keras file or 'preset:<name>') whose modules' outputs are the targets; '' = init_from"),
-    "router_type": _k("learned", str, "MoNE router", ("learned", "random")),
-    "width_fraction": _k(1.0, float, "MatViT width to evaluate at (1/8, 1/4, 1/2 or 1)", high=1.0, above=0.0),
     "num_classes": _k(0, int, "head size; 0 = the dataset's class count", low=0),
     "pooling": _k("gap", str, "pooling before the head", ("gap", "token")),
     "head_bias_init": _k(0.0, float, "initial head bias (AugReg: -10 i21k, -6.9 i1k)"),
     "dropout_rate": _k(0.0, float, "dropout in attention and MLP", low=0.0, high=0.99),
     "drop_path_rate": _k(0.0, float, "stochastic depth at the last block", low=0.0, high=0.99),
     "init_from": _k("", str, "video: a saved model (.keras) or 'preset:<name>' (a preset with weights): an image model (ViT / MoNE-ViT / MatViT) loaded into the spatial transformer, or a video model (e.g. a MatViT-ViViT) copied as a whole; '' = none"),
-    "init_prune": _k(False, bool, "architecture 'vit': init_from is a larger dense ViT whose first blocks, heads, features and MLP units start this smaller one (structured pruning: the converted isoFLOP dense baseline)"),
     # video (architecture vivit / mone_vivit / matvivit)
     "num_frames": _k(32, int, "video: frames per clip, fed to the model and sampled by the pipeline", low=1),
     "tubelet_size": _k(2, int, "video: frames per tubelet; must divide num_frames", low=1),
@@ -116,7 +109,6 @@ KEYS = {
     "label_smoothing": _k(0.0, float, "label smoothing of the softmax loss", low=0.0, high=0.99),
     # MoNE / MatViT training modes (MoNE Sec. 5)
     "mode": _k("fixed", str, "training mode, owned by the architecture's method (`keras-mone train --help` lists each architecture's; e.g. mone_vit: fixed/adaptive/isoflops/adaptive_isoflops, matvit: fixed/joint)", MODE_NAMES),
-    "adaptive_capacities": _k([round(0.15 + 0.1 * i, 2) for i in range(9)], list, "e_c values drawn per step (mode='adaptive' or 'adaptive_isoflops')"),
     # several training modes in one run directory (keras_mone.recipes.phases)
     "phases": _k([], list, "modes run in order, each from the previous one's weights, in one run directory (e.g. ACM's ['distill', 'gates', 'end_to_end']); [] = one run of `mode`"),
     "phase_epochs": _k([], list, "epochs of each phase (one per entry of `phases`); [] = `epochs` each"),
@@ -129,6 +121,26 @@ KEYS = {
     "checkpoint_steps": _k(1000, int, "steps between checkpoints (0 = epoch ends only)", low=0),
     "eval_batch_size": _k(0, int, "0 = batch_size", low=0),
 }
+
+
+class _RecipeKeys(Mapping):
+    """``COMMON_KEYS`` and every registered method's keys, live (a method
+    registered later brings its keys)."""
+
+    def _table(self):
+        return {**COMMON_KEYS, **method_recipe_keys()}
+
+    def __getitem__(self, name):
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+KEYS = _RecipeKeys()
 
 
 def _type_name(kind):
@@ -194,15 +206,11 @@ def _check_cross_keys(recipe, recipe_name):
             f"{recipe['architecture']!r}, got {recipe['mode']!r}."
         )
     _check_phases(recipe, allowed, fail)
+    _check_method_keys(recipe, fail)
     if recipe["dataset"] == "tfds" and not recipe["tfds_name"]:
         fail("dataset='tfds' needs key 'tfds_name' (e.g. 'imagenet2012').")
     if recipe["dataset"] == "image_folder" and not recipe["data_dir"]:
         fail("dataset='image_folder' needs key 'data_dir' (the folder holding <split>/<class>/ images).")
-    if recipe["init_prune"] and (recipe["architecture"] != "vit" or not recipe["init_from"]):
-        fail(
-            "key 'init_prune' needs architecture 'vit' (a dense ViT) and key 'init_from' (the larger dense ViT), "
-            f"got architecture {recipe['architecture']!r}, init_from {recipe['init_from']!r}."
-        )
     if recipe["label_smoothing"] and recipe["loss"] != "softmax":
         fail("key 'label_smoothing' needs loss='softmax'.")
     _check_video_keys(recipe, fail)
@@ -210,9 +218,6 @@ def _check_cross_keys(recipe, recipe_name):
     classes = bundled_classes.get(recipe["dataset"])
     if classes and recipe["num_classes"] not in (0, classes):
         fail(f"key 'num_classes' must be 0 or {classes} (the classes of dataset {recipe['dataset']!r}), got {recipe['num_classes']}.")
-    for value in recipe["adaptive_capacities"]:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            fail(f"key 'adaptive_capacities' must hold numbers in (0, 1], got {recipe['adaptive_capacities']!r}.")
     unused = changed_unused_keys(recipe)
     if unused:
         fail(
@@ -266,8 +271,24 @@ def _check_model_source(key, recipe, fail):
         fail(f"key {key!r}: model file {source!r} does not exist.")
 
 
+def _check_method_keys(recipe, fail):
+    """A method's keys stay at their defaults unless the recipe's method owns them;
+    keys naming a model name one that exists; then the method's own checks."""
+    method = method_of(recipe["architecture"])
+    for name, key in method_recipe_keys().items():
+        if name not in method.recipe_keys and recipe[name] != key.default:
+            owners = [a.name for owner in key_owners(name) for a in owner.architectures]
+            fail(
+                f"key {name!r} is for architecture {' / '.join(repr(a) for a in owners)}, not "
+                f"{recipe['architecture']!r} (set to {recipe[name]!r}); remove it from the recipe."
+            )
+        if key.model_source:
+            _check_model_source(name, recipe, fail)
+    method.check_recipe(recipe, fail)
+
+
 def _check_phases(recipe, allowed, fail):
-    """``phases`` name modes of the architecture, ``phase_*`` lists match them, ACM's keys fit the modes."""
+    """``phases`` name modes of the architecture and the ``phase_*`` lists match them."""
     phases = recipe["phases"]
     if phases and recipe["mode"] != KEYS["mode"].default:
         fail(f"set either key 'phases' ({phases!r}) or key 'mode' ({recipe['mode']!r}), not both.")
@@ -285,21 +306,6 @@ def _check_phases(recipe, allowed, fail):
             fail(f"key {key!r} needs one entry per phase ({len(phases)}: {phases}), got {values!r}.")
         if any(isinstance(v, bool) or not isinstance(v, kind) or not v > 0 or not math.isfinite(v) for v in values):
             fail(f"key {key!r} must hold {what}, got {values!r}.")
-    weights = recipe["acm_loss_weights"]
-    if len(weights) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in weights):
-        fail(
-            "key 'acm_loss_weights' must hold 3 finite numbers (weights of L_budget, L_entropy, L_diversity), "
-            f"got {weights!r}."
-        )
-    modes = phases or [recipe["mode"]]
-    if recipe["acm_init"] == "random" and modes[0] != "distill":
-        fail(
-            "key 'acm_init' = 'random' needs learner distillation first (mode 'distill', or 'distill' as the "
-            f"first of 'phases'), got {modes!r}."
-        )
-    if "distill" in modes and not (recipe["teacher_from"] or recipe["init_from"]):
-        fail("mode 'distill' needs the dense teacher: set key 'teacher_from' or 'init_from' (a dense ViT).")
-    _check_model_source("teacher_from", recipe, fail)
     if phases:
         _check_model_source("init_from", recipe, fail)
 
