@@ -19,6 +19,8 @@
 #   4. torch ViT-B/16 e_c 0.3, batch 64, float32, eager: forward on device and host input, timm peer
 #   5. jax   ViViT-FE-B/16 32x256x256, e_c 0.4, batch 1, float32, device input
 #   6. jax   ViViT-FE-B/16 32x256x256, e_c 0.3, batch 8, float32 + mixed_bfloat16, device input
+#   7. jax   run 1 at e_c 0.3, mixed_bfloat16, device input, with the CPU's explicit attention
+#            (KERAS_MONE_ATTENTION=explicit) against the GPU's fused default
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
 # markdown, plot and log lie in $OUT_DIR/<run>/.
@@ -83,7 +85,7 @@ bench() {  # bench NAME BACKEND ARGS...: one `keras-mone bench` process
     local t0=$SECONDS
     mkdir -p "$OUT_DIR/$name"
     # shellcheck disable=SC2086  # EXTRA_ARGS: one word per argument
-    KERAS_BACKEND="$backend" timeout "$STEP_TIMEOUT" "$PYTHON" -m keras_mone.cli.main bench "$@" "${COMMON[@]}" \
+    KERAS_MONE_ATTENTION="${ATTENTION:-}" KERAS_BACKEND="$backend" timeout "$STEP_TIMEOUT" "$PYTHON" -m keras_mone.cli.main bench "$@" "${COMMON[@]}" \
         --output "$OUT_DIR/$name" ${EXTRA_ARGS:-} >"$OUT_DIR/$name/log.txt" 2>&1
     local rc=$?
     echo "[gpu.sh] $name ($backend): exit $rc in $((SECONDS - t0)) s (total $((SECONDS - start)) s)"
@@ -101,6 +103,9 @@ bench vit_b16_b64_torch torch "${B16[@]}" --capacities 0.3 --batch-size 64 --pre
     --no-train-step "${torch_extra[@]}"
 bench vivit_b16_b1 jax "${VIVIT[@]}" --capacities 0.4 --batch-size 1 --precision float32
 bench vivit_b16_b8 jax "${VIVIT[@]}" --capacities 0.3 --batch-size 8 --precision float32,mixed_bfloat16
+# the CPU's attention form on the GPU: what the fused kernel (the GPU's default) gains, dense and MoNE alike
+ATTENTION=explicit bench vit_b16_b64_explicit_attention jax "${B16[@]}" --capacities 0.3 --batch-size 64 \
+    --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
 
 # -- 3. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
@@ -122,4 +127,4 @@ with open(report, "w") as f:
 print(f"[gpu.sh] wrote {report}")
 EOF
 echo "[gpu.sh] done in $((SECONDS - start)) s"
-[ "${#runs[@]}" -eq 6 ]
+[ "${#runs[@]}" -eq 7 ]

@@ -16,6 +16,7 @@ import time
 import keras
 import numpy as np
 
+from keras_mone.layers.platform_forms import attention_form
 from keras_mone.version import __version__ as KERAS_MONE_VERSION
 from keras_mone.bench.device import cpu_model, device_info, precision_policy
 from keras_mone.bench.memory import allocation_measure, peak_allocation_bytes
@@ -203,7 +204,7 @@ def _environment():
             pass
     env_vars = {
         k: os.environ[k]
-        for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "OPENBLAS_CORETYPE")
+        for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "OPENBLAS_CORETYPE", "KERAS_MONE_ATTENTION")
         if k in os.environ
     }
     return {
@@ -219,6 +220,7 @@ def _environment():
             "python": platform.python_version(),
         },
         "environment_variables": env_vars,
+        "attention_form": attention_form(),  # fused or explicit (layers.platform_forms)
     }
 
 

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.nested_dense import NestedDense, slice_point
+from keras_mone.layers.platform_forms import attention_form
 
 
 @register
@@ -116,7 +117,9 @@ def multi_head_attention(qkv, return_received_attention=False):
     its fused kernel). Per backend, the fastest exact form on CPU
     (``bench/block_profile.py``, BENCHMARKS.md):
 
-    * torch: ``ops.dot_product_attention`` (a fused kernel);
+    * torch, and every backend on a GPU or TPU: ``ops.dot_product_attention``
+      (a fused kernel; ``layers.platform_forms.attention_form``, which
+      ``$KERAS_MONE_ATTENTION`` overrides);
     * tensorflow: heads-first batched matmuls around TF's fused softmax;
     * jax: heads-first batched matmuls with the softmax normalisation
       deferred: ``(exp(s - max) v) / sum(exp(s - max))`` divides the
@@ -128,10 +131,11 @@ def multi_head_attention(qkv, return_received_attention=False):
     The exponentials and their sum are float32 whatever the compute dtype.
     """
     parts = list(qkv) if isinstance(qkv, (list, tuple)) else [qkv]
+    if not return_received_attention and attention_form() == "fused":
+        whole = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+        return ops.dot_product_attention(whole[:, :, 0], whole[:, :, 1], whole[:, :, 2])
     if keras.backend.backend() == "torch":
         parts = [parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)]
-        if not return_received_attention:
-            return ops.dot_product_attention(parts[0][:, :, 0], parts[0][:, :, 1], parts[0][:, :, 2])
     # Split, then heads first: the backward pass concatenates dq, dk, dv
     # (indexing a heads-first (3, B, H, N, d) tensor instead gave three padded
     # full-size gradients that every consumer summed: MoNE's step 5% slower).

@@ -1,0 +1,57 @@
+"""Which form of an operation a layer takes on this platform (CPU, GPU, TPU).
+
+The zoo's forms were measured on CPUs (BENCHMARKS.md), where explicit
+batched matmuls beat a fused attention kernel on jax and tensorflow. On an
+accelerator a fused kernel (cuDNN / flash attention through
+``keras.ops.dot_product_attention``) reads the (N, N) scores from on-chip
+memory instead of HBM; issue 40 asks for forms chosen per platform, the CPU
+keeping its measured ones. ``KERAS_MONE_ATTENTION`` overrides the choice
+("fused" or "explicit"), so both forms can be timed and compared on one
+machine (``keras-mone bench``). The forms are equal within float rounding
+(``tests/test_platform_forms.py``).
+"""
+
+import functools
+import os
+
+import keras
+
+ATTENTION_ENV = "KERAS_MONE_ATTENTION"
+ATTENTION_FORMS = ("fused", "explicit")
+
+
+@functools.lru_cache(maxsize=None)
+def accelerator(backend=None):
+    """``"gpu"``, ``"tpu"`` or ``"cpu"``: where ``backend`` (default: Keras') places new tensors."""
+    backend = backend or keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        platform = jax.default_backend()
+        return platform if platform in ("tpu", "cpu") else "gpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        for kind in ("TPU", "GPU"):
+            if tf.config.list_logical_devices(kind):
+                return kind.lower()
+        return "cpu"
+    if backend == "torch":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
+def attention_form():
+    """``"fused"`` (``keras.ops.dot_product_attention``) or ``"explicit"`` (batched
+    matmuls around the softmax): ``$KERAS_MONE_ATTENTION`` when set, else fused
+    on torch and on accelerators, explicit on jax's and tensorflow's CPU."""
+    chosen = os.environ.get(ATTENTION_ENV, "")
+    if chosen:
+        if chosen not in ATTENTION_FORMS:
+            raise ValueError(f"${ATTENTION_ENV} must be one of {list(ATTENTION_FORMS)} or unset, got {chosen!r}.")
+        return chosen
+    if keras.backend.backend() == "torch" or accelerator() != "cpu":
+        return "fused"
+    return "explicit"
