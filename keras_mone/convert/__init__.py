@@ -34,7 +34,8 @@ fresh model of the same configuration reproduces it.
 
 import os
 
-from keras_mone.convert import big_vision, keras_hub, mixer, timm
+from keras_mone.convert import big_vision, keras_hub, mixer, timm  # noqa: F401  (mixer registers its loader)
+from keras_mone.convert.loaders import loader_for, register_checkpoint_loader
 from keras_mone.convert.checkpoint_file import read_checkpoint_file
 from keras_mone.convert.vit_state import load_vit_state
 from keras_mone.convert.writer import write_checkpoint
@@ -63,15 +64,18 @@ def load_checkpoint(model, source, format, strict=True):
     ``strict=False`` skips those keys, warning with each key and its reason
     (the report's ``"unused"`` lists them too). Either way, a missing or
     misshaped weight is an error and nothing is written.
-    A Mixer model loads an MLP-Mixer checkpoint (``mixer.load_mixer_state``).
+    A backbone family with its own formats loads through the loader it registered
+    (``convert.loaders``): a Mixer model loads an MLP-Mixer checkpoint
+    (``mixer.load_mixer_state``).
     """
     name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
-    if isinstance(getattr(model, "backbone", model), mixer.MixerBackbone):  # MLP-Mixer: its own formats
-        mixer.check_mixer_model(model)
-        state = mixer.read_mixer_state(source, format)
-        return mixer.load_mixer_state(model, state, source=f"{format} checkpoint {name!r}", strict=strict)
+    family_loader = loader_for(model)  # e.g. MLP-Mixer's own formats (keras_mone.convert.loaders)
+    if family_loader is not None:
+        return family_loader(model, source, format, strict, name)
     state = read_vit_state(source, format)
     return load_vit_state(model, state, source=f"{format} checkpoint {name!r}", strict=strict)
 
 
-__all__ = ["FORMATS", "load_checkpoint", "load_vit_state", "read_vit_state", "write_checkpoint"]
+__all__ = [
+    "FORMATS", "load_checkpoint", "load_vit_state", "read_vit_state", "register_checkpoint_loader", "write_checkpoint",
+]

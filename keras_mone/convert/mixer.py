@@ -27,6 +27,7 @@ import warnings
 import numpy as np
 
 from keras_mone.convert.checkpoint_file import read_checkpoint_file
+from keras_mone.convert.loaders import register_checkpoint_loader
 from keras_mone.convert.keys import (
     STRICT_SCOPE,
     KeyReader,
@@ -234,3 +235,11 @@ def _head(state, targets):
     if found[-1] != wanted[-1]:
         return f"the head has {found[-1]} classes, the model {wanted[-1]}: build it with num_classes={found[-1]}"
     return None
+
+
+@register_checkpoint_loader(MixerBackbone)
+def _load_mixer_checkpoint(model, source, format, strict, name):
+    """``convert.load_checkpoint`` for Mixer models: MLP-Mixer's own formats."""
+    check_mixer_model(model)
+    state = read_mixer_state(source, format)
+    return load_mixer_state(model, state, source=f"{format} checkpoint {name!r}", strict=strict)
