@@ -11,7 +11,7 @@ expert at ``--capacity`` (Eq. 3 distribution, Algorithm 1 counts):
   matmul per expert group (the only parts whose MACs shrink with e_c);
 * ``attention_core``: ``softmax(q k^T) v`` over every token at full width;
 * ``gelu``: the exact GELU over the full 4D hidden width of every token;
-* ``block``: the whole ``MoNEBlock`` call, for comparison with the sum.
+* ``block``: the whole ``ViTBlock`` call, for comparison with the sum.
 
 On jax it also reports the temporary memory of the compiled forward pass
 (XLA's ``memory_analysis``) of one block and of the whole dense and MoNE
@@ -37,7 +37,7 @@ import time
 import keras
 
 from keras_mone.layers.attention import multi_head_attention
-from keras_mone.layers.block import MoNEBlock
+from keras_mone.layers.block import ViTBlock
 from keras_mone.routing import capacity_distribution, expert_token_counts
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "BENCHMARKS.md")
@@ -179,7 +179,7 @@ def block_parts(block, groups, widths, gates, seed=0):
 
 def profile(args):
     hidden, tokens = args.hidden_dim, args.tokens
-    block = MoNEBlock(hidden, args.num_heads, 4 * hidden, routed=True)
+    block = ViTBlock(hidden, args.num_heads, 4 * hidden, routed=True)
     block.build((None, None, hidden))
     num_experts = 4
     widths_all = [hidden // 2 ** (num_experts - 1 - j) for j in range(num_experts)]

@@ -3,7 +3,7 @@
 Issue 27 changes, each of which a variant undoes while the model is traced:
 
 * ``layers.nested_dense.after`` ties each nested weight slice to its block's
-  input and ``MoNEBlock`` runs its MLP groups one after the other (XLA's CPU
+  input and ``ViTBlock`` runs its MLP groups one after the other (XLA's CPU
   scheduler used to cut every block's slices at the start of the program and
   hold them all): variants ``unordered`` (``after`` = identity everywhere)
   and ``groups concurrent`` (slices tied, MLP groups free to overlap);

@@ -38,7 +38,7 @@ def test_static_methods_fix_their_own_capacity(num_experts):
     assert capacity_lib.static_effective_capacity("proportionate", num_experts) == pytest.approx(
         num_experts / np.sum(1 / w), abs=1e-15
     )
-    for method in capacity_lib.DISTRIBUTIONS:
+    for method in capacity_lib.CAPACITY_DISTRIBUTIONS:
         assert capacity_lib.static_effective_capacity(method, num_experts) is None
 
 

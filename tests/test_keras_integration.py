@@ -14,7 +14,7 @@ LAYERS = {
     "NestedDense": lambda: layers.NestedDense(16),
     "NestedMLP": lambda: layers.NestedMLP(D, 2 * D),
     "MoNEAttention": lambda: layers.MoNEAttention(D, 4),
-    "MoNEBlock": lambda: layers.MoNEBlock(D, 4, 2 * D),
+    "ViTBlock": lambda: layers.ViTBlock(D, 4, 2 * D),
     "Router": lambda: layers.Router(4),
 }
 

@@ -253,11 +253,11 @@ class TestNestedMLP:
 
 
 # --------------------------------------------------------------------------
-# MoNEBlock (Eq. 1 with pre-LayerNorm)
+# ViTBlock (Eq. 1 with pre-LayerNorm)
 # --------------------------------------------------------------------------
-class TestMoNEBlock:
+class TestViTBlock:
     def make(self, routed):
-        block = built(layers.MoNEBlock(D, HEADS, MLP, routed=routed), (None, None, D), seed=3)
+        block = built(layers.ViTBlock(D, HEADS, MLP, routed=routed), (None, None, D), seed=3)
         return block
 
     def test_dense_block_matches_reference(self):
@@ -312,7 +312,7 @@ class TestMoNEBlock:
         # tokens of one example split over expert groups, every group of that
         # example must see the same keep/drop decision. The MLP branch is zeroed
         # so that out - in is exactly the (dropped or kept) attention branch.
-        block = layers.MoNEBlock(D, HEADS, MLP, routed=True, drop_path_rate=0.5)
+        block = layers.ViTBlock(D, HEADS, MLP, routed=True, drop_path_rate=0.5)
         block.build((None, None, D))
         randomize_weights(block, seed=13)
         block.mlp.fc2.kernel.assign(np.zeros((MLP, D), "float32"))
@@ -331,7 +331,7 @@ class TestMoNEBlock:
             block(groups, widths=WIDTHS, gates=gates)
 
     def test_alpha_starts_at_zero_and_is_constrained(self):
-        block = layers.MoNEBlock(D, HEADS, MLP, routed=True)
+        block = layers.ViTBlock(D, HEADS, MLP, routed=True)
         block.build((None, None, D))
         assert float(to_numpy(block.alpha)) == 0.0
         clip = block.alpha.constraint
@@ -434,7 +434,7 @@ PUBLIC_LAYERS = {
     "NestedDense": lambda: layers.NestedDense(24, use_bias=False, bias_initializer="ones"),
     "MoNEAttention": lambda: layers.MoNEAttention(D, HEADS, use_bias=False, dropout_rate=0.1),
     "NestedMLP": lambda: layers.NestedMLP(D, MLP, dropout_rate=0.2),
-    "MoNEBlock": lambda: layers.MoNEBlock(D, HEADS, MLP, routed=True, drop_path_rate=0.1, layer_norm_epsilon=1e-5),
+    "ViTBlock": lambda: layers.ViTBlock(D, HEADS, MLP, routed=True, drop_path_rate=0.1, layer_norm_epsilon=1e-5),
     "PatchEmbedding": lambda: layers.PatchEmbedding(
         (16, 24), 8, D, num_channels=1, use_class_token=True, use_position_embedding=False
     ),
@@ -500,7 +500,7 @@ def test_half_open_unit_interval_serialises():
 
 
 def test_routed_block_round_trip_keeps_outputs():
-    block = layers.MoNEBlock(D, HEADS, MLP, routed=True)
+    block = layers.ViTBlock(D, HEADS, MLP, routed=True)
     block.build((None, None, D))
     randomize_weights(block, seed=8)
     clone = config_roundtrip(block)

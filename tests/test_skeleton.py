@@ -66,8 +66,8 @@ def test_mone_block_records_agree_with_the_router_lists():
 
 
 def test_score_gate_scales_the_whole_update():
-    block = layers.MoNEBlock(D, HEADS, MLP, gate="score")
-    plain = layers.MoNEBlock(D, HEADS, MLP)
+    block = layers.ViTBlock(D, HEADS, MLP, gate="score")
+    plain = layers.ViTBlock(D, HEADS, MLP)
     x = keras.random.normal((BATCH, 5, D), seed=1)
     block.build(x.shape), plain.build(x.shape)
     plain.set_weights(block.get_weights())
@@ -80,13 +80,13 @@ def test_score_gate_scales_the_whole_update():
 def test_block_takes_attention_and_mlp_parts_and_round_trips(tmp_path):
     class_name = "keras_mone>NestedMLP"
     mlp = layers.NestedMLP(D, 2 * MLP, name="wide_mlp")
-    block = layers.MoNEBlock(D, HEADS, MLP, mlp=mlp, gate="mone", alpha_init=0.25)
+    block = layers.ViTBlock(D, HEADS, MLP, mlp=mlp, gate="mone", alpha_init=0.25)
     x = keras.random.normal((BATCH, 5, D), seed=1)
     y = block(x)
     assert block.mlp is mlp and block.mlp.fc1.kernel.shape == (D, 2 * MLP)
     config = block.get_config()
     assert config["mlp"]["registered_name"] == class_name and config["attention"] is None
-    restored = layers.MoNEBlock.from_config(config)
+    restored = layers.ViTBlock.from_config(config)
     restored.build(x.shape)
     restored.set_weights(block.get_weights())
     assert_f32_close(to_numpy(restored(x)), to_numpy(y), ulps=0)
@@ -94,7 +94,7 @@ def test_block_takes_attention_and_mlp_parts_and_round_trips(tmp_path):
 
 def test_bad_gate_names_the_argument():
     with pytest.raises(ValueError, match="`gate`"):
-        layers.MoNEBlock(D, HEADS, MLP, gate="sigmoid")
+        layers.ViTBlock(D, HEADS, MLP, gate="sigmoid")
 
 
 def test_video_forms_are_derived_from_the_image_classes():

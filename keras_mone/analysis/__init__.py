@@ -19,7 +19,7 @@ from keras_mone.analysis.token_importance import importance_vs_score, leave_one_
 from keras_mone.analysis.token_maps import spearman, token_record
 from keras_mone.analysis.routing_plot import plot_routing, routing_grid, routing_map
 from keras_mone.analysis.throughput import images_per_second
-from keras_mone.analysis.token_merging import merged_gmacs, merging_tokens, token_merging_sweep
+from keras_mone.analysis.merging_sweep import merged_gmacs, merging_tokens, token_merging_sweep
 
 __all__ = [
     "argmax_compute",

@@ -16,7 +16,7 @@ from keras_mone.analysis.flops import flops
 from keras_mone.models.weight_transfer import relative_weight_paths
 from keras_mone.routing import capacity as capacity_lib
 
-DYNAMIC_METHODS = tuple(capacity_lib.DISTRIBUTIONS)
+DYNAMIC_METHODS = tuple(capacity_lib.CAPACITY_DISTRIBUTIONS)
 
 
 def model_variant(model, **backbone_overrides):
@@ -56,7 +56,7 @@ def table2_settings(num_experts=4, capacities=(0.3, 0.4), methods=capacity_lib.C
     if unknown:
         raise ValueError(f"Unknown capacity methods {unknown}; choose from {list(capacity_lib.CAPACITY_METHODS)}.")
     static = {
-        m: capacity_lib.static_effective_capacity(m, num_experts) for m in capacity_lib.STATIC_DISTRIBUTIONS if m in methods
+        m: capacity_lib.static_effective_capacity(m, num_experts) for m in capacity_lib.STATIC_CAPACITY_DISTRIBUTIONS if m in methods
     }
     dynamic = [m for m in DYNAMIC_METHODS if m in methods]
     settings = [(m, e_c) for e_c in sorted(set(capacities) | set(static.values())) for m in dynamic]

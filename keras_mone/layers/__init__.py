@@ -4,7 +4,7 @@ from keras_mone.layers.acm import ACMMLP
 from keras_mone.layers.acm_gate import ACMGate
 from keras_mone.layers.acm_linear import ACMLinear
 from keras_mone.layers.attention import MoNEAttention
-from keras_mone.layers.block import MoNEBlock
+from keras_mone.layers.block import MoNEBlock, ViTBlock  # noqa: F401  (MoNEBlock: deprecated alias, not in __all__)
 from keras_mone.layers.gates import HalfOpenUnitInterval
 from keras_mone.layers.mixer import MixerBlock, MlpBlock, SparseMixerBlock
 from keras_mone.layers.mlp import NestedMLP
@@ -27,7 +27,6 @@ __all__ = [
     "MixerBlock",
     "MlpBlock",
     "MoNEAttention",
-    "MoNEBlock",
     "NestedDense",
     "NestedMLP",
     "PatchEmbedding",
@@ -39,5 +38,6 @@ __all__ = [
     "SparseMixerBlock",
     "SparseMoE",
     "TubeletEmbedding",
+    "ViTBlock",
     "inflate_patch_kernel",
 ]

@@ -3,7 +3,7 @@
 import keras
 
 from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
-from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.config import ConfigMixin, register, register_old_name
 from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, pad_features
@@ -12,7 +12,7 @@ from keras_mone.layers.regularization import DropPath
 
 
 @register
-class MoNEBlock(ConfigMixin, keras.layers.Layer):
+class ViTBlock(ConfigMixin, keras.layers.Layer):
     """Pre-LayerNorm ViT block over token groups of nested widths, built from parts.
 
     The parts are its attention (``MoNEAttention`` unless given), its MLP
@@ -116,7 +116,7 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         if not groups:  # every token dropped (mod_greedy): the block is skipped
             return []
         if gates is not None and self.gate is None and any(g is not None for g in gates):
-            raise ValueError(f"MoNEBlock '{self.name}' got `gates` but was built without a gate (gate=None, routed=False).")
+            raise ValueError(f"ViTBlock '{self.name}' got `gates` but was built without a gate (gate=None, routed=False).")
         if packable(self, groups, gates, training, return_received_attention):
             outputs = packed_block(self, groups, widths, gates, training)  # torch: fewer ops and layer calls
             return outputs[0] if single else outputs
@@ -155,6 +155,19 @@ class MoNEBlock(ConfigMixin, keras.layers.Layer):
         return outputs, keras.KerasTensor(tuple(first.shape[:2]), dtype="float32")
 
 
+# Keras keys the weights of a layer held in a list (a backbone's ``blocks``,
+# a functional model's layers) by its class ``__name__`` in snake case, and
+# names an unnamed layer after it: "mo_ne_block" in every file saved before
+# the rename. The class keeps that ``__name__`` so those files load and no
+# weight path or default layer name changes (summaries and Keras' messages
+# show "MoNEBlock"); it is registered as "keras_mone>ViTBlock".
+ViTBlock.__name__ = "MoNEBlock"
+register_old_name(ViTBlock, "MoNEBlock")  # configs of .keras files saved before the rename
+
+MoNEBlock = ViTBlock
+"""Deprecated alias of ``ViTBlock``, kept for one release."""
+
+
 def _part(layer):
     """A layer given as a part, or its serialized config (``from_config``)."""
     if layer is None or isinstance(layer, keras.layers.Layer):
@@ -177,7 +190,7 @@ def block_stack(
     dropout_rate, dtype)`` likewise the attention part (ACM's ``ACMAttention``)."""
     gates = gates or {}
     return [
-        MoNEBlock(
+        ViTBlock(
             hidden_dim, num_heads, mlp_dim,
             gate=gates.get(index),
             alpha_init=alpha_init if gates.get(index) == "mone" else 0.0,

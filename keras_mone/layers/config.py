@@ -17,6 +17,14 @@ def register(cls):
     return keras.saving.register_keras_serializable(package=PACKAGE)(cls)
 
 
+def register_old_name(cls, old_name):
+    """Lets configs that name ``cls`` by its former name ``old_name`` load as ``cls``.
+
+    Configs are still written under the registered (new) name.
+    """
+    keras.saving.get_custom_objects()[f"{PACKAGE}>{old_name}"] = cls
+
+
 class ConfigMixin:
     """``get_config`` from the ``__init__`` signature (arguments stored as attributes)."""
 

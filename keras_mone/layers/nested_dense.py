@@ -205,7 +205,7 @@ def after(value, tensor):
     MoNE-ViT-B/16 against 46 MiB dense, issue 27). Adding an exact zero taken
     from ``tensor`` (the block's input) ties the copy to the block, so one
     block's slices are alive at a time; the add fuses into the copy. Also
-    used to run a block's token groups one after the other (``MoNEBlock``).
+    used to run a block's token groups one after the other (``ViTBlock``).
     """
     if keras.backend.backend() != "jax":
         return value

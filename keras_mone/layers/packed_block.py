@@ -1,4 +1,4 @@
-"""``MoNEBlock`` on torch with its token groups packed into one token-major row tensor.
+"""``ViTBlock`` on torch with its token groups packed into one token-major row tensor.
 
 Eager torch pays on the host for every op (Keras' dispatch, then a kernel
 launch), and a MoNE block that runs each token group through its own
@@ -14,7 +14,7 @@ GELU also run once over all groups; on the CPU they run per group, in cache
 (``fuse_groups``). Sub-layers are read, not called: the only layer calls are
 the two LayerNorms.
 
-Each token sees the operations of the generic path (``MoNEBlock.call``) in the
+Each token sees the operations of the generic path (``ViTBlock.call``) in the
 same order, so outputs agree to float32 rounding. Used on torch when the block
 has its default parts, a gate of ``None`` or "mone", no active dropout and no
 request for received attention (``packable``); everything else takes the

@@ -24,7 +24,7 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
         sequence_length: tokens per input sequence (without the class token).
         hidden_dim, depth, num_heads, mlp_dim: transformer size.
         use_class_token: prepend a class token (its output is the first token).
-        dropout_rate, drop_path_rate, layer_norm_epsilon: as in ``MoNEBlock``;
+        dropout_rate, drop_path_rate, layer_norm_epsilon: as in ``ViTBlock``;
             the drop-path rate rises linearly to ``drop_path_rate``.
     """
 

@@ -1,5 +1,6 @@
 """Models of keras_mone: backbones (dense, MoNE, MatViT, MoD and A-MoD ViTs and ViViTs) and tasks."""
 
+from keras_mone.models.acm_transfer import acm_from_dense
 from keras_mone.models.acm_vit_backbone import ACMViTBackbone
 from keras_mone.models.backbone import Backbone
 from keras_mone.models.dense_pruning import prune_dense_vit
@@ -24,7 +25,7 @@ from keras_mone.models.vivit_backbone import (
     ViViTBackbone,
     video_form,
 )
-from keras_mone.models.weight_transfer import sparse_mlp_from_mixer, transfer_weights
+from keras_mone.models.weight_transfer import copy_matching_weights, sparse_mlp_from_mixer, transfer_weights
 
 __all__ = [
     "ACMViTBackbone",
@@ -50,6 +51,8 @@ __all__ = [
     "ViTBackbone",
     "ViViTBackbone",
     "VideoClassifier",
+    "acm_from_dense",
+    "copy_matching_weights",
     "forward_with_record",
     "decode_variant",
     "load_image_weights",

@@ -3,7 +3,7 @@
 import numpy as np
 from keras import ops
 
-from keras_mone.models.weight_transfer import copy_by_path, relative_weight_paths, transfer_weights
+from keras_mone.models.weight_transfer import copy_matching_weights
 
 
 def acm_from_dense(source, target):
@@ -21,19 +21,30 @@ def acm_from_dense(source, target):
     random initialisation instead (its phase 1), which can follow.
 
     Without projections to convert (a target without ``acm_projections``, or
-    a source that has them too) it is ``transfer_weights``; recipes'
-    ``init_from`` copies image models through it. Both models are built
+    a source that has them too) it is ``transfer_weights``. It is
+    ``copy_matching_weights`` (recipes' ``init_from``), whose hook for an
+    ACM-ViT is ``dense_attention_conversion``. Both models are built
     backbones or both classifiers. Returns the sorted
     paths of ``target`` left at their initialisation (the gates, and for
     ACM projections nothing else). Raises ``ValueError`` (nothing copied) if
     a source weight fits nowhere or a shape differs.
     """
-    backbone = getattr(target, "backbone", target)
+    return copy_matching_weights(source, target)
+
+
+def dense_attention_conversion(backbone, source, target, source_weights):
+    """ACM's ``weight_conversion`` hook of ``copy_matching_weights`` (``backbone``: the target's).
+
+    With ``acm_projections`` (and a source without them), pops each block's
+    dense ``attention/qkv`` and ``attention/out`` weights out of
+    ``source_weights`` and returns the step that sets the block's
+    ``ACMAttention`` from them by SVD; ``None`` otherwise. Raises
+    ``ValueError`` if a block's dense attention kernels are missing.
+    """
     if not getattr(backbone, "acm_projections", False) or getattr(
         getattr(source, "backbone", source), "acm_projections", False
     ):  # no projections to convert: weight by weight
-        return transfer_weights(source, target)
-    source_weights, target_weights = relative_weight_paths(source), relative_weight_paths(target)
+        return None
     prefix = "backbone/" if backbone is not target else ""
     dense_attention = {}
     for index in range(backbone.depth):
@@ -46,12 +57,12 @@ def acm_from_dense(source, target):
             np.asarray(ops.convert_to_numpy(source_weights.pop(name))) if name in source_weights else None
             for name in names
         ]
-    copy_by_path(source_weights, target_weights, f"Cannot start '{target.name}' from '{source.name}'")
-    loaded = set(source_weights)
-    for index, (qkv_kernel, qkv_bias, out_kernel, out_bias) in dense_attention.items():
-        attention = backbone.blocks[index].attention
-        attention.load_dense(qkv_kernel, qkv_bias, out_kernel, out_bias)
-        loaded.update(
-            path for path in target_weights if path.startswith(f"{prefix}block_{index}/attention/")
-        )
-    return sorted(set(target_weights) - loaded)
+
+    def set_converted(target_weights):
+        loaded = set()
+        for index, (qkv_kernel, qkv_bias, out_kernel, out_bias) in dense_attention.items():
+            backbone.blocks[index].attention.load_dense(qkv_kernel, qkv_bias, out_kernel, out_bias)
+            loaded.update(path for path in target_weights if path.startswith(f"{prefix}block_{index}/attention/"))
+        return loaded
+
+    return set_converted

@@ -13,7 +13,8 @@ With ``acm_projections=True`` (the paper's ViT setting, Sec. 4) the Q, K, V
 and output projections are ``ACMLinear`` modules too (``ACMAttention``: ``N``
 low-rank learners each, counts ``1..N``, one gate per projection, the
 attention itself dense). Their weights have no dense counterpart by path:
-``models.acm_transfer.acm_from_dense`` copies the rest and sets the
+``models.acm_transfer.acm_from_dense`` (and ``init_from``, through this
+backbone's ``weight_conversion`` hook) copies the rest and sets the
 projections by truncated SVD of the dense kernels.
 
 Execution: ``"exact"`` (training and the reference: every token gets the
@@ -48,6 +49,7 @@ from keras_mone.layers.acm_attention import PROJECTIONS, ACMAttention
 from keras_mone.layers.acm_gate import ACMGate
 from keras_mone.arguments import integer
 from keras_mone.layers.config import register
+from keras_mone.models.acm_transfer import dense_attention_conversion
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.routing.acm_quotas import check_beta
 
@@ -127,6 +129,10 @@ class ACMViTBackbone(ViTBackbone):
             hidden_dim, num_heads, num_learners=self.num_learners, rank=self.projection_rank, beta=self.beta,
             dropout_rate=dropout_rate, dtype=dtype, name="attention",
         )
+
+    def weight_conversion(self, source, target, source_weights):
+        """``copy_matching_weights``' hook: dense attention kernels -> ACM projections by SVD."""
+        return dense_attention_conversion(self, source, target, source_weights)
 
     def acm_module_names(self):
         """Names of the ACM modules in the record's order: ``block_{i}/mlp`` for

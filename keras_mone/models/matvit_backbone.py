@@ -20,7 +20,7 @@ class MatViTBackbone(ViTBackbone):
     At width ``d`` every token's QKV and MLP in-projections read its first
     ``d`` features and the attention-output and MLP out-projections write its
     first ``d`` features (zero-padded to ``D`` for the residual); attention
-    scores and LayerNorms stay at ``D`` (``MoNEBlock`` with ``widths=[d]``).
+    scores and LayerNorms stay at ``D`` (``ViTBlock`` with ``widths=[d]``).
     At ``width_fraction=1`` it is the dense ``ViTBackbone`` with the same weights.
 
     Widths are static, so a width change retraces: ``set_width`` switches an

@@ -23,7 +23,7 @@ class MoNEViTBackbone(ViTBackbone):
     Expert Preferred Routing (Algorithm 1) assigns each example's tokens with
     exact static counts from the capacity distribution (Eq. 3). The tokens are
     then *grouped by expert once*, and every block runs each group on its own
-    contiguous slice at its own width (``MoNEBlock``): nothing is computed at
+    contiguous slice at its own width (``ViTBlock``): nothing is computed at
     full width and masked. A routing decision holds until the next router
     (Sec. 6); blocks before the first router run at full width. Outputs come
     back in the original token order.

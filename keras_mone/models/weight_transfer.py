@@ -1,4 +1,4 @@
-"""Copying weights between models that share a layout (dense ViT -> MoNE-ViT)."""
+"""Copying weights between models that share a layout (dense ViT -> MoNE-ViT, MatViT, MoD, ACM)."""
 
 from keras import ops
 
@@ -44,6 +44,31 @@ def transfer_weights(source, target):
     source_weights, target_weights = relative_weight_paths(source), relative_weight_paths(target)
     copy_by_path(source_weights, target_weights, f"Cannot transfer weights from '{source.name}' to '{target.name}'")
     return sorted(set(target_weights) - set(source_weights))
+
+
+def copy_matching_weights(source, target):
+    """Copies ``source`` into ``target`` weight by weight; recipes' ``init_from`` copy.
+
+    ``transfer_weights`` with one hook for weights that change form between
+    architectures: a target backbone's ``weight_conversion(source, target,
+    source_weights)`` may pop the source weights it converts out of
+    ``source_weights`` (``{relative path: variable}``) and return a function
+    ``set_converted(target_weights)`` that sets them once the rest is copied
+    by path and returns the target paths it set. The hook returns ``None``
+    when there is nothing to convert and raises ``ValueError`` before
+    anything is copied; ACM's is ``ACMViTBackbone.weight_conversion``. Returns the
+    sorted paths of ``target`` left at their initialisation.
+    """
+    hook = getattr(getattr(target, "backbone", target), "weight_conversion", None)
+    source_weights, target_weights = relative_weight_paths(source), relative_weight_paths(target)
+    set_converted = None if hook is None else hook(source, target, source_weights)
+    if set_converted is None:
+        context = f"Cannot transfer weights from '{source.name}' to '{target.name}'"
+    else:
+        context = f"Cannot start '{target.name}' from '{source.name}'"
+    copy_by_path(source_weights, target_weights, context)
+    loaded = set(source_weights) | (set() if set_converted is None else set(set_converted(target_weights)))
+    return sorted(set(target_weights) - loaded)
 
 
 def copy_by_path(source_weights, target_weights, context):

@@ -1,12 +1,11 @@
 """The classifier a recipe trains: ``{**size table, **recipe keys, **model_args}``."""
 
-from keras_mone.models.acm_transfer import acm_from_dense
 from keras_mone.models.dense_pruning import prune_dense_vit
 from keras_mone.methods.registry import architectures, method_of
 from keras_mone.models.video_init import load_image_weights
 from keras_mone.models.vit_backbone import ViTBackbone
 from keras_mone.models.vivit_backbone import ViViTBackbone
-from keras_mone.models.weight_transfer import relative_weight_paths
+from keras_mone.models.weight_transfer import copy_matching_weights, relative_weight_paths
 from keras_mone.models.weights_file import load_saved_model
 from keras_mone.recipes.schema import PRESET_PREFIX, allowed_args
 
@@ -74,8 +73,8 @@ def _saved_model(path):
 def _copy_with_head(saved, backbone, model):
     same_head = saved is not backbone and tuple(saved.head.kernel.shape) == tuple(model.head.kernel.shape)
     if same_head:
-        return acm_from_dense(saved, model)  # transfer_weights unless ACM projections need the SVD
-    left = acm_from_dense(backbone, model.backbone)
+        return copy_matching_weights(saved, model)  # by path, plus the target's conversions (ACM: SVD)
+    left = copy_matching_weights(backbone, model.backbone)
     return sorted(left + [p for p in relative_weight_paths(model) if not p.startswith("backbone/")])
 
 
@@ -86,13 +85,13 @@ def init_from_saved_model(model, path, prune=False):
     A model whose backbone is of the model's own class (e.g. a Mixer or
     Sparse-MLP into the same) is copied weight by weight, its head too when
     the class counts agree. Image classifiers copy an image model of the same layout weight by weight
-    (``transfer_weights``: e.g. a dense ViT into MoD / A-MoD / MoNE, whose
+    (``copy_matching_weights``: e.g. a dense ViT into MoD / A-MoD / MoNE, whose
     routers keep their initialisation), its head too when the class counts
     agree. For a video classifier, an image model (``.keras``: ``ImageClassifier`` or ViT / MoNE-ViT / MatViT
     backbone) fills the spatial transformer (``load_image_weights``, central-frame
     inflation). A video model (any ViViT, e.g. the MatViT-ViViT baseline the MoNE
     paper starts its video models from, Sec. 4.4) is copied weight by weight
-    (``transfer_weights``), its head too when the class counts agree. Raises
+    (``copy_matching_weights``), its head too when the class counts agree. Raises
     ``ValueError`` if the file is missing or does not fit; returns the paths of
     ``model`` left at their initialisation.
 

@@ -28,7 +28,7 @@ from keras_mone.methods.registry import (
     method_of,
     method_recipe_keys,
 )
-from keras_mone.training.distribution import DISTRIBUTIONS
+from keras_mone.training.distribution import DISTRIBUTION_STRATEGIES
 
 #: Live views of the method registry (a method registered later is accepted too).
 ARCHITECTURES = ARCHITECTURE_MODES
@@ -114,7 +114,7 @@ COMMON_KEYS = {
     "phase_epochs": _k([], list, "epochs of each phase (one per entry of `phases`); [] = `epochs` each"),
     "phase_learning_rates": _k([], list, "peak learning rate of each phase (one per entry of `phases`); [] = `learning_rate` each"),
     # infrastructure
-    "distribution": _k("none", str, "multi-device training; auto = data_parallel over every local GPU/TPU when there are several, else none", DISTRIBUTIONS),
+    "distribution": _k("none", str, "multi-device training; auto = data_parallel over every local GPU/TPU when there are several, else none", DISTRIBUTION_STRATEGIES),
     "model_parallel_size": _k(2, int, "devices on the model axis (distribution='model_parallel')", low=1),
     "seed": _k(0, int, "seed of initialisation, shuffling and augmentation", low=0),
     "output_dir": _k("", str, "run directory; '' = runs/<recipe name>"),

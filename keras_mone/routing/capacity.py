@@ -187,21 +187,24 @@ def mod_greedy_distribution(effective_capacity, num_experts=4):
     return c
 
 
-DISTRIBUTIONS = {
+CAPACITY_DISTRIBUTIONS = {
     "mone": capacity_distribution,
     "greedy": greedy_distribution,
     "mod_greedy": mod_greedy_distribution,
 }
-"""Dynamic-budget distributions, ``fn(effective_capacity, num_experts)``."""
+"""Dynamic-budget distributions of tokens over experts, ``fn(effective_capacity, num_experts)``."""
 
-STATIC_DISTRIBUTIONS = {
+STATIC_CAPACITY_DISTRIBUTIONS = {
     "uniform": uniform_distribution,
     "proportionate": proportionate_distribution,
 }
 """Static-budget distributions of Table 2, ``fn(num_experts)``: each fixes its
 own e_c (0.47 and 0.27 at E = 4), which is why the paper calls them inflexible."""
 
-CAPACITY_METHODS = tuple(DISTRIBUTIONS) + tuple(STATIC_DISTRIBUTIONS)
+DISTRIBUTIONS = CAPACITY_DISTRIBUTIONS  # former name, kept for one release
+STATIC_DISTRIBUTIONS = STATIC_CAPACITY_DISTRIBUTIONS  # former name, kept for one release
+
+CAPACITY_METHODS = tuple(CAPACITY_DISTRIBUTIONS) + tuple(STATIC_CAPACITY_DISTRIBUTIONS)
 """Every ``capacity_method`` of MoNE models (Table 2's columns; "mone" = Eq. 3)."""
 
 STATIC_CAPACITY_TOLERANCE = 0.005
@@ -212,9 +215,9 @@ STATIC_CAPACITY_TOLERANCE = 0.005
 def static_effective_capacity(method, num_experts=4):
     """The e_c a static method runs at (``None`` for a dynamic-budget one)."""
     _check_method(method)
-    if method not in STATIC_DISTRIBUTIONS:
+    if method not in STATIC_CAPACITY_DISTRIBUTIONS:
         return None
-    return effective_capacity(STATIC_DISTRIBUTIONS[method](num_experts))
+    return effective_capacity(STATIC_CAPACITY_DISTRIBUTIONS[method](num_experts))
 
 
 def method_capacity(method, effective_capacity, num_experts=4):
@@ -233,18 +236,18 @@ def method_capacity(method, effective_capacity, num_experts=4):
         raise ValueError(
             f"`capacity_method`={method!r} fixes the effective capacity at {own:.6g} with "
             f"{num_experts} experts (a static budget, MoNE Table 2), got `capacity`={requested}. "
-            f"Pass capacity={own:.6g}, or a dynamic method ({', '.join(DISTRIBUTIONS)}) for other budgets."
+            f"Pass capacity={own:.6g}, or a dynamic method ({', '.join(CAPACITY_DISTRIBUTIONS)}) for other budgets."
         )
     return own
 
 
 def distribution_for(method, effective_capacity, num_experts):
     """Capacities of a named method (see ``CAPACITY_METHODS``) at ``effective_capacity``."""
-    if method in STATIC_DISTRIBUTIONS:
+    if method in STATIC_CAPACITY_DISTRIBUTIONS:
         method_capacity(method, effective_capacity, num_experts)
-        return STATIC_DISTRIBUTIONS[method](num_experts)
+        return STATIC_CAPACITY_DISTRIBUTIONS[method](num_experts)
     _check_method(method)
-    return DISTRIBUTIONS[method](effective_capacity, num_experts=num_experts)
+    return CAPACITY_DISTRIBUTIONS[method](effective_capacity, num_experts=num_experts)
 
 
 def _check_method(method):

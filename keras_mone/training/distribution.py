@@ -23,7 +23,9 @@ import warnings
 
 import keras
 
-DISTRIBUTIONS = ("none", "data_parallel", "model_parallel", "auto")
+DISTRIBUTION_STRATEGIES = ("none", "data_parallel", "model_parallel", "auto")
+"""The ``distribution`` kinds ``distribution_scope`` takes (multi-device strategies)."""
+DISTRIBUTIONS = DISTRIBUTION_STRATEGIES  # former name, kept for one release
 
 #: Full-path regexes (``re.fullmatch`` since Keras 3.14) -> sharding of ViT weights.
 VIT_LAYOUT = {
@@ -74,8 +76,8 @@ def resolve(kind, backend=None):
 def check_supported(kind, backend=None):
     """Raises a clear error if ``kind`` cannot run on ``backend``."""
     backend = backend or keras.backend.backend()
-    if kind not in DISTRIBUTIONS:
-        raise ValueError(f"`distribution` must be one of {DISTRIBUTIONS}, got {kind!r}.")
+    if kind not in DISTRIBUTION_STRATEGIES:
+        raise ValueError(f"`distribution` must be one of {DISTRIBUTION_STRATEGIES}, got {kind!r}.")
     if kind in ("none", "auto"):
         return
     if backend == "torch":

@@ -1,4 +1,6 @@
-"""Token merging on a trained model (MoNE App. A.2, Fig. 10): accuracy against GMACs, with and without ToMe.
+"""The token-merging sweep of a trained model (MoNE App. A.2, Fig. 10): accuracy against GMACs, with and without ToMe.
+
+The merging itself is ``keras_mone.routing.token_merging``; this module runs models with it.
 
 ``merging_tokens(model, merges)`` is a context in which ``model`` (a dense
 ViT or a MoNE-ViT classifier) merges tokens as
