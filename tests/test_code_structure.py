@@ -118,3 +118,35 @@ def test_module_is_small_and_imports_no_private_keras(name, path):
     text = path.read_text()
     assert len(text.splitlines()) <= MAX_LINES, f"{name} has {len(text.splitlines())} lines (at most {MAX_LINES})"
     assert "keras.src" not in text, f"{name} imports keras.src"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def _functions(tree, prefix=""):
+    """``(qualified name, def line, length in lines)`` of every function in ``tree``, nested ones too."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node.lineno, node.end_lineno - node.lineno + 1  # lineno: the def, not a decorator
+            yield from _functions(node, f"{prefix}{node.name}.<locals>.")
+        elif isinstance(node, ast.ClassDef):
+            yield from _functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from _functions(node, prefix)
+
+
+def test_no_long_functions_or_modules():
+    # Issue 41: no library function over 80 lines (counted from `def` to its
+    # last line, decorators excluded), no module over 400 lines.
+    too_long = []
+    for name, path in modules():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_LINES:
+            too_long.append(f"module {name}: {len(text.splitlines())} lines (at most {MAX_LINES})")
+        for function, line, length in _functions(ast.parse(text)):
+            if length > MAX_FUNCTION_LINES:
+                too_long.append(
+                    f"function {name}.{function} ({path.relative_to(PACKAGE.parent)}:{line}): "
+                    f"{length} lines (at most {MAX_FUNCTION_LINES})"
+                )
+    assert not too_long, "too long:\n" + "\n".join(too_long)

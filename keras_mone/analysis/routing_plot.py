@@ -145,21 +145,14 @@ def plot_routing(model, images, path=None, num_images=8, router=0, *, input_alph
         ValueError: for a model that routes no tokens, a bad ``num_images``,
             ``router``, ``input_alpha`` or ``images``.
     """
-    from matplotlib.colors import BoundaryNorm, ListedColormap
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    from matplotlib.figure import Figure  # before any check: without matplotlib, nothing runs
 
-    if isinstance(num_images, bool) or not isinstance(num_images, (int, np.integer)) or num_images < 1:
-        raise ValueError(f"`num_images` must be an int >= 1, got {num_images!r}.")
-    if isinstance(input_alpha, bool) or not isinstance(input_alpha, (int, float)) or not 0 <= input_alpha < 1:
-        raise ValueError(f"`input_alpha` must be a number in [0, 1), got {input_alpha!r}.")
+    _check_plot_arguments(num_images, input_alpha)
     images = np.asarray(images)[:num_images]
     routing = routing_grid(model, images, router)
     grid, labels = routing["grid"], routing["labels"]
     colors = _colors(labels)
-    values = sorted(colors)
-    cmap = ListedColormap([colors[v] for v in values])
-    norm = BoundaryNorm(np.append(np.array(values) - 0.5, values[-1] + 0.5), cmap.N)
+    cmap, norm = _colormap(colors)
 
     count = len(images)
     width = max(4.5, 1.7 * count + 2.0)  # 2 in: the row labels and the legend
@@ -168,35 +161,65 @@ def plot_routing(model, images, path=None, num_images=8, router=0, *, input_alph
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(2, count, squeeze=False)
     for i, image in enumerate(images):
-        shown = np.clip((image.astype("float32") + 1) / 2, 0, 1)
-        shown = shown[..., 0] if shown.shape[-1] == 1 else shown
-        h, w = shown.shape[:2]
-        axes[0, i].imshow(shown, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-        below = axes[1, i]
-        if input_alpha > 0:
-            below.imshow(shown, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-        below.imshow(grid[i], cmap=cmap, norm=norm, alpha=1 - input_alpha,
-                     extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest")  # over the pixels
-        for ax in axes[:, i]:
-            ax.set_xticks([])
-            ax.set_yticks([])
-        if grid_lines:
-            rows, cols = grid.shape[1:]
-            below.set_xticks(np.arange(1, cols) * w / cols - 0.5, minor=True)
-            below.set_yticks(np.arange(1, rows) * h / rows - 0.5, minor=True)
-            below.tick_params(which="minor", length=0)
-            below.grid(which="minor", color="white", linewidth=0.4, alpha=0.6)
+        _draw_column(axes[:, i], image, grid[i], cmap, norm, input_alpha, grid_lines)
         if count > 1:
             axes[0, i].set_title(f"image {i}", fontsize=8)
     axes[0, 0].set_ylabel("input")
     row_label = {"expert": "expert per token", "kept": "run / skipped", "learners": "learners"}
     axes[1, 0].set_ylabel(row_label[routing["kind"]])
-    handles = [Patch(facecolor=colors[v], edgecolor="black", linewidth=0.4, label=labels[v])
-               for v in reversed(values)]
-    legend_title = {"expert": "expert width\n(D: full)", "kept": "token", "learners": "ACM learners"}[routing["kind"]]
-    axes[1, -1].legend(handles=handles, title=legend_title, loc="center left", bbox_to_anchor=(1.04, 0.5),
-                       fontsize=8, title_fontsize=8, frameon=False)
+    _add_legend(axes[1, -1], colors, labels, routing["kind"])
     fig.suptitle(title, fontsize=10)
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
+
+
+def _check_plot_arguments(num_images, input_alpha):
+    """Refuses a ``num_images`` that is not an int >= 1 and an ``input_alpha`` outside [0, 1)."""
+    if isinstance(num_images, bool) or not isinstance(num_images, (int, np.integer)) or num_images < 1:
+        raise ValueError(f"`num_images` must be an int >= 1, got {num_images!r}.")
+    if isinstance(input_alpha, bool) or not isinstance(input_alpha, (int, float)) or not 0 <= input_alpha < 1:
+        raise ValueError(f"`input_alpha` must be a number in [0, 1), got {input_alpha!r}.")
+
+
+def _colormap(colors):
+    """``(colormap, norm)`` that paint each label value of ``colors`` (``{value: colour}``) its colour."""
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    values = sorted(colors)
+    cmap = ListedColormap([colors[v] for v in values])
+    norm = BoundaryNorm(np.append(np.array(values) - 0.5, values[-1] + 0.5), cmap.N)
+    return cmap, norm
+
+
+def _draw_column(column, image, grid, cmap, norm, input_alpha, grid_lines):
+    """Draws one image in ``column[0]`` and its token grid over it, faintly, in ``column[1]``."""
+    shown = np.clip((image.astype("float32") + 1) / 2, 0, 1)
+    shown = shown[..., 0] if shown.shape[-1] == 1 else shown
+    h, w = shown.shape[:2]
+    column[0].imshow(shown, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    below = column[1]
+    if input_alpha > 0:
+        below.imshow(shown, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    below.imshow(grid, cmap=cmap, norm=norm, alpha=1 - input_alpha,
+                 extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest")  # over the pixels
+    for ax in column:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    if grid_lines:
+        rows, cols = grid.shape
+        below.set_xticks(np.arange(1, cols) * w / cols - 0.5, minor=True)
+        below.set_yticks(np.arange(1, rows) * h / rows - 0.5, minor=True)
+        below.tick_params(which="minor", length=0)
+        below.grid(which="minor", color="white", linewidth=0.4, alpha=0.6)
+
+
+def _add_legend(ax, colors, labels, kind):
+    """A legend right of ``ax`` naming each colour's label, the most compute first."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=colors[v], edgecolor="black", linewidth=0.4, label=labels[v])
+               for v in reversed(sorted(colors))]
+    legend_title = {"expert": "expert width\n(D: full)", "kept": "token", "learners": "ACM learners"}[kind]
+    ax.legend(handles=handles, title=legend_title, loc="center left", bbox_to_anchor=(1.04, 0.5),
+              fontsize=8, title_fontsize=8, frameon=False)

@@ -182,23 +182,12 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
     overrides = dict(overrides or {})
     dense_recipe = resolve_recipe(DENSE_RECIPE, overrides)
     mone_recipe = resolve_recipe(MONE_RECIPE, overrides)
-    for capacity in eval_capacities:
-        if not 0.0 < capacity <= 1.0:
-            raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
+    _check_capacities(eval_capacities)
     os.makedirs(output_dir, exist_ok=True)
     epochs, steps, batch = training_schedule(dense_recipe)
-    mone_epochs, mone_steps, _ = training_schedule(mone_recipe)
-    reference = REFERENCE_SECONDS
+    expected = _expected_seconds((epochs, steps), training_schedule(mone_recipe)[:2], len(eval_capacities))
     started = time.perf_counter()
     phases = {}
-    expected = dict(  # the reference seconds of each phase, in order
-        test_data=reference["test_data"],
-        dense_training=reference["dense_step"] * epochs * steps,
-        dense_evaluation=reference["dense_evaluation"],
-        mone_training=reference["mone_step"] * mone_epochs * mone_steps,
-        mone_evaluation=reference["evaluation_per_capacity"] * len(eval_capacities),
-        plots=reference["plots"],
-    )
     progress = Progress(expected, phases, started)
     with timed(phases, "test_data"):
         test_data, digit_tokens = load_test_data(dense_recipe)
@@ -217,44 +206,82 @@ def run_quickstart(output_dir, overrides=None, eval_capacities=EVAL_CAPACITIES, 
         f"Training the dense ViT ({DENSE_RECIPE}: {epochs} epochs of {steps} steps x {batch} = "
         f"{steps * batch:,} fresh images; test split {len(test_data[0])} images)"
     )
-    with timed(phases, "dense_training"):
-        dense, results["dense_history"], trained = train_recipe(
-            DENSE_RECIPE, os.path.join(output_dir, "dense"), overrides, verbose
-        )
-    progress.finished("dense_training", reference["dense_step"] * trained)
+    dense, results["dense_history"] = _train("dense", output_dir, overrides, verbose, progress)
     with timed(phases, "dense_evaluation"):
         results["dense"] = evaluate(dense, test_data)
     progress.finished("dense_evaluation")
 
     print(f"Training MoNE-ViT ({MONE_RECIPE}: effective capacity {mone_recipe['capacity']:g})")
-    with timed(phases, "mone_training"):
-        mone, results["mone_history"], trained = train_recipe(
-            MONE_RECIPE, os.path.join(output_dir, "mone"), overrides, verbose
-        )
-    progress.finished("mone_training", reference["mone_step"] * trained)
+    mone, results["mone_history"] = _train("mone", output_dir, overrides, verbose, progress)
     results["train_capacity"] = mone_recipe["capacity"]
-    results["mone"] = []
     with timed(phases, "mone_evaluation"):
-        for capacity in eval_capacities:
-            mone.set_capacity(capacity)
-            results["mone"].append(evaluate(mone, test_data, digit_tokens))
+        results["mone"] = _evaluate_capacities(mone, test_data, digit_tokens, eval_capacities)
     progress.finished("mone_evaluation")
 
     results["seconds"] = time.perf_counter() - started
     write_results(results, output_dir)  # before the plots: a failing plot loses no result
+    _write_plots(results, mone, test_data, eval_capacities, output_dir, phases)
+    progress.finished("plots")
+    results["seconds"] = time.perf_counter() - started
+    write_results(results, output_dir)
+    _print_summary(results, output_dir)
+    return results
+
+
+def _check_capacities(eval_capacities):
+    """Refuses an evaluation capacity outside (0, 1]."""
+    for capacity in eval_capacities:
+        if not 0.0 < capacity <= 1.0:
+            raise ValueError(f"eval_capacities must lie in (0, 1], got {capacity!r}.")
+
+
+def _expected_seconds(dense_schedule, mone_schedule, num_capacities):
+    """The reference seconds of each phase, in order, for ``(epochs, steps per epoch)`` of each model."""
+    reference = REFERENCE_SECONDS
+    (epochs, steps), (mone_epochs, mone_steps) = dense_schedule, mone_schedule
+    return dict(
+        test_data=reference["test_data"],
+        dense_training=reference["dense_step"] * epochs * steps,
+        dense_evaluation=reference["dense_evaluation"],
+        mone_training=reference["mone_step"] * mone_epochs * mone_steps,
+        mone_evaluation=reference["evaluation_per_capacity"] * num_capacities,
+        plots=reference["plots"],
+    )
+
+
+def _train(kind, output_dir, overrides, verbose, progress):
+    """Trains the ``kind`` (``"dense"``, ``"mone"``) recipe in ``output_dir/kind``, timed; returns model and history."""
+    name = {"dense": DENSE_RECIPE, "mone": MONE_RECIPE}[kind]
+    with timed(progress.phase_seconds, f"{kind}_training"):
+        model, history, trained = train_recipe(name, os.path.join(output_dir, kind), overrides, verbose)
+    progress.finished(f"{kind}_training", REFERENCE_SECONDS[f"{kind}_step"] * trained)
+    return model, history
+
+
+def _evaluate_capacities(mone, test_data, digit_tokens, eval_capacities):
+    """MoNE's ``evaluate`` results at each capacity, in order (the model is left at the last one)."""
+    evaluations = []
+    for capacity in eval_capacities:
+        mone.set_capacity(capacity)
+        evaluations.append(evaluate(mone, test_data, digit_tokens))
+    return evaluations
+
+
+def _write_plots(results, mone, test_data, eval_capacities, output_dir, phases):
+    """Writes ``accuracy_vs_gmacs.png`` and ``routing.png`` (MoNE at the capacity nearest 0.3), timed."""
     from keras_mone.cli import quickstart_plots
 
     with timed(phases, "plots"):
         quickstart_plots.plot_accuracy_vs_gmacs(results, os.path.join(output_dir, "accuracy_vs_gmacs.png"))
         mone.set_capacity(min(eval_capacities, key=lambda c: abs(c - 0.3)))
         quickstart_plots.plot_routing(mone, test_data, os.path.join(output_dir, "routing.png"))
-    progress.finished("plots")
-    results["seconds"] = time.perf_counter() - started
-    write_results(results, output_dir)
+
+
+def _print_summary(results, output_dir):
+    """Prints the results table, the seconds of each phase and the files written."""
     print(format_results(results))
     print(format_phases(results))
     print(f"Wrote results.json, accuracy_vs_gmacs.png and routing.png to {output_dir}")
-    return results
 
 
 def write_results(results, output_dir):

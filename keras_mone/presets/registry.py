@@ -107,31 +107,65 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, force_dow
             (``capacity``, ``image_size``, ``num_classes``, ``pooling``, ...);
             they override the preset's values.
     """
-    if isinstance(name, os.PathLike) or (isinstance(name, str) and (is_remote(name) or os.sep in name or is_preset_folder(name))):
-        if weights is not None:
-            raise ValueError(
-                f"weights={weights!r} applies to built-in preset names; {os.fspath(name)!r} is a preset "
-                "folder or handle, which holds one set of weights. Drop `weights`."
-            )
+    if _is_handle(name):
+        _refuse_weights_for_handle(name, weights)
         return _from_handle(os.fspath(name), load_weights, sha256, force_download, overrides)
+    _refuse_sha256_for_name(name, sha256)
+    spec = get_preset(name)
+    if weights is not None and not load_weights:
+        _refuse_tag_without_weights(name, spec, weights)
+    tag, tag_spec = _weights_tag(name, spec, load_weights, weights)
+    if tag is not None:
+        overrides = {**tag_spec.get("config", {}), **overrides}
+    model, backbone = _build_preset_model(name, spec, overrides)
+    if tag is not None:
+        load_tagged_weights(model, name, tag, tag_spec, untrained_parts(backbone, spec["architecture"]), force_download)
+        warn_untrained(model, name, tag, spec["architecture"], spec["variant"])
+    elif load_weights:
+        load_checked_weights(model, name, spec["weights"])
+    return model
+
+
+def _is_handle(name):
+    """Whether ``name`` is a preset folder or a remote handle rather than a built-in preset name."""
+    if isinstance(name, os.PathLike):
+        return True
+    return isinstance(name, str) and (is_remote(name) or os.sep in name or is_preset_folder(name))
+
+
+def _refuse_weights_for_handle(handle, weights):
+    """The ``ValueError`` for ``weights=TAG`` with a folder or handle, which holds one set of weights."""
+    if weights is not None:
+        raise ValueError(
+            f"weights={weights!r} applies to built-in preset names; {os.fspath(handle)!r} is a preset "
+            "folder or handle, which holds one set of weights. Drop `weights`."
+        )
+
+
+def _refuse_sha256_for_name(name, sha256):
+    """The ``ValueError`` for ``sha256=`` with a built-in name, which the package's manifest checks."""
     if sha256 is not None:
         raise ValueError(
             f"sha256= pins the metadata.json of a preset folder or handle; built-in preset {name!r} is "
             "checked against the package's manifest. Drop `sha256`."
         )
-    spec = get_preset(name)
-    if weights is not None and not load_weights:
-        _refuse_tag_without_weights(name, spec, weights)
-    tag = None
+
+
+def _weights_tag(name, spec, load_weights, weights):
+    """``(tag, its entry)`` of the third-party weights to load, ``(None, None)`` for none or the shipped ones."""
     if weights is not None or (load_weights and not spec.get("weights") and (preset_tags(spec, _zoo()))):
-        tag, tag_spec = tag_entry(name, spec, _zoo(), weights)
-        overrides = {**tag_spec.get("config", {}), **overrides}
-    elif load_weights and not spec.get("weights"):
+        return tag_entry(name, spec, _zoo(), weights)
+    if load_weights and not spec.get("weights"):
         raise ValueError(
             f"Preset {name!r} has no published weights yet (presets with weights: "
             f"{', '.join(shipped_presets()) or 'none'}). Pass load_weights=False to build "
             "the architecture with random initialisation."
         )
+    return None, None
+
+
+def _build_preset_model(name, spec, overrides):
+    """``(task model, its backbone)`` of a built-in preset, built without weights; unknown arguments are refused."""
     backbone_cls = ARCHITECTURES[spec["architecture"]]
     task_cls = TASKS[spec["architecture"]]
     config = {**architectures()[spec["architecture"]].decode_variant(spec["variant"])}
@@ -153,12 +187,7 @@ def from_preset(name, /, load_weights=True, weights=None, sha256=None, force_dow
         task_config["dtype"] = config["dtype"]
     model = task_cls(backbone, name=config.get("name", name), **task_config)
     model.build()
-    if tag is not None:
-        load_tagged_weights(model, name, tag, tag_spec, untrained_parts(backbone, spec["architecture"]), force_download)
-        warn_untrained(model, name, tag, spec["architecture"], spec["variant"])
-    elif load_weights:
-        load_checked_weights(model, name, spec["weights"])
-    return model
+    return model, backbone
 
 
 def _refuse_tag_without_weights(name, spec, weights):

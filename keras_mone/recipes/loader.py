@@ -167,62 +167,114 @@ def load(name_or_path, resume=True, **overrides):
 def _load_resolved(recipe, name, resume):
     """``load`` of one resolved (validated) recipe."""
     keras.utils.set_random_seed(recipe["seed"])
-    try:  # read before the run directory is claimed: a missing tensorflow writes nothing
-        train_source, eval_source = data_sources(recipe)
-    except ImportError as error:
-        raise MissingExtra(f"recipe {name!r}: {error}") from error
+    train_source, eval_source = _read_sources(recipe, name)
     claim(recipe, name, resume)  # refuses another recipe's checkpoints before anything is built
     stream = digits_stream(recipe) if train_source is None else None
     num_classes = recipe["num_classes"] or (stream or train_source).num_classes
     for source in (train_source, eval_source):  # labels known up front: refused before the model is built
         check_source_labels(source, num_classes, name)
-    batch = recipe["batch_size"]
-    steps_per_epoch = recipe["steps_per_epoch"] or (
-        stream.steps_per_epoch if stream else max(1, train_source.num_examples // batch)
-    )
+    steps_per_epoch = _steps_per_epoch(recipe, stream, train_source)
     directory = recipe["output_dir"]
 
     distribution = resolve_distribution(recipe["distribution"])
-    eval_batch = recipe["eval_batch_size"] or batch
     with distribution_scope(distribution, recipe["model_parallel_size"]):
         replicas = num_replicas(distribution)
-        for key, size in (("batch_size", batch), ("eval_batch_size", eval_batch)):
-            if size % replicas:
-                raise schema.RecipeError(
-                    f"recipe {name!r}: key {key!r} ({size}) must be divisible by the {replicas} devices."
-                )
-        model = build_classifier(recipe, num_classes)
-        if recipe["init_from"]:
-            try:
-                init_from_saved_model(model, os.path.expanduser(recipe["init_from"]), prune=recipe["init_prune"])
-            except ValueError as error:
-                raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
-        mode = training_mode(recipe)
-        epochs = mode.epochs(recipe, model.backbone, recipe["epochs"])
-        try:
-            mode.prepare({**recipe, "load_teacher": lambda: _teacher(recipe)}, model)
-        except ValueError as error:
-            raise schema.RecipeError(f"recipe {name!r}: {error}") from error
-        terms = mode.loss_terms(recipe, model)
-        if terms:  # the mode's own loss terms (else the model's defaults), logged by name
-            model.set_loss_terms(terms)
-        optimizer = make_optimizer(recipe, epochs * steps_per_epoch, steps_per_epoch)
-        loss = make_loss(recipe)
-        # weighted: padded evaluation batches (several devices) weigh their padding 0
-        model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[FullWidthAccuracy()])
-        optimizer.build(model.trainable_variables)
-        try:
-            initial_step = checkpoint_lib.restore(model, checkpoint_dir(recipe)) if resume else 0
-        except ValueError as error:  # no checkpoint could be restored: files named, none deleted
-            raise schema.RecipeError(
-                f"recipe {name!r}: {error}\nNothing was deleted. To keep these checkpoints and start over, "
-                "pass --restart (keras-mone train / finetune) or resume=False: the run moves to previous/<n>/; "
-                "or choose another output_dir."
-            ) from error
+        _check_batches_divide(recipe, name, replicas)
+        model = _build_model(recipe, name, num_classes)
+        epochs = _prepare_mode(recipe, name, model)
+        optimizer, loss = _compile(recipe, model, epochs * steps_per_epoch, steps_per_epoch)
+        initial_step = _restore(recipe, name, model, resume)
 
     with open(os.path.join(directory, "recipe.toml"), "w") as f:
         f.write(to_toml(recipe, name))
 
+    make_train_data = _train_data_maker(recipe, stream, train_source, num_classes)
+    full_batches = distribution != "none"  # every device an equal share; padding weighs 0
+    eval_data = _eval_data(recipe, eval_source, num_classes, full_batches)
+    return TrainingSetup(
+        name=name, recipe=recipe, model=model, optimizer=optimizer, loss=loss,
+        train_data=make_train_data(initial_step), eval_data=eval_data,
+        callbacks=make_callbacks(recipe, model, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
+        initial_step=initial_step, make_train_data=make_train_data,
+        distribution=distribution, num_devices=replicas,
+    )
+
+
+def _read_sources(recipe, name):
+    """The recipe's ``(train, eval)`` data sources; a missing optional extra raises ``MissingExtra``."""
+    try:  # read before the run directory is claimed: a missing tensorflow writes nothing
+        return data_sources(recipe)
+    except ImportError as error:
+        raise MissingExtra(f"recipe {name!r}: {error}") from error
+
+
+def _steps_per_epoch(recipe, stream, train_source):
+    """The recipe's ``steps_per_epoch``, else one pass over the stream or the training source."""
+    return recipe["steps_per_epoch"] or (
+        stream.steps_per_epoch if stream else max(1, train_source.num_examples // recipe["batch_size"])
+    )
+
+
+def _check_batches_divide(recipe, name, replicas):
+    """Refuses a training or evaluation batch that the devices cannot share equally."""
+    batch = recipe["batch_size"]
+    for key, size in (("batch_size", batch), ("eval_batch_size", recipe["eval_batch_size"] or batch)):
+        if size % replicas:
+            raise schema.RecipeError(
+                f"recipe {name!r}: key {key!r} ({size}) must be divisible by the {replicas} devices."
+            )
+
+
+def _build_model(recipe, name, num_classes):
+    """The recipe's classifier, its weights taken from ``init_from`` if set."""
+    model = build_classifier(recipe, num_classes)
+    if recipe["init_from"]:
+        try:
+            init_from_saved_model(model, os.path.expanduser(recipe["init_from"]), prune=recipe["init_prune"])
+        except ValueError as error:
+            raise schema.RecipeError(f"recipe {name!r}: key 'init_from': {error}") from error
+    return model
+
+
+def _prepare_mode(recipe, name, model):
+    """Lets the recipe's training mode prepare ``model`` and set its loss terms; returns the epochs to train."""
+    mode = training_mode(recipe)
+    epochs = mode.epochs(recipe, model.backbone, recipe["epochs"])
+    try:
+        mode.prepare({**recipe, "load_teacher": lambda: _teacher(recipe)}, model)
+    except ValueError as error:
+        raise schema.RecipeError(f"recipe {name!r}: {error}") from error
+    terms = mode.loss_terms(recipe, model)
+    if terms:  # the mode's own loss terms (else the model's defaults), logged by name
+        model.set_loss_terms(terms)
+    return epochs
+
+
+def _compile(recipe, model, total_steps, steps_per_epoch):
+    """Compiles ``model`` with the recipe's optimizer (built) and loss; returns both."""
+    optimizer = make_optimizer(recipe, total_steps, steps_per_epoch)
+    loss = make_loss(recipe)
+    # weighted: padded evaluation batches (several devices) weigh their padding 0
+    model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[FullWidthAccuracy()])
+    optimizer.build(model.trainable_variables)
+    return optimizer, loss
+
+
+def _restore(recipe, name, model, resume):
+    """The step restored from the run's checkpoint (0 without ``resume``); an unreadable one is refused."""
+    try:
+        return checkpoint_lib.restore(model, checkpoint_dir(recipe)) if resume else 0
+    except ValueError as error:  # no checkpoint could be restored: files named, none deleted
+        raise schema.RecipeError(
+            f"recipe {name!r}: {error}\nNothing was deleted. To keep these checkpoints and start over, "
+            "pass --restart (keras-mone train / finetune) or resume=False: the run moves to previous/<n>/; "
+            "or choose another output_dir."
+        ) from error
+
+
+def _train_data_maker(recipe, stream, train_source, num_classes):
+    """``start_step -> training data``: the digits stream, or the video or image pipeline."""
+    batch = recipe["batch_size"]
     video = recipe["dataset"] in schema.VIDEO_DATASETS
 
     def make_train_data(start_step):
@@ -242,29 +294,26 @@ def _load_resolved(recipe, name, resume):
             shuffle_buffer=recipe["shuffle_buffer"], start_step=start_step, seed=recipe["seed"],
         )
 
-    full_batches = distribution != "none"  # every device an equal share; padding weighs 0
+    return make_train_data
+
+
+def _eval_data(recipe, eval_source, num_classes, full_batches):
+    """The evaluation data: the test split in memory, else the video or image pipeline (``None``: none)."""
     # In memory, always whole batches: one compiled evaluation shape per run (the
     # short last batch compiled a second test function, 1-2 s on 2 CPU cores).
     eval_data = in_memory_eval_data(recipe, num_classes, full_batches=True)
     if eval_data is not None or eval_source is None:
-        pass
-    elif video:
-        eval_data = video_pipeline.eval_dataset(
-            eval_source, recipe["num_frames"], recipe["image_size"], recipe["eval_batch_size"] or batch,
+        return eval_data
+    eval_batch = recipe["eval_batch_size"] or recipe["batch_size"]
+    if recipe["dataset"] in schema.VIDEO_DATASETS:
+        return video_pipeline.eval_dataset(
+            eval_source, recipe["num_frames"], recipe["image_size"], eval_batch,
             num_classes, frame_stride=recipe["frame_stride"], preprocessing=recipe["preprocessing"],
             full_batches=full_batches,
         )
-    else:
-        eval_data = pipeline.eval_dataset(
-            eval_source, recipe["image_size"], recipe["eval_batch_size"] or batch, num_classes,
-            preprocessing=recipe["preprocessing"], full_batches=full_batches,
-        )
-    return TrainingSetup(
-        name=name, recipe=recipe, model=model, optimizer=optimizer, loss=loss,
-        train_data=make_train_data(initial_step), eval_data=eval_data,
-        callbacks=make_callbacks(recipe, model, eval_data), epochs=epochs, steps_per_epoch=steps_per_epoch,
-        initial_step=initial_step, make_train_data=make_train_data,
-        distribution=distribution, num_devices=replicas,
+    return pipeline.eval_dataset(
+        eval_source, recipe["image_size"], eval_batch, num_classes,
+        preprocessing=recipe["preprocessing"], full_batches=full_batches,
     )
 
 
