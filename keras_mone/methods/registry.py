@@ -253,29 +253,37 @@ def architectures():
     return {a.name: a for _, a in _registered()}
 
 
-class RegistryView(Mapping):
-    """A read-only, always-current table over the registry:
-    ``{architecture name: value(method, architecture)}`` for the architectures
-    ``where(method, architecture)`` keeps. A method registered later (a
-    plug-in, a test) shows up in every view at once."""
+class LiveMapping(Mapping):
+    """A read-only mapping recomputed from the registry on every read (``table()``):
+    a method registered later shows up at once."""
 
-    def __init__(self, value, where=lambda method, architecture: True):
-        self._value, self._where = value, where
-
-    def _table(self):
-        return {a.name: self._value(m, a) for m, a in _registered() if self._where(m, a)}
+    def __init__(self, table):
+        self._table = table
 
     def __getitem__(self, name):
-        table = self._table()
-        if name not in table:
-            raise KeyError(f"Unknown architecture {name!r}; registered: {sorted(table)}.")
-        return table[name]
+        return self._table()[name]
 
     def __iter__(self):
         return iter(self._table())
 
     def __len__(self):
         return len(self._table())
+
+
+class RegistryView(LiveMapping):
+    """A read-only, always-current table over the registry:
+    ``{architecture name: value(method, architecture)}`` for the architectures
+    ``where(method, architecture)`` keeps. A method registered later (a
+    plug-in, a test) shows up in every view at once."""
+
+    def __init__(self, value, where=lambda method, architecture: True):
+        super().__init__(lambda: {a.name: value(m, a) for m, a in _registered() if where(m, a)})
+
+    def __getitem__(self, name):
+        table = self._table()
+        if name not in table:
+            raise KeyError(f"Unknown architecture {name!r}; registered: {sorted(table)}.")
+        return table[name]
 
     def __repr__(self):
         return f"RegistryView({self._table()!r})"
@@ -302,27 +310,16 @@ def mode_of(architecture, name):
     return method_of(architecture).mode(name)
 
 
-class ModeNames(Mapping):
-    """``{mode name: (architectures that own it)}``, live over the registry (recipe key choices)."""
-
-    def _table(self):
-        table = {}
-        for method, architecture in _registered():
-            for name in method.mode_names:
-                table.setdefault(name, []).append(architecture.name)
-        return {name: tuple(names) for name, names in table.items()}
-
-    def __getitem__(self, name):
-        return self._table()[name]
-
-    def __iter__(self):
-        return iter(self._table())
-
-    def __len__(self):
-        return len(self._table())
+def _mode_names():
+    """``{mode name: (architectures that own it)}`` (the recipe key ``mode``'s choices)."""
+    table = {}
+    for method, architecture in _registered():
+        for name in method.mode_names:
+            table.setdefault(name, []).append(architecture.name)
+    return {name: tuple(names) for name, names in table.items()}
 
 
-MODE_NAMES = ModeNames()
+MODE_NAMES = LiveMapping(_mode_names)
 
 
 def architecture_of(backbone):

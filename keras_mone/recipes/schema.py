@@ -10,7 +10,6 @@ before anything is built or trained.
 
 import math
 import os
-from collections.abc import Mapping
 
 from keras_mone.data.moving_digits import MOVING_TARGETS
 from keras_mone.data.pipeline import AUGMENTATIONS, PREPROCESSINGS
@@ -21,6 +20,7 @@ from keras_mone.methods.registry import TASKS as TASK_CLASSES
 from keras_mone.methods.registry import (
     ARCHITECTURE_MODES,
     MODE_NAMES,
+    LiveMapping,
     RecipeKey,
     RegistryView,
     architectures,
@@ -123,24 +123,8 @@ COMMON_KEYS = {
 }
 
 
-class _RecipeKeys(Mapping):
-    """``COMMON_KEYS`` and every registered method's keys, live (a method
-    registered later brings its keys)."""
-
-    def _table(self):
-        return {**COMMON_KEYS, **method_recipe_keys()}
-
-    def __getitem__(self, name):
-        return self._table()[name]
-
-    def __iter__(self):
-        return iter(self._table())
-
-    def __len__(self):
-        return len(self._table())
-
-
-KEYS = _RecipeKeys()
+#: ``COMMON_KEYS`` and every registered method's keys, live (a method registered later brings its keys).
+KEYS = LiveMapping(lambda: {**COMMON_KEYS, **method_recipe_keys()})
 
 
 def _type_name(kind):
