@@ -1,0 +1,82 @@
+"""Kernel ops and Keras layer calls of one forward pass on torch: dense ViT against MoNE-ViT.
+
+Eager torch pays host time for every op and layer call, so on a GPU these
+counts, not the MACs, bound a forward pass (issue 40 item 3). torch's
+dispatcher records every aten op (views, which launch no kernel, left out);
+``keras.layers.Layer.__call__`` is counted the same way. Random weights, one
+image, no timing: the counts are exact and the same on every machine::
+
+    KERAS_BACKEND=torch python bench/torch_op_count.py                 # ViT-B/16, e_c 0.3
+    KERAS_BACKEND=torch python bench/torch_op_count.py --capacity 0.5 --variant S/16
+"""
+
+import argparse
+import collections
+
+import keras
+import numpy as np
+
+from keras_mone.models import MoNEViTBackbone, ViTBackbone
+from keras_mone.models.variants import decode_variant
+
+VIEW_OPS = {
+    "view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "permute", "transpose", "t",
+    "expand", "alias", "detach", "as_strided", "_reshape_alias", "lift_fresh",
+}
+
+
+def counts(model, x):
+    """``(kernel ops, layer calls)`` of ``model(x)`` after one warm-up call."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    model(x)
+    calls = []
+    original = keras.layers.Layer.__call__
+
+    def counting(layer, *args, **kwargs):
+        calls.append(layer)
+        return original(layer, *args, **kwargs)
+
+    keras.layers.Layer.__call__ = counting
+    try:
+        with torch.no_grad(), Recorder() as recorder:
+            model(x)
+    finally:
+        keras.layers.Layer.__call__ = original
+    return sum(n for name, n in recorder.ops.items() if name not in VIEW_OPS), len(calls)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="B/16")
+    parser.add_argument("--capacity", type=float, default=0.3)
+    parser.add_argument("--image-size", type=int, default=224)
+    args = parser.parse_args(argv)
+    if keras.backend.backend() != "torch":
+        raise SystemExit("Run with KERAS_BACKEND=torch: the counts are torch's dispatcher's.")
+    import torch
+
+    config = dict(decode_variant(args.variant), image_size=args.image_size)
+    x = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (1, args.image_size, args.image_size, 3)).astype("float32"))
+    rows = []
+    for name, model in (("dense", ViTBackbone(**config)), (f"mone e_c={args.capacity:g}", MoNEViTBackbone(**config, capacity=args.capacity))):
+        model.build()
+        ops, calls = counts(model, x)
+        rows.append(f"| {name} | {ops} | {calls} |")
+    print(f"ViT-{args.variant} at {args.image_size}, one image, torch {torch.__version__}, keras {keras.__version__}\n")
+    print("| model | kernel ops per forward | Keras layer calls |\n|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
