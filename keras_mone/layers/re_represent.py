@@ -49,7 +49,7 @@ class _ReRepresent(ConfigMixin, keras.layers.Layer):
 
     def build(self, input_shape):
         check_sequence(self, input_shape)
-        s, c, s_out, c_out = self.num_tokens, self.hidden_dim, self.output_tokens, self.output_dim
+        s, c, c_out = self.num_tokens, self.hidden_dim, self.output_dim
         # the second LayerNorm sees the channels after the first projection
         mid_channels = c if self.tokens_first else c_out
         self.layer_norm_0.build((None, None, c))
