@@ -269,6 +269,19 @@ class LiveMapping(Mapping):
     def __len__(self):
         return len(self._table())
 
+    # One table per call, not one per key (Mapping's defaults look every key up anew).
+    def __contains__(self, name):
+        return name in self._table()
+
+    def keys(self):
+        return self._table().keys()
+
+    def items(self):
+        return self._table().items()
+
+    def values(self):
+        return self._table().values()
+
 
 class RegistryView(LiveMapping):
     """A read-only, always-current table over the registry:

@@ -46,9 +46,6 @@ class RecipeError(ValueError):
     """A recipe key or value is not valid."""
 
 
-Key = RecipeKey
-
-
 def _k(default, kind, doc, choices=(), low=None, high=None, above=None):
     return RecipeKey(default, kind, doc, choices, low, high, above)
 
