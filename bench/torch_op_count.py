@@ -11,49 +11,22 @@ image, no timing: the counts are exact and the same on every machine::
 """
 
 import argparse
-import collections
 
 import keras
 import numpy as np
 
+from keras_mone.bench.torch_ops import kernel_ops, layer_calls, record
 from keras_mone.models import MoNEViTBackbone, ViTBackbone
 from keras_mone.models.variants import decode_variant
-
-VIEW_OPS = {
-    "view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "permute", "transpose", "t",
-    "expand", "alias", "detach", "as_strided", "_reshape_alias", "lift_fresh",
-}
 
 
 def counts(model, x):
     """``(kernel ops, layer calls)`` of ``model(x)`` after one warm-up call."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
 
     model(x)
-    calls = []
-    original = keras.layers.Layer.__call__
-
-    def counting(layer, *args, **kwargs):
-        calls.append(layer)
-        return original(layer, *args, **kwargs)
-
-    keras.layers.Layer.__call__ = counting
-    try:
-        with torch.no_grad(), Recorder() as recorder:
-            model(x)
-    finally:
-        keras.layers.Layer.__call__ = original
-    return sum(n for name, n in recorder.ops.items() if name not in VIEW_OPS), len(calls)
+    with torch.no_grad():
+        return kernel_ops(record(lambda: model(x))), layer_calls(lambda: model(x))
 
 
 def main(argv=None):

@@ -10,7 +10,6 @@ first, so a silent recorder cannot pass the tests. Skipped on jax and
 tensorflow.
 """
 
-import collections
 import math
 
 import keras
@@ -19,6 +18,7 @@ import pytest
 from conftest import BACKEND, TINY, assert_f32_close, images, randomize_weights, to_numpy
 
 from keras_mone.analysis import flops
+from keras_mone.bench.torch_ops import kernel_ops, layer_calls, record
 from keras_mone.layers import block as block_module
 from keras_mone.layers import packed_block
 from keras_mone.models import MatViTBackbone, MoNEViTBackbone, ViTBackbone
@@ -27,31 +27,6 @@ pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="torch's dispatcher r
 
 if BACKEND == "torch":
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class OpRecorder(TorchDispatchMode):
-        """Counts the aten ops run under it, by name; keeps the shapes of matmuls and attention."""
-
-        def __init__(self):
-            super().__init__()
-            self.counts = collections.Counter()
-            self.boolean_indexing = 0
-            self.products = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            name = func.overloadpacket.__name__
-            if name == "repeat_interleave" and "Tensor" in func._overloadname:
-                name = "repeat_interleave.Tensor"  # repeats given as a tensor: a value-dependent length
-            self.counts[name] += 1
-            if name in ("index", "index_put", "index_put_") and _has_boolean(args[1]):
-                self.boolean_indexing += 1
-            if name in ("mm", "bmm", "addmm") or name.startswith("_scaled_dot_product"):
-                self.products.append((name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]))
-            return func(*args, **kwargs)
-
-    def _has_boolean(indices):
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
 
 
 # Ops that read tensor values on the host, or whose output shape depends on them.
@@ -59,28 +34,11 @@ HOST_SYNC_OPS = {
     "_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "argwhere", "masked_select",
     "masked_scatter", "_unique", "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave.Tensor",
 }
-# Views allocate nothing and launch no kernel; the counts below leave them out.
-VIEW_OPS = {
-    "view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "permute", "transpose", "t",
-    "expand", "alias", "detach", "as_strided", "_reshape_alias", "lift_fresh",
-}
-
-
-def record(fn):
-    with OpRecorder() as recorder:
-        fn()
-    return recorder
-
-
 def synchronisations(recorder):
     found = {name: n for name, n in recorder.counts.items() if name in HOST_SYNC_OPS}
     if recorder.boolean_indexing:
         found["boolean-mask indexing"] = recorder.boolean_indexing
     return found
-
-
-def kernel_ops(recorder):
-    return sum(n for name, n in recorder.counts.items() if name not in VIEW_OPS)
 
 
 def tiny_mone(**kwargs):
@@ -180,17 +138,7 @@ def test_mone_forward_calls_few_layers():
     dense.build()
     for name, model in {"dense": dense, "mone": tiny_mone()}.items():
         model(x)
-        seen = []
-        original = keras.layers.Layer.__call__
-
-        def counting(layer, *args, **kwargs):
-            seen.append(layer)
-            return original(layer, *args, **kwargs)
-
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(keras.layers.Layer, "__call__", counting)
-            model(x)
-        calls[name] = len(seen)
+        calls[name] = layer_calls(lambda: model(x))
     depth = TINY["depth"]
     assert calls["dense"] <= 3 * depth + 4, calls  # block + 2 LayerNorms per block; model, embedding (2), norm
     assert calls["mone"] <= calls["dense"] + 2, calls  # + the router and its dense layer
