@@ -44,7 +44,7 @@ def main(argv=None):
         f"--batch-size {args.batch_size} --repeats {args.repeats}`; 224x224, compiled `predict_on_batch`, median of "
         "interleaved repeats on a shared 2-core CPU; speed-up and FLOP ratio against the dense model; efficiency = "
         "speed-up / FLOP ratio (1.0 = the dense model's time per GMAC). GMACs count the gates "
-        "(`keras_mone.analysis.acm_flops`).", "",
+        "(`keras_mone.methods.acm.flops`).", "",
         *TABLE_HEADER,
     ]
     lines += speed_rows(named, times, dense)

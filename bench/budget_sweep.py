@@ -46,7 +46,7 @@ import keras
 
 from budget_plot import plot_sweep
 from keras_mone import flops, recipes
-from keras_mone.methods.matvit import SCORED_WIDTHS
+from keras_mone.methods.matvit.method import SCORED_WIDTHS
 from keras_mone.cli.quickstart import training_schedule
 from new_methods import accuracy, test_split, train
 from training_targets import write_section

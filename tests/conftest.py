@@ -11,10 +11,20 @@ optimisation level (a compile-time knob; float32 semantics are unchanged) and
 (2) turns on jax's persistent compilation cache in the system temp dir, so
 repeated runs reuse compiled ops. Set ``KERAS_MONE_TEST_JAX_CACHE=off`` to
 disable the cache, or to a directory to move it.
+
+A method family's tests sit in ``tests/methods/<family>/``, mirroring
+``keras_mone/methods/<family>/``; every such folder is importable by module
+name (``from test_convert_mixer import ...``), as ``tests/`` itself is.
 """
 
 import os
+import pathlib
+import sys
 import tempfile
+
+for _family_tests in sorted((pathlib.Path(__file__).parent / "methods").iterdir()):
+    if _family_tests.is_dir() and str(_family_tests) not in sys.path:
+        sys.path.insert(0, str(_family_tests))
 
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

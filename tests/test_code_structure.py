@@ -63,14 +63,14 @@ def test_no_import_loops():
 #: ``""`` is ``keras_mone/__init__`` (the facade over the library);
 #: ``recipe_files`` is the folder of bundled recipe TOML files.
 FLOORS = {
-    "arguments": 0, "version": 0, "overrides": 0, "file_io": 0, "backend_choice": 0, "host_memory": 0,
+    "arguments": 0, "version": 0, "overrides": 0, "file_io": 0, "backend_choice": 0, "host_memory": 0, "exports": 0,
     "recipe_files": 0,
     "routing": 1,        # EPR, capacities, token groups: plain functions on tensors
     "layers": 2,         # Keras layers: nested dense, attention, MLPs, routers, ACM, Mixer
     "models": 3,         # backbones and task classes
     "analysis": 4, "convert": 4, "data": 4,  # what reads models: FLOPs and analyses, checkpoints, inputs
     "training": 5,       # losses, modes, callbacks, checkpoints
-    "methods": 6,        # the method registry: architectures, modes, recipe arguments
+    "methods": 6,        # the registry and one folder per method family (methods/<family>/)
     "presets": 7,        # named models and their weights
     "recipes": 8, "": 8,  # training runs from presets; the package facade
     "bench": 9,          # the benchmark (an application: builds presets and times them)
@@ -150,3 +150,14 @@ def test_no_long_functions_or_modules():
                     f"{length} lines (at most {MAX_FUNCTION_LINES})"
                 )
     assert not too_long, "too long:\n" + "\n".join(too_long)
+
+
+def test_every_package_is_in_the_wheel():
+    # pyproject lists its packages by name: a sub-package missing there (a new
+    # method family's folder) imports from an editable install but is left
+    # out of a built wheel (keras_mone.convert and data.augment once were).
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(init.parent.relative_to(PACKAGE.parent).parts) for init in PACKAGE.rglob("__init__.py")}
+    assert on_disk - listed == set(), f"packages missing from pyproject.toml: {sorted(on_disk - listed)}"

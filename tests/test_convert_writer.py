@@ -21,8 +21,9 @@ from conftest import TINY, TINY_VIDEO, images, randomize_weights, to_numpy
 from keras_mone import convert, models, presets
 from keras_mone.convert.big_vision import read_npz
 from keras_mone.convert.timm import read_pth, read_safetensors
-from keras_mone.convert.writer import FORMAT_GELU, MIXER_FORMATS, VIT_FORMATS
-from keras_mone.methods.mixer import SPARSE_MLP_TINY
+from keras_mone.convert.writer import FORMAT_GELU, VIT_FORMATS
+from keras_mone.methods.mixer.checkpoints import FORMATS as MIXER_FORMATS
+from keras_mone.methods.mixer.method import SPARSE_MLP_TINY
 from keras_mone.models.weight_transfer import relative_weight_paths
 
 D, H, M, P, DEPTH = TINY["hidden_dim"], TINY["num_heads"], TINY["mlp_dim"], TINY["patch_size"], TINY["depth"]

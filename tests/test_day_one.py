@@ -9,7 +9,7 @@ from keras_mone import analysis, flops
 from keras_mone.cli.main import main
 from keras_mone.data import ImageConverter, load_cluttered_digits, preprocess
 from keras_mone.models import ImageClassifier, MoNEViTBackbone, VideoClassifier, ViTBackbone
-from keras_mone.models.mixer_backbone import MixerBackbone
+from keras_mone.methods.mixer.backbone import MixerBackbone
 from keras_mone.presets import evaluation_data, from_preset, get_preset, save_to_preset, shipped_presets
 
 # vit_digits' predicted class of the first 256 evaluation images (jax; every

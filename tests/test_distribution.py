@@ -28,7 +28,7 @@ import pytest
 
 from conftest import BACKEND, TINY
 from keras_mone.models import ImageClassifier, MoNEViTBackbone, ViTBackbone
-from keras_mone.models.matvit_backbone import MatViTBackbone
+from keras_mone.methods.matvit.backbone import MatViTBackbone
 from keras_mone.training.distribution import VIT_LAYOUT, check_supported
 
 RTOL = 1e-4

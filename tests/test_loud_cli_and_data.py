@@ -14,7 +14,7 @@ from keras_mone import host_memory
 from keras_mone.cli import analyze_common
 from keras_mone.cli.main import main
 from keras_mone.data import pipeline
-from keras_mone.layers.sparse_moe import SparseMoE
+from keras_mone.methods.mixer.sparse_moe import SparseMoE
 from keras_mone.recipes import RecipeError, load
 
 

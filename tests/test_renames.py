@@ -19,8 +19,8 @@ from conftest import TINY, randomize_weights, relative_weights, to_numpy
 
 from keras_mone import analysis, layers, models
 from keras_mone.layers import block as block_module
-from keras_mone.models.acm_transfer import acm_from_dense
-from keras_mone.models.acm_vit_backbone import ACMViTBackbone
+from keras_mone.methods.acm.transfer import acm_from_dense
+from keras_mone.methods.acm.backbone import ACMViTBackbone
 from keras_mone.models.weight_transfer import copy_matching_weights, transfer_weights
 from keras_mone.routing import capacity
 from keras_mone.training import distribution
@@ -96,11 +96,11 @@ def test_a_keras_file_saved_before_the_rename_loads(tmp_path):
 
 
 def test_the_merging_sweep_module_and_the_analysis_exports():
-    from keras_mone.analysis import merging_sweep
+    from keras_mone.methods.mone import merging_sweep
 
     for name in ("merged_gmacs", "merging_tokens", "token_merging_sweep"):
         assert getattr(analysis, name) is getattr(merging_sweep, name)
-        assert name in analysis.__all__
+        assert name in dir(analysis)
 
 
 def test_the_two_distribution_tables_have_their_own_names():

@@ -1,5 +1,11 @@
 """Model analysis tools: analytic FLOP (multiply-accumulate) counts, throughput, routing,
-router analyses (routing maps, argmax routing, token importance) and capacity for a budget."""
+router analyses (routing maps, argmax routing, token importance) and capacity for a budget.
+
+A method family's own analyses (MoNE's token-merging sweep) and FLOP counters
+(``register_flop_counter``) live in its folder and are exported here
+(``keras_mone.exports``)."""
+
+from keras_mone.exports import exported_names
 
 from keras_mone.analysis.flops import (
     COMPONENTS,
@@ -10,7 +16,6 @@ from keras_mone.analysis.flops import (
     register_flop_counter,
     vit_block_macs,
 )
-from keras_mone.analysis import acm_flops, mixer_flops  # noqa: F401  (register their counters)
 from keras_mone.analysis.argmax_routing import argmax_compute, argmax_difficulty
 from keras_mone.analysis.budget import capacity_for_budget
 from keras_mone.analysis.routing import expert_share_of_tokens
@@ -19,7 +24,8 @@ from keras_mone.analysis.token_importance import importance_vs_score, leave_one_
 from keras_mone.analysis.token_maps import spearman, token_record
 from keras_mone.analysis.routing_plot import plot_routing, routing_grid, routing_map
 from keras_mone.analysis.throughput import images_per_second
-from keras_mone.analysis.merging_sweep import merged_gmacs, merging_tokens, token_merging_sweep
+
+__getattr__, __dir__ = exported_names("keras_mone.analysis", globals())
 
 __all__ = [
     "argmax_compute",
@@ -33,8 +39,6 @@ __all__ = [
     "images_per_second",
     "importance_vs_score",
     "leave_one_out",
-    "merged_gmacs",
-    "merging_tokens",
     "patch_embedding_macs",
     "plot_routing",
     "register_flop_counter",
@@ -43,7 +47,6 @@ __all__ = [
     "routing_maps",
     "spearman",
     "threshold_sweep",
-    "token_merging_sweep",
     "token_record",
     "vit_block_macs",
 ]

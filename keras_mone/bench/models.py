@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from keras_mone.layers.config import config_argument_names
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
+from keras_mone.methods.mone.backbone import MoNEViTBackbone
 from keras_mone.models.variants import decode_variant
 from keras_mone.models.vit_backbone import ViTBackbone
 

@@ -49,7 +49,7 @@ def plot_rows(rows):
 
 
 def run_token_merging(args):
-    from keras_mone.analysis.merging_sweep import token_merging_sweep
+    from keras_mone.methods.mone.merging_sweep import token_merging_sweep
 
     schedules = parse_schedules(args.schedules)
     capacities = [float(c) for c in args.capacities.split(",") if c.strip()] or [None]

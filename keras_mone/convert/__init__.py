@@ -25,7 +25,7 @@ ViViT-FE then starts from the image model with
 
 A ``MixerBackbone`` (or an ``ImageClassifier`` on one) takes MLP-Mixer
 checkpoints instead, formats ``"vision_transformer"`` (flax ``.npz``: build
-with ``gelu_approximate=True``) and ``"timm"`` (``keras_mone.convert.mixer``).
+with ``gelu_approximate=True``) and ``"timm"`` (``keras_mone.methods.mixer.checkpoints``).
 
 ``write_checkpoint(model, path, format)`` is the inverse (``keras_mone.convert.writer``):
 it writes a model in a format's key layout, so that ``load_checkpoint`` into a
@@ -34,7 +34,7 @@ fresh model of the same configuration reproduces it.
 
 import os
 
-from keras_mone.convert import big_vision, keras_hub, mixer, timm  # noqa: F401  (mixer registers its loader)
+from keras_mone.convert import big_vision, keras_hub, timm  # noqa: F401
 from keras_mone.convert.loaders import loader_for, register_checkpoint_loader
 from keras_mone.convert.checkpoint_file import read_checkpoint_file
 from keras_mone.convert.vit_state import load_vit_state
@@ -66,7 +66,7 @@ def load_checkpoint(model, source, format, strict=True):
     misshaped weight is an error and nothing is written.
     A backbone family with its own formats loads through the loader it registered
     (``convert.loaders``): a Mixer model loads an MLP-Mixer checkpoint
-    (``mixer.load_mixer_state``).
+    (``keras_mone.methods.mixer.checkpoints.load_mixer_state``).
     """
     name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
     family_loader = loader_for(model)  # e.g. MLP-Mixer's own formats (keras_mone.convert.loaders)

@@ -16,8 +16,10 @@ weight bit for bit (but big_vision's class token, below), hence every output.
   object). big_vision adds the class token after the positions: a class
   position is folded into ``cls`` (outputs unchanged; the loaded class token
   is ``cls + pos[0]``, its position zero).
-* A ``MixerBackbone`` or a classifier on one: ``"vision_transformer"``
-  (``.npz``) and ``"timm"``.
+* A backbone whose family registers a writer (``convert.loaders.register_checkpoint_writer``),
+  or a classifier on one: that family's formats and layout; the MLP-Mixer's
+  are ``"vision_transformer"`` (``.npz``) and ``"timm"``
+  (``keras_mone.methods.mixer.checkpoints``).
 
 Weights no key of the format holds (MoNE routers and ``alpha``, ...) are an
 error naming them (``strict=False``: left out, with a warning). Files are
@@ -36,14 +38,11 @@ import numpy as np
 from keras_mone.convert.big_vision import _NAMES as NPZ_NAMES
 from keras_mone.convert.file_output import TORCH_SUFFIXES, publish, write_arrays
 from keras_mone.convert.keys import describe_unused
-from keras_mone.convert.mixer import _BLOCK_PARTS as MIXER_PARTS
-from keras_mone.convert.mixer import check_mixer_model
+from keras_mone.convert.loaders import registered_writers, writer_for
 from keras_mone.convert.vit_state import BLOCK_KEYS
-from keras_mone.models.mixer_backbone import MixerBackbone
 from keras_mone.models.weight_transfer import relative_weight_paths
 
 VIT_FORMATS = ("vision_transformer", "big_vision", "timm", "keras_hub")
-MIXER_FORMATS = ("vision_transformer", "timm")
 #: The GELU the models of each format compute (tanh form: the flax codes).
 FORMAT_GELU = {"vision_transformer": True, "big_vision": True, "timm": False, "keras_hub": False}
 _HUB_BLOCK = dict(ln1="ln_1", ln2="ln_2", norm=("gamma", "beta"), attention="mha/", out="attention_output",
@@ -59,7 +58,8 @@ def write_checkpoint(model, path, format, overwrite=False, strict=True):
 
     Args:
         model: a ViT-layout backbone or a classifier on one (``VIT_FORMATS``),
-            or a ``MixerBackbone`` or a classifier on one (``MIXER_FORMATS``).
+            or a backbone with a registered writer (the MLP-Mixer's
+            ``MIXER_FORMATS``) or a classifier on one.
         path: the file to write (``.npz`` for ``"vision_transformer"`` /
             ``"big_vision"``; ``.safetensors`` or ``.pth`` / ``.pt`` / ``.bin``
             for ``"timm"``) or, for ``"keras_hub"``, the preset folder.
@@ -73,23 +73,24 @@ def write_checkpoint(model, path, format, overwrite=False, strict=True):
         ``{"path", "format", "keys": [keys written], "dropped": {model weight: reason}}``.
     """
     backbone = getattr(model, "backbone", model)
-    mixer = isinstance(backbone, MixerBackbone)
-    allowed = MIXER_FORMATS if mixer else VIT_FORMATS
+    family = writer_for(model)
+    allowed = family.formats if family else VIT_FORMATS
     if format not in allowed:
+        others = "".join(f"; {w.name} formats: {w.formats}" for w in registered_writers())
         raise ValueError(
             f"`format` must be one of {allowed} for a {type(backbone).__name__} "
-            f"(ViT formats: {VIT_FORMATS}; MLP-Mixer formats: {MIXER_FORMATS}), got {format!r}."
+            f"(ViT formats: {VIT_FORMATS}{others}), got {format!r}."
         )
-    if mixer:
-        check_mixer_model(model)
+    if family:
+        family.check(model)
     else:
         _check_vit(backbone)
     path = os.fspath(path)
     _check_destination(path, format, overwrite)
     weights = _Weights(model)
-    content = _mixer_arrays(weights, backbone.depth, format) if mixer else _vit_state(weights, backbone)
+    content = family.arrays(weights, backbone, format) if family else _vit_state(weights, backbone)
     _refuse_or_warn(weights.dropped(format), backbone, format, strict)  # before anything is built or written
-    if not mixer:
+    if not family:
         content = _keras_hub_model(content, model, backbone) if format == "keras_hub" else _VIT_LAYOUTS[format](content)
     gelu = bool(backbone.gelu_approximate)
     if gelu != FORMAT_GELU[format]:
@@ -267,33 +268,6 @@ def _vit_timm(state):
 
 _VIT_LAYOUTS = {"vision_transformer": lambda s: _vit_npz(s, "vision_transformer"),
                 "big_vision": lambda s: _vit_npz(s, "big_vision"), "timm": _vit_timm}
-
-
-def _mixer_arrays(weights, depth, format):
-    """``{key: array}`` of a Mixer checkpoint: flax ``.npz`` names and (in, out) kernels, or timm's."""
-    take, flax = weights.take, format == "vision_transformer"
-    kernel, bias = take("patch_embedding/projection/kernel"), take("patch_embedding/projection/bias")
-    arrays = {"stem/kernel": kernel, "stem/bias": bias} if flax else \
-        {"stem.proj.weight": kernel.transpose(3, 2, 0, 1), "stem.proj.bias": bias}
-    for i in range(depth):
-        for part, (flax_name, timm_name) in MIXER_PARTS.items():
-            norm = part.startswith("layer_norm")
-            first = take(f"block_{i}/{part}/{'gamma' if norm else 'kernel'}")
-            second = take(f"block_{i}/{part}/{'beta' if norm else 'bias'}")
-            if flax:
-                arrays[f"MixerBlock_{i}/{flax_name}/{'scale' if norm else 'kernel'}"] = first
-                arrays[f"MixerBlock_{i}/{flax_name}/bias"] = second
-            else:
-                arrays[f"blocks.{i}.{timm_name}.weight"] = first if norm else first.T
-                arrays[f"blocks.{i}.{timm_name}.bias"] = second
-    gamma, beta = take("norm/gamma"), take("norm/beta")
-    arrays.update({"pre_head_layer_norm/scale": gamma, "pre_head_layer_norm/bias": beta} if flax else
-                  {"norm.weight": gamma, "norm.bias": beta})
-    if "head/kernel" in weights:
-        kernel, bias = take("head/kernel", in_backbone=False), take("head/bias", in_backbone=False)
-        arrays.update({"head/kernel": kernel, "head/bias": bias} if flax else
-                      {"head.weight": kernel.T, "head.bias": bias})
-    return arrays
 
 
 def _keras_hub_model(state, model, backbone):

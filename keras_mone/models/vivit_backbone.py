@@ -8,9 +8,6 @@ from keras_mone.layers.tubelet_embedding import (
     TubeletEmbedding,
     validate_frame_geometry,
 )
-from keras_mone.models.matvit_backbone import MatViTBackbone
-from keras_mone.models.mod_vit_backbone import AMoDViTBackbone, MoDViTBackbone
-from keras_mone.models.mone_vit_backbone import MoNEViTBackbone
 from keras_mone.models.vit_backbone import ViTBackbone
 
 
@@ -155,39 +152,6 @@ def video_form(image_backbone):
 
 
 _VIDEO_FORMS = {}
-
-MoNEViViTBackbone = video_form(MoNEViTBackbone)
-MoNEViViTBackbone.__doc__ = """MoNE-ViViT-FE (MoNE paper, Sec. 4.4): nested experts in the spatial transformer.
-
-    The spatial transformer is a ``MoNEViTBackbone`` encoder: since frame
-    indices are sequences of their own, the router scores every frame
-    independently and Expert Preferred Routing assigns tokens *per frame*, so
-    every frame meets the capacity distribution exactly
-    (``expert_token_counts()`` are per frame index). The temporal transformer
-    runs at full capacity. ``set_capacity`` and everything else work as for
-    images; arguments are those of ``ViViTBackbone`` and ``MoNEViTBackbone``.
-    """
-
-MatViViTBackbone = video_form(MatViTBackbone)
-MatViViTBackbone.__doc__ = """MatViT-ViViT-FE: the spatial transformer at a settable nested width (MatFormer).
-
-    The MoNE paper starts its video models from "a baseline model with nested
-    structure" trained jointly on all widths (Sec. 4.4 and 5): this backbone,
-    trained with ``MatViViTClassifier`` (losses of ``D/8 .. D`` summed), is
-    that baseline, and its weights load into ``MoNEViViTBackbone`` unchanged
-    (``keras_mone.models.transfer_weights``). ``set_width`` nests the spatial
-    blocks; the temporal transformer stays at full width, as in MoNE-ViViT.
-    At ``width_fraction=1`` it equals ``ViViTBackbone`` with the same weights.
-    """
-
-MoDViViTBackbone = video_form(MoDViTBackbone)
-MoDViViTBackbone.__doc__ = """MoD-ViViT-FE: Mixture-of-Depths in the spatial transformer, routed per
-    frame index (every frame keeps its ``floor(C N)`` top tokens in a routed
-    block); the temporal transformer runs on every frame."""
-
-AMoDViViTBackbone = video_form(AMoDViTBackbone)
-AMoDViViTBackbone.__doc__ = """A-MoD-ViViT-FE: attention-routed MoD in the spatial transformer, per frame index."""
-
 
 def dense_counterpart(backbone):
     """The (unbuilt) dense ``ViTBackbone`` (``ViViTBackbone`` for video) of ``backbone``'s size:

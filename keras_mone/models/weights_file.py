@@ -20,7 +20,7 @@ import keras
 _NOT_MODEL_STATE = ("optimizer",)  # top-level groups of a .weights.h5 that are not model variables
 # Groups inside a model that are not its state: the frozen dense teacher of
 # ACM's conversion phases, which keras_mone 0.1.0 saved beside each ACM
-# module (``layers.acm_teacher``); their checkpoints still restore.
+# module (``keras_mone.methods.acm.teacher``); their checkpoints still restore.
 _NOT_MODEL_PARTS = ("_acm_teacher",)
 
 

@@ -21,7 +21,7 @@ compound. Here:
 Departures from ToMe, stated: the similarity is taken on the block's input
 features rather than the attention keys, merging happens between blocks
 rather than between attention and MLP, and attention is not size-weighted
-(no proportional attention). Use ``keras_mone.analysis.merging_sweep`` to
+(no proportional attention). Use ``keras_mone.methods.mone.merging_sweep`` to
 evaluate a trained model with it.
 """
 
