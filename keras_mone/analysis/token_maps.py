@@ -14,23 +14,38 @@ from keras import ops
 from keras_mone.models.record_call import forward_with_record
 from keras_mone.routing.capacity import expert_width_fractions
 
-#: What the routing map of each kind holds.
-KINDS = {
-    "expert": "nested expert of each token (0 smallest, E-1 full, -1 dropped)",
-    "kept": "1 where the routed block runs the token, 0 where it skips it",
-    "learners": "ACM learners run per token (mean over blocks when no block is chosen)",
-}
+#: What the routing map of each kind holds (``register_record_kind`` adds a kind).
+KINDS = {}
+#: ``kind -> (marker, reader)``, in the order kinds are recognised.
+_READERS = {}
+
+
+def register_record_kind(kind, marker, description):
+    """Decorator registering a routed method's reader of its forward record.
+
+    ``marker``: a record key only that method's forward pass writes (the
+    record is recognised as ``kind`` when it holds it, kinds tried in
+    registration order); ``description``: what its routing map holds
+    (``KINDS``). The reader ``fn(record, decision) -> (assignment, score,
+    probs, argmax_share)`` returns numpy arrays ``(rows, tokens)`` (``probs``
+    ``(rows, tokens, choices)`` or ``None``, ``argmax_share`` or ``None``).
+    MoNE's and MoD's kinds are read here, from the shared routing parts'
+    fields; ACM registers its own (``keras_mone.methods.acm.record``)."""
+
+    def decorator(reader):
+        KINDS[kind] = description
+        _READERS[kind] = (marker, reader)
+        return reader
+
+    return decorator
 
 
 def method_kind(record):
-    """``"expert"`` (MoNE), ``"kept"`` (MoD, A-MoD) or ``"learners"`` (ACM) from a forward record;
-    a ``ValueError`` for models that route nothing (dense, MatViT, Mixer)."""
-    if "router_probs" in record:
-        return "expert"
-    if "acm_choices" in record:
-        return "learners"
-    if "selected" in record:
-        return "kept"
+    """The registered kind of a forward record (``"expert"``: MoNE, ``"kept"``: MoD and A-MoD,
+    ``"learners"``: ACM); a ``ValueError`` for models that route nothing (dense, MatViT, Mixer)."""
+    for kind, (marker, _) in _READERS.items():
+        if marker in record:
+            return kind
     raise ValueError(
         "The model routes no tokens (no router, token skipping or ACM gate in its forward record), "
         "so it has no routing map: use a MoNE, MoD, A-MoD or ACM model (MatViT runs every token at "
@@ -39,35 +54,33 @@ def method_kind(record):
 
 
 def _decision(record, kind, decision):
-    """``(assignment, score, probs, argmax_share)`` numpy arrays ``(rows, tokens)`` (``probs``:
-    MoNE's ``(rows, tokens, E)`` or ACM's ``(rows, tokens, N + 1)``; ``probs`` and
-    ``argmax_share`` are ``None`` for MoD / A-MoD)."""
-    if kind == "expert":
-        count = len(record["router_probs"])
-        index = 0 if decision is None else decision
-        if not 0 <= index < count:
-            raise ValueError(f"`decision` must be a router index in [0, {count}), got {decision!r}.")
-        probs = ops.convert_to_numpy(record["router_probs"][index]).astype("float32")
-        widths = np.asarray(expert_width_fractions(probs.shape[-1]), dtype="float32")
-        return ops.convert_to_numpy(record["expert_index"][index]), probs[..., -1], probs, widths[probs.argmax(-1)]
-    if kind == "kept":
-        routed = [entry for entry in record["blocks"] if "scores" in entry]
-        index = 0 if decision is None else decision
-        if not 0 <= index < len(routed):
-            raise ValueError(f"`decision` must be a routed-block index in [0, {len(routed)}), got {decision!r}.")
-        entry = routed[index]
-        kept = (ops.convert_to_numpy(entry["assignment"]) >= 0).astype("int32")
-        return kept, ops.convert_to_numpy(entry["scores"]).astype("float32"), None, None
-    depth = len(record["blocks"])
-    blocks = range(depth) if decision is None else [decision]
-    if decision is not None and not 0 <= decision < depth:
-        raise ValueError(f"`decision` must be a block index in [0, {depth}), got {decision!r}.")
-    counts = np.mean([ops.convert_to_numpy(record["blocks"][b]["assignment"]) for b in blocks], axis=0)
-    per_block = np.stack([ops.convert_to_numpy(record["acm_probs"][b]).astype("float32") for b in blocks])
-    learners = per_block.shape[-1] - 1
-    probs = per_block.mean(axis=0)
-    expected = probs @ np.arange(learners + 1, dtype="float32")  # the gate's expected learner count
-    return counts, expected, probs, per_block.argmax(-1).mean(axis=0) / learners
+    """``(assignment, score, probs, argmax_share)`` of the ``kind`` reader."""
+    return _READERS[kind][1](record, decision)
+
+
+@register_record_kind("expert", "router_probs", "nested expert of each token (0 smallest, E-1 full, -1 dropped)")
+def _expert_decision(record, decision):
+    """MoNE: router ``decision``'s expert per token, full-expert probability, probabilities over
+    experts and the argmax expert's width (``routing.parts.NestedExperts``' record)."""
+    count = len(record["router_probs"])
+    index = 0 if decision is None else decision
+    if not 0 <= index < count:
+        raise ValueError(f"`decision` must be a router index in [0, {count}), got {decision!r}.")
+    probs = ops.convert_to_numpy(record["router_probs"][index]).astype("float32")
+    widths = np.asarray(expert_width_fractions(probs.shape[-1]), dtype="float32")
+    return ops.convert_to_numpy(record["expert_index"][index]), probs[..., -1], probs, widths[probs.argmax(-1)]
+
+
+@register_record_kind("kept", "selected", "1 where the routed block runs the token, 0 where it skips it")
+def _kept_decision(record, decision):
+    """MoD / A-MoD: routed block ``decision``'s kept tokens and scores (``routing.parts.TopKSkip``)."""
+    routed = [entry for entry in record["blocks"] if "scores" in entry]
+    index = 0 if decision is None else decision
+    if not 0 <= index < len(routed):
+        raise ValueError(f"`decision` must be a routed-block index in [0, {len(routed)}), got {decision!r}.")
+    entry = routed[index]
+    kept = (ops.convert_to_numpy(entry["assignment"]) >= 0).astype("int32")
+    return kept, ops.convert_to_numpy(entry["scores"]).astype("float32"), None, None
 
 
 def token_record(model, inputs, decision=None, batch_size=128):

@@ -11,7 +11,7 @@ public classes are also ``keras_mone.layers.ACMMLP`` / ``ACMGate`` /
 """
 
 from keras_mone.exports import export
-from keras_mone.methods.acm import flops  # noqa: F401  (registers ACM's FLOP counter)
+from keras_mone.methods.acm import flops, record  # noqa: F401  (register its FLOP counter, routing-map reader)
 from keras_mone.methods.acm.backbone import ACMViTBackbone
 from keras_mone.methods.acm.gate import ACMGate
 from keras_mone.methods.acm.linear import ACMLinear
