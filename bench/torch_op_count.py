@@ -1,4 +1,4 @@
-"""Kernel ops and Keras layer calls of one forward pass on torch: dense ViT against MoNE-ViT.
+"""Kernel ops, Keras layer calls and torch.compile graphs of one forward pass on torch: dense ViT against MoNE-ViT.
 
 Eager torch pays host time for every op and layer call, so on a GPU these
 counts, not the MACs, bound a forward pass (issue 40 item 3). torch's
@@ -21,12 +21,14 @@ from keras_mone.models.variants import decode_variant
 
 
 def counts(model, x):
-    """``(kernel ops, layer calls)`` of ``model(x)`` after one warm-up call."""
+    """``(kernel ops, layer calls, torch.compile graphs)`` of ``model(x)`` after one warm-up call
+    (graphs: what dynamo captures; each graph break adds one, and the code between runs eagerly)."""
     import torch
 
     model(x)
     with torch.no_grad():
-        return kernel_ops(record(lambda: model(x))), layer_calls(lambda: model(x))
+        graphs = torch._dynamo.explain(lambda t: model(t))(x).graph_count
+        return kernel_ops(record(lambda: model(x))), layer_calls(lambda: model(x)), graphs
 
 
 def main(argv=None):
@@ -44,10 +46,10 @@ def main(argv=None):
     rows = []
     for name, model in (("dense", ViTBackbone(**config)), (f"mone e_c={args.capacity:g}", MoNEViTBackbone(**config, capacity=args.capacity))):
         model.build()
-        ops, calls = counts(model, x)
-        rows.append(f"| {name} | {ops} | {calls} |")
+        ops, calls, graphs = counts(model, x)
+        rows.append(f"| {name} | {ops} | {calls} | {graphs} |")
     print(f"ViT-{args.variant} at {args.image_size}, one image, torch {torch.__version__}, keras {keras.__version__}\n")
-    print("| model | kernel ops per forward | Keras layer calls |\n|---|---|---|")
+    print("| model | kernel ops per forward | Keras layer calls | torch.compile graphs |\n|---|---|---|---|")
     print("\n".join(rows))
 
 

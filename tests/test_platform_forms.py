@@ -62,3 +62,67 @@ def test_received_attention_keeps_the_explicit_form(monkeypatch):
     attended, received = multi_head_attention(qkv, return_received_attention=True)
     np.testing.assert_allclose(to_numpy(received).sum(-1), 1.0, rtol=1e-5)  # each query row's weights sum to 1
     assert_f32_close(to_numpy(attended), _attention(monkeypatch, "explicit", qkv))
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_fused_attention_in_either_layout_equals_the_explicit_form(monkeypatch, heads_first):
+    # The torch form calls SDPA itself (heads first, as the packed block holds
+    # q, k, v); every backend's fused_attention must equal softmax(q k^T / sqrt(d)) v.
+    qkv = np.random.default_rng(2).normal(size=(2, 9, 3, 4, 8)).astype("float32")
+    q, k, v = (qkv[:, :, i] for i in range(3))  # (B, N, H, d)
+    if heads_first:
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    fused = to_numpy(platform_forms.fused_attention(q, k, v, heads_first=heads_first))
+    if heads_first:
+        fused = fused.transpose(0, 2, 1, 3)
+    assert_f32_close(fused, _attention(monkeypatch, "explicit", qkv), ulps=64)
+
+
+def _graphs_and_breaks(fn, *args):
+    import torch
+
+    explanation = torch._dynamo.explain(fn)(*args)
+    return explanation.graph_count, explanation.graph_break_count
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile is torch's")
+@pytest.mark.parametrize("name", ["ViTBackbone", "MoNEViTBackbone", "MoNEViViTBackbone"])
+def test_torch_compile_traces_a_forward_as_one_graph(name):
+    # Issue 40 item 3 (jit_compile=True runs torch.compile): Keras'
+    # ops.dot_product_attention broke the graph at every attention call (a
+    # C++ SDPAParams check) and EPR's token counts at every router (numpy
+    # traced into tensors): 10 graphs dense, 15 MoNE for two blocks. Now one,
+    # and the compiled (fullgraph) forward equals the eager one.
+    import torch
+
+    from conftest import TINY_VIDEO, videos
+
+    video = "ViViT" in name
+    cls = getattr(models, name)
+    model = cls(**TINY_VIDEO, capacity=0.3) if "MoNE" in name and video else (
+        cls(**TINY, capacity=0.3) if "MoNE" in name else cls(**TINY))
+    x = torch.as_tensor(videos() if video else images())
+    randomize_weights(model, seed=1) if model.built else None
+    eager = to_numpy(model(x))
+    with torch.no_grad():
+        assert _graphs_and_breaks(lambda t: model(t), x) == (1, 0)
+        compiled = torch.compile(lambda t: model(t), backend="eager", fullgraph=True)
+        assert_f32_close(to_numpy(compiled(x)), eager)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile is torch's")
+def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
+    # Keras' torch train_step calls loss.backward(), which dynamo does not
+    # trace: one break for any model. MoNE's routing adds none (it added 5
+    # for two blocks; dense had 13 breaks, MoNE 18, before the two fixes).
+    import keras
+    import torch
+
+    x, y = torch.as_tensor(images(batch=4)), torch.as_tensor(np.arange(4) % 5)
+    counts = []
+    for backbone in (models.ViTBackbone(**TINY), models.MoNEViTBackbone(**TINY, capacity=0.3)):
+        model = models.ImageClassifier(backbone, num_classes=5)
+        model.compile(optimizer="adamw", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.train_on_batch(x, y)
+        counts.append(_graphs_and_breaks(lambda a, b: model.train_step((a, b)), x, y))
+    assert counts[1] == counts[0] and counts[0][1] <= 2, counts

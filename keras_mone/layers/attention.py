@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.nested_dense import NestedDense, slice_point
-from keras_mone.layers.platform_forms import attention_form
+from keras_mone.layers.platform_forms import attention_form, fused_attention
 
 
 @register
@@ -133,7 +133,7 @@ def multi_head_attention(qkv, return_received_attention=False):
     parts = list(qkv) if isinstance(qkv, (list, tuple)) else [qkv]
     if not return_received_attention and attention_form() == "fused":
         whole = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
-        return ops.dot_product_attention(whole[:, :, 0], whole[:, :, 1], whole[:, :, 2])
+        return fused_attention(whole[:, :, 0], whole[:, :, 1], whole[:, :, 2])
     if keras.backend.backend() == "torch":
         parts = [parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)]
     # Split, then heads first: the backward pass concatenates dq, dk, dv

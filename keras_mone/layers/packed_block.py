@@ -31,6 +31,7 @@ from keras_mone.layers.activations import gelu
 from keras_mone.layers.attention import MoNEAttention
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
+from keras_mone.layers.platform_forms import fused_attention
 
 
 def packable(block, groups, gates, training=None, return_received_attention=False):
@@ -97,10 +98,9 @@ def _attention(attention, normed, spans, widths, sizes):
     qkv = _cat(parts, 3)  # one copy, contiguous heads-first (also for a single group)
     if bias is not None and not per_group_bias:
         qkv = qkv + bias.reshape(3, 1, heads, 1, dim // heads)
-    # (batch, tokens, heads, head_dim) views whose heads-first layout SDPA reads without copies
-    query, key, value = (qkv[i].transpose(1, 2) for i in range(3))
-    attended = ops.dot_product_attention(query, key, value)
-    attended = attended.permute(1, 0, 2, 3).reshape(-1, dim)
+    # SDPA on the heads-first (batch, heads, tokens, head_dim) views; out (tokens, batch, heads, head_dim)
+    attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True)
+    attended = attended.permute(2, 0, 1, 3).reshape(-1, dim)
     return _nested_out(out_layer, [_rows(attended, start, stop) for start, stop in spans], widths, dim)
 
 

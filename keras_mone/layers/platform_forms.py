@@ -55,3 +55,28 @@ def attention_form():
     if keras.backend.backend() == "torch" or accelerator() != "cpu":
         return "fused"
     return "explicit"
+
+
+def fused_attention(query, key, value, heads_first=False):
+    """Softmax attention by the backend's fused kernel: ``(B, N, H, d)`` tensors
+    (``heads_first``: ``(B, H, N, d)``) in, the same layout out.
+
+    torch calls ``scaled_dot_product_attention`` itself: ``keras.ops.dot_product_attention``
+    first builds torch's ``SDPAParams`` to check for flash attention, a C++
+    object that ``torch.compile`` cannot trace, so every attention call broke
+    the compiled graph (``tests/test_platform_forms.py``); SDPA picks flash
+    attention by itself where it applies. Elsewhere ``keras.ops.dot_product_attention``."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        query, key, value = (
+            x if isinstance(x, torch.Tensor) else keras.ops.convert_to_tensor(x) for x in (query, key, value)
+        )
+        if not heads_first:
+            query, key, value = (x.transpose(1, 2) for x in (query, key, value))
+        attended = torch.nn.functional.scaled_dot_product_attention(query, key, value)
+        return attended if heads_first else attended.transpose(1, 2)
+    if heads_first:
+        query, key, value = (keras.ops.transpose(x, (0, 2, 1, 3)) for x in (query, key, value))
+        return keras.ops.transpose(keras.ops.dot_product_attention(query, key, value), (0, 2, 1, 3))
+    return keras.ops.dot_product_attention(query, key, value)

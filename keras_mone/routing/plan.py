@@ -38,15 +38,24 @@ class ExpertPreferredPlan:
         self.set_capacity(effective_capacity)
 
     def set_capacity(self, effective_capacity):
-        """Sets ``e_c`` (validated, naming ``effective_capacity``) and the capacities it gives."""
+        """Sets ``e_c`` (validated, naming ``effective_capacity``) and the capacities it gives;
+        the token counts of every token count asked for so far are derived again here."""
         self.capacities = _capacities(self.capacity_method, effective_capacity, self.num_experts, self.beta, self.delta)
         self.effective_capacity = float(effective_capacity)
+        self._counts = {n: _token_counts(self.capacities, n) for n in getattr(self, "_counts", ())}
 
     def token_counts(self, num_tokens):
-        """``(tokens per expert, smallest first; dropped tokens)`` for ``num_tokens`` tokens."""
+        """``(tokens per expert, smallest first; dropped tokens)`` for ``num_tokens`` tokens.
+
+        Read from a plain dict filled on first use (eagerly: Keras builds every
+        layer before it compiles a step) and on ``set_capacity``, so a traced
+        step looks the counts up instead of tracing their numpy arithmetic,
+        which ``torch.compile`` turns into tensors and a graph break."""
         if not isinstance(num_tokens, int):  # e.g. a symbolic size while tracing
             return epr.expert_token_counts(self.capacities, num_tokens)
-        return _token_counts(self.capacities, num_tokens)
+        if num_tokens not in self._counts:
+            self._counts[num_tokens] = _token_counts(self.capacities, num_tokens)
+        return self._counts[num_tokens]
 
     def group(self, router_probs):
         """``(groups, dropped)`` index tensors of Algorithm 1 (``routing.epr.route_tokens``)."""
