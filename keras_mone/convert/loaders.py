@@ -30,13 +30,15 @@ def register_checkpoint_loader(backbone_class):
     return decorator
 
 
+def _most_specific(table, model):
+    """``table``'s entry for the nearest class in the MRO of ``model``'s backbone (or ``model``), or ``None``."""
+    backbone = getattr(model, "backbone", model)
+    return next((table[klass] for klass in type(backbone).__mro__ if klass in table), None)
+
+
 def loader_for(model):
     """The registered loader for ``model``'s backbone (or ``model`` itself), or ``None``."""
-    backbone = getattr(model, "backbone", model)
-    for klass in type(backbone).__mro__:
-        if klass in _LOADERS:
-            return _LOADERS[klass]
-    return None
+    return _most_specific(_LOADERS, model)
 
 
 #: A family's checkpoint writer: its ``formats``, ``check(model)`` (raises on a
@@ -60,11 +62,7 @@ def register_checkpoint_writer(backbone_class, formats, check, name=None):
 
 def writer_for(model):
     """The registered ``CheckpointWriter`` for ``model``'s backbone, or ``None`` (the ViT layout)."""
-    backbone = getattr(model, "backbone", model)
-    for klass in type(backbone).__mro__:
-        if klass in _WRITERS:
-            return _WRITERS[klass]
-    return None
+    return _most_specific(_WRITERS, model)
 
 
 def registered_writers():
