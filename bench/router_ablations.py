@@ -26,8 +26,9 @@ import time
 
 import keras
 
-from keras_mone import presets
+from keras_mone import presets, recipes
 from keras_mone.analysis.router_ablation import learned_vs_random_router
+from keras_mone.data.cluttered_digits import source_indices
 from training_targets import _mean, _std, run_seed, write_section
 
 SECTION = "## Router ablations: position, number of routers, random router (MoNE Sec. 6, App. A.3)"
@@ -71,14 +72,23 @@ def random_router_rows(output, seeds, capacity, x, y, shipped):
     return rows
 
 
+def split_sizes(recipe_name="cluttered_digits_mone"):
+    """``(training renderings per epoch, test images)`` of the recipe: its renderings per
+    source digit times the fixed split's digit counts (``data.cluttered_digits.source_indices``)."""
+    recipe = recipes.resolve(recipe_name)[0]
+    return (len(source_indices("train")) * recipe["samples_per_digit"],
+            len(source_indices("test")) * recipe["test_samples_per_digit"])
+
+
 def markdown(records, random_rows, command, capacity):
     seeds = list(records)
+    renderings, test_images = split_sizes()
     lines = [
         SECTION, "",
         f"Command: `{command}` (backend {keras.backend.backend()}; recipe cluttered_digits_mone, "
-        f"{records[seeds[0]]['epochs']} epoch(s) of 23,008 fresh renderings per model, e_c {capacity}; "
+        f"{records[seeds[0]]['epochs']} epoch(s) of {renderings:,} fresh renderings per model, e_c {capacity}; "
         "two cores shared with other jobs, which changes times, not results). Cells: test accuracy on the "
-        "5026-image split (one image is 0.02 points); std over seeds (sample).", "",
+        f"{test_images}-image split (one image is {100 / test_images:.2f} points); std over seeds (sample).", "",
         "| variant | GMACs / image | accuracy per seed | mean | std |",
         "| --- | --- | --- | --- | --- |",
     ]
