@@ -117,7 +117,9 @@ def _mlp(mlp, normed, spans, widths, training):
     def activation(x):
         return gelu(x, approximate=mlp.gelu_approximate, training=bool(training), nested=nested)
 
-    products = [_project(_rows(normed, start, stop, width), kernel[:width], bias) for (start, stop), width in zip(spans, widths)]
+    products = [
+        _project(_rows(normed, start, stop, width), kernel[:width], bias) for (start, stop), width in zip(spans, widths)
+    ]
     if fuse_groups(normed):
         packed = activation(_stack(products))
         hidden = [_rows(packed, start, stop) for start, stop in spans]
