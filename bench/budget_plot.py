@@ -18,7 +18,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from keras_mone import presets  # noqa: E402
 
 
 def _mean_sd(values):

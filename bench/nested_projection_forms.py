@@ -32,7 +32,6 @@ from keras import ops
 
 from block_profile import interleaved_medians
 from keras_mone.routing import capacity_distribution, expert_token_counts
-from training_targets import write_section
 
 SECTION = "## Nested projections: per-group matmuls or row blocks (issue 27 item 2)"
 

@@ -42,9 +42,11 @@ def main(argv=None):
     import torch
 
     config = dict(decode_variant(args.variant), image_size=args.image_size)
-    x = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (1, args.image_size, args.image_size, 3)).astype("float32"))
+    size = args.image_size
+    x = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (1, size, size, 3)).astype("float32"))
     rows = []
-    for name, model in (("dense", ViTBackbone(**config)), (f"mone e_c={args.capacity:g}", MoNEViTBackbone(**config, capacity=args.capacity))):
+    mone = MoNEViTBackbone(**config, capacity=args.capacity)
+    for name, model in (("dense", ViTBackbone(**config)), (f"mone e_c={args.capacity:g}", mone)):
         model.build()
         ops, calls, graphs = counts(model, x)
         rows.append(f"| {name} | {ops} | {calls} | {graphs} |")

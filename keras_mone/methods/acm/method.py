@@ -146,18 +146,43 @@ END_TO_END = TrainingMode(
 SCORED_EXECUTIONS = ("exact", "grouped")
 
 RECIPE_KEYS = {
-    "beta_target": RecipeKey(0.5, (int, float), "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference", above=0.0, high=1.0),
-    "gate_tau": RecipeKey(0.833, (int, float), "ACM phase 2 (mode 'gates'): label = smallest n >= 2 with d(n) >= tau d(n-1) (the official code's factor 1.2 is tau 1/1.2)", above=0.0),
-    "acm_loss_weights": RecipeKey([0.1, 0.05, -0.05], list, "ACM phase 3 (mode 'end_to_end'): weights of L_budget, L_entropy and L_diversity (0.1, 0.05: the paper's; -0.05: its text writes +0.05, its intent and the official code subtract L_diversity, docs/methods.md; [0.1, 0, 0] is Fig. 8's budget loss alone)"),
-    "acm_init": RecipeKey("slices", str, "ACM mode 'distill': learners start as slices of the dense MLP (exact at k = N) or 'random' (the paper's: drawn afresh, then distilled)", ("slices", "random")),
-    "teacher_from": RecipeKey("", str, "ACM modes 'distill' / 'gates': the dense model (.keras file or 'preset:<name>') whose modules' outputs are the targets; '' = init_from", model_source=True),
+    "beta_target": RecipeKey(
+        0.5, (int, float),
+        "ACM: the share of learner compute the budget loss aims at, and the budget of grouped inference",
+        above=0.0, high=1.0,
+    ),
+    "gate_tau": RecipeKey(
+        0.833, (int, float),
+        "ACM phase 2 (mode 'gates'): label = smallest n >= 2 with d(n) >= tau d(n-1) "
+        "(the official code's factor 1.2 is tau 1/1.2)",
+        above=0.0,
+    ),
+    "acm_loss_weights": RecipeKey(
+        [0.1, 0.05, -0.05], list,
+        "ACM phase 3 (mode 'end_to_end'): weights of L_budget, L_entropy and L_diversity (0.1, 0.05: the "
+        "paper's; -0.05: its text writes +0.05, its intent and the official code subtract L_diversity, "
+        "docs/methods.md; [0.1, 0, 0] is Fig. 8's budget loss alone)",
+    ),
+    "acm_init": RecipeKey(
+        "slices", str,
+        "ACM mode 'distill': learners start as slices of the dense MLP (exact at k = N) or 'random' "
+        "(the paper's: drawn afresh, then distilled)",
+        ("slices", "random"),
+    ),
+    "teacher_from": RecipeKey(
+        "", str,
+        "ACM modes 'distill' / 'gates': the dense model (.keras file or 'preset:<name>') whose modules' "
+        "outputs are the targets; '' = init_from",
+        model_source=True,
+    ),
 }
 
 
 def check_recipe(recipe, fail):
     """The loss weights are three numbers; random learners are distilled first; distillation has a teacher."""
     weights = recipe["acm_loss_weights"]
-    if len(weights) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in weights):
+    numbers = all(not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in weights)
+    if len(weights) != 3 or not numbers:
         fail(
             "key 'acm_loss_weights' must hold 3 finite numbers (weights of L_budget, L_entropy, L_diversity), "
             f"got {weights!r}."
