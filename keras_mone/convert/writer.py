@@ -58,8 +58,8 @@ def write_checkpoint(model, path, format, overwrite=False, strict=True):
 
     Args:
         model: a ViT-layout backbone or a classifier on one (``VIT_FORMATS``),
-            or a backbone with a registered writer (the MLP-Mixer's
-            ``MIXER_FORMATS``) or a classifier on one.
+            or a backbone with a registered writer (the MLP-Mixer's formats:
+            ``keras_mone.methods.mixer.checkpoints.FORMATS``) or a classifier on one.
         path: the file to write (``.npz`` for ``"vision_transformer"`` /
             ``"big_vision"``; ``.safetensors`` or ``.pth`` / ``.pt`` / ``.bin``
             for ``"timm"``) or, for ``"keras_hub"``, the preset folder.

@@ -35,6 +35,7 @@ class ExpertPreferredPlan:
         self.delta = delta
         self.effective_capacity = None
         self.capacities = None
+        self._counts = {}  # {num_tokens: token_counts(num_tokens)} at the current capacities
         self.set_capacity(effective_capacity)
 
     def set_capacity(self, effective_capacity):
@@ -42,7 +43,7 @@ class ExpertPreferredPlan:
         the token counts of every token count asked for so far are derived again here."""
         self.capacities = _capacities(self.capacity_method, effective_capacity, self.num_experts, self.beta, self.delta)
         self.effective_capacity = float(effective_capacity)
-        self._counts = {n: _token_counts(self.capacities, n) for n in getattr(self, "_counts", ())}
+        self._counts = {n: _token_counts(self.capacities, n) for n in self._counts}
 
     def token_counts(self, num_tokens):
         """``(tokens per expert, smallest first; dropped tokens)`` for ``num_tokens`` tokens.
