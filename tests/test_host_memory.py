@@ -60,11 +60,55 @@ def without_settings():
     return {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", host_memory.ENVIRONMENT_SWITCH)}
 
 
-@pytest.mark.skipif(not (transparent_huge_pages() and glibc_with_hugetlb()), reason="needs THP and glibc >= 2.35")
+# Maps one 64 MB block and reports what /proc/self/smaps says of its mapping: whether glibc
+# asked for huge pages (THPeligible, set by its madvise) and how much the kernel granted.
+MAPPING_PROBE = """
+import ctypes, json
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+block = libc.malloc(64 * 2**20); ctypes.memset(block, 1, 64 * 2**20)
+found, inside = {}, False
+with open("/proc/self/smaps") as f:
+    for line in f:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= block < high
+        elif inside and head in ("THPeligible:", "AnonHugePages:"):
+            found[head[:-1]] = int(line.split()[1])
+libc.free(block)
+print(json.dumps(found))
+"""
+HUGE_PAGES = pytest.mark.skipif(not (transparent_huge_pages() and glibc_with_hugetlb()),
+                                reason="needs THP and glibc >= 2.35")
+
+
+def mapping(environ):
+    out = subprocess.run([sys.executable, "-c", MAPPING_PROBE], capture_output=True, text=True, check=True,
+                         env=environ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@HUGE_PAGES
+def test_the_setting_asks_the_kernel_for_huge_pages():
+    """Exact: with the tunable glibc marks a large block's mapping for huge pages; without it, not
+    (when THP is ``always`` every mapping is eligible, so only the "with" half is checked)."""
+    assert mapping(host_memory.with_huge_pages(without_settings()))["THPeligible"] == 1
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        if "[madvise]" in f.read():
+            assert mapping(without_settings())["THPeligible"] == 0
+
+
+@HUGE_PAGES
 def test_huge_pages_stop_the_page_faults_of_a_repeated_large_block():
+    """Faults drop from one per 4 KB page to a few per 2 MB page. How many huge pages the kernel
+    can grant depends on its free memory's fragmentation (a loaded CI machine granted 97% of them,
+    an idle one 99.8%), so the check asks for a 10x drop, not for every page."""
     pages = 10 * 64 * 2**20 // 4096
-    assert faults(without_settings()) > 0.5 * pages  # unmapped at every free, faulted in again 4 KB at a time
-    assert faults(host_memory.with_huge_pages(without_settings())) < 0.02 * pages  # 2 MB pages
+    plain = faults(without_settings())
+    assert plain > 0.5 * pages  # unmapped at every free, faulted in again 4 KB at a time
+    assert faults(host_memory.with_huge_pages(without_settings())) < 0.1 * plain
 
 
 def test_the_tunable_joins_other_tunables():
