@@ -66,6 +66,7 @@ FLOORS = {
     "arguments": 0, "version": 0, "overrides": 0, "file_io": 0, "backend_choice": 0, "host_memory": 0, "exports": 0,
     "recipe_files": 0,
     "routing": 1,        # EPR, capacities, token groups: plain functions on tensors
+    "kernels": 1,        # backend kernels (Pallas) beside the plain paths they equal
     "layers": 2,         # Keras layers: nested dense, attention, MLPs, routers, ACM, Mixer
     "models": 3,         # backbones and task classes
     "analysis": 4, "convert": 4, "data": 4,  # what reads models: FLOPs and analyses, checkpoints, inputs

@@ -1,11 +1,14 @@
 """NestedMLP: the ViT MLP with nested in/out projections (App. A.1 Eq. 6)."""
 
+import functools
+
 import keras
 from keras import ops
 
 from keras_mone.layers.activations import gelu
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.nested_dense import NestedDense, slice_point
+from keras_mone.layers.nested_dense import NestedDense, pad_features, slice_point
+from keras_mone.layers.platform_forms import accelerator, mlp_form
 
 
 @register
@@ -53,6 +56,10 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         leading = ops.shape(inputs)[:-1]
         # token rows (tokens, D): a 2-D matmul, whose bias and GELU tensorflow fuses into it (``add_bias``)
         inputs = ops.reshape(inputs, (-1, inputs.shape[-1]))
+        if nested and not (training and self.dropout_rate) and mlp_form() == "fused":
+            outputs = self._fused(inputs, width, pad_output)
+            if outputs is not None:
+                return ops.reshape(outputs, tuple(leading) + (outputs.shape[-1],))
         pre_activation = self.fc1(inputs, in_width=width)
         hidden = gelu(pre_activation, approximate=self.gelu_approximate, training=bool(training), nested=nested)
         hidden = self.dropout(hidden, training=training)
@@ -63,12 +70,39 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         outputs = ops.reshape(outputs, tuple(leading) + (outputs.shape[-1],))
         return self.dropout(outputs, training=training)
 
+    def _fused(self, rows, width, pad_output):
+        """The nested MLP of token ``rows`` as one Pallas kernel (``kernels.fused_nested_mlp``),
+        or ``None`` where the compiled kernel does not take this width."""
+        from keras_mone.kernels import fused_nested_mlp as kernel
+
+        interpret = accelerator() != "gpu"
+        if not kernel.kernel_fits(width, self.mlp_dim, interpret):
+            return None
+        dtype = self.compute_dtype
+        weights = (self.fc1.kernel, self._bias(self.fc1), self.fc2.kernel, self._bias(self.fc2))
+        weights = [ops.convert_to_tensor(ops.cast(w, dtype)) for w in weights]
+        activation = _kernel_gelu(self.gelu_approximate)
+        outputs = kernel.fused_nested_mlp(rows, *weights, width, activation, interpret=interpret)
+        return pad_features(outputs, self.hidden_dim) if pad_output else outputs
+
+    @staticmethod
+    def _bias(layer):
+        return layer.bias if layer.bias is not None else ops.zeros((layer.units,), layer.compute_dtype)
+
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.hidden_dim,)
 
     def compute_output_spec(self, inputs, width=None, pad_output=True, training=None):
         last = self.hidden_dim if (pad_output or width is None) else width
         return keras.KerasTensor(tuple(inputs.shape[:-1]) + (last,), dtype=self.compute_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_gelu(approximate):
+    """The GELU of a fused nested MLP: the elementwise form (``rational_erf``: plain
+    arithmetic, which every kernel backend lowers). One function per form, so
+    compiled kernels are reused."""
+    return functools.partial(gelu, approximate=approximate, nested=True)
 
 
 def _small_normal():

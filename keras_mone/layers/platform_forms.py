@@ -18,6 +18,8 @@ import keras
 
 ATTENTION_ENV = "KERAS_MONE_ATTENTION"
 ATTENTION_FORMS = ("fused", "explicit")
+MLP_ENV = "KERAS_MONE_MLP"
+MLP_FORMS = ("plain", "fused")
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +57,23 @@ def attention_form():
     if keras.backend.backend() == "torch" or accelerator() != "cpu":
         return "fused"
     return "explicit"
+
+
+def mlp_form():
+    """``"plain"`` (XLA's GEMMs, the hidden activations in device memory) or ``"fused"``
+    (``kernels.fused_nested_mlp``: one Pallas kernel per nested token group, jax only):
+    ``$KERAS_MONE_MLP`` when set, else plain. The fused form is compiled on a GPU and
+    interpreted elsewhere (exact, slow: for tests); it stays opt-in until the GPU run of
+    ``bench/gpu.sh`` shows it pays (issue 40)."""
+    chosen = os.environ.get(MLP_ENV, "") or "plain"
+    if chosen not in MLP_FORMS:
+        raise ValueError(f"${MLP_ENV} must be one of {list(MLP_FORMS)} or unset, got {chosen!r}.")
+    if chosen == "fused" and keras.backend.backend() != "jax":
+        raise ValueError(
+            f"${MLP_ENV}='fused' is a Pallas kernel and needs the jax backend; "
+            f"the {keras.backend.backend()} backend takes 'plain' (or leave it unset)."
+        )
+    return chosen
 
 
 def fused_attention(query, key, value, heads_first=False):

@@ -1,0 +1,170 @@
+"""A nested MLP in one Pallas kernel: the hidden activations never leave the chip (jax).
+
+Why (issue 40). A MoNE token group of width ``d`` runs ``gelu(x[:, :d] @ W1[:d] + b1) @
+W2[:, :d] + b2[:d]`` (App. A.1 Eq. 6). Only the GEMMs shrink with ``d``: the hidden
+activations stay ``(rows, 4D)`` wide, so the plain path writes them to device memory after
+fc1, reads them for the GELU, writes them again and reads them for fc2, exactly as much
+traffic as the dense MLP. Per row fc1 does ``2 d 4D`` FLOPs against ``2 * 4D`` bytes of
+bf16 output: ``d`` FLOPs per byte, under the ~200 an H100/H200 needs to be compute-bound
+for ``d = D/8, D/4`` of ViT-B/16 (96, 192). Those groups run at memory speed, which is why
+MoNE-ViT-B/16 at e_c 0.3 (3.03x fewer FLOPs) gained only 1.2-1.3x on an H200
+(``bench/roofline.py`` models it op by op).
+
+Here each program takes ``block_rows`` rows of one group and loops over the hidden width
+in ``block_hidden`` columns: fc1's slice, bias and GELU, then that slice's product with
+fc2's rows, added into a ``(block_rows, d)`` float32 accumulator. Device memory sees
+``x``, the weights and the ``(rows, d)`` output only. Feature dimensions are cut into
+power-of-2 chunks (the largest power of 2 dividing ``d``: 32 for ``d = 96``), as Triton
+needs.
+
+``fused_nested_mlp`` is differentiable: its backward pass recomputes the plain path
+(``plain_nested_mlp``) from the saved inputs, so training keeps no hidden activations
+between the passes either. ``interpret=True`` runs the kernel through Pallas' interpreter
+(any platform: how CI tests it). ``plain_nested_mlp`` is the reference it equals.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+MIN_CHUNK = 16
+"""The smallest feature chunk a tensor-core ``dot`` takes (Triton: K >= 16)."""
+
+
+def plain_nested_mlp(x, w1, b1, w2, b2, width, activation):
+    """``activation(x[:, :d] @ W1[:d] + b1) @ W2[:, :d] + b2[:d]`` with XLA's ops (``d = width``).
+
+    ``x``: ``(rows, D)`` or ``(rows, d)``; ``w1``: ``(D, H)``; ``w2``: ``(H, D)``; the
+    result is ``(rows, d)``. Products accumulate in float32, like the kernel's.
+    """
+    hidden = jnp.dot(x[:, :width], w1[:width], preferred_element_type=jnp.float32) + b1.astype(jnp.float32)
+    hidden = activation(hidden).astype(x.dtype)
+    out = jnp.dot(hidden, w2[:, :width], preferred_element_type=jnp.float32) + b2[:width].astype(jnp.float32)
+    return out.astype(x.dtype)
+
+
+def feature_chunk(width):
+    """The largest power of 2 dividing ``width``, at most 256."""
+    return min(width & -width, 256)
+
+
+def kernel_fits(width, hidden, interpret=False):
+    """Whether the compiled kernel takes a group of ``width`` and an MLP ``hidden`` wide:
+    feature chunks of at least ``MIN_CHUNK`` and a hidden width with a power-of-2 block
+    of at least ``MIN_CHUNK``. The interpreter takes any shape."""
+    return interpret or (feature_chunk(width) >= MIN_CHUNK and feature_chunk(hidden) >= MIN_CHUNK)
+
+
+def default_blocks(width, hidden):
+    """``(block_rows, block_hidden)``: a float32 accumulator of about 12K elements per
+    program (``block_rows * width``) and a hidden tile of at most 8K."""
+    rows = 128
+    while rows > 16 and rows * width > 12288:
+        rows //= 2
+    block_hidden = feature_chunk(hidden)
+    while block_hidden > 16 and rows * block_hidden > 8192:
+        block_hidden //= 2
+    return rows, block_hidden
+
+
+def fused_nested_mlp(x, w1, b1, w2, b2, width, activation, block_rows=None, block_hidden=None, interpret=False):
+    """The nested MLP of ``plain_nested_mlp`` as one Pallas kernel (see the module docstring).
+
+    Args:
+        x: ``(rows, D)`` token rows; columns past ``width`` are not read.
+        w1, b1: fc1's ``(D, H)`` kernel and ``(H,)`` bias.
+        w2, b2: fc2's ``(H, D)`` kernel and ``(D,)`` bias.
+        width: the group's nested width ``d``.
+        activation: an elementwise function (float32 in, float32 out), e.g. GELU.
+        block_rows, block_hidden: tile sizes (powers of 2); ``default_blocks`` if ``None``.
+        interpret: run through Pallas' interpreter (no accelerator needed).
+
+    Returns:
+        ``(rows, width)`` in ``x``'s dtype.
+    """
+    hidden = w1.shape[1]
+    if not 0 < width <= x.shape[1] or width > w1.shape[0] or w2.shape != (hidden, w1.shape[0]):
+        raise ValueError(
+            f"`width` must lie in [1, {min(x.shape[1], w1.shape[0])}] with w1 (D, H) and w2 (H, D); "
+            f"got width={width}, x {x.shape}, w1 {w1.shape}, w2 {w2.shape}."
+        )
+    defaults = default_blocks(width, hidden)
+    tiles = (block_rows or defaults[0], block_hidden or defaults[1])
+    if hidden % tiles[1]:
+        raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
+    return _mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
+    return _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret)
+
+
+def _mlp_forward(x, w1, b1, w2, b2, width, activation, tiles, interpret):
+    return _mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret), (x, w1, b1, w2, b2)
+
+
+def _mlp_backward(width, activation, tiles, interpret, saved, upstream):
+    """The plain path's gradients, recomputed from the inputs: no hidden activations
+    are kept between the passes."""
+    _, pullback = jax.vjp(lambda *a: plain_nested_mlp(*a, width, activation), *saved)
+    return pullback(upstream)
+
+
+_mlp.defvjp(_mlp_forward, _mlp_backward)
+
+
+def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
+    from jax.experimental import pallas as pl
+
+    block_rows, block_hidden = tiles
+    rows, hidden, full = x.shape[0], w1.shape[1], w1.shape[0]
+    padded = -(-rows // block_rows) * block_rows
+    if padded != rows:  # whole row tiles: no masked loads in the kernel
+        x = jnp.pad(x, ((0, padded - rows), (0, 0)))
+    # block shape (·, width) at block index 0 of a (·, D) array: the first `width` features, not copied
+    in_specs = [
+        pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
+        pl.BlockSpec((width, hidden), lambda i: (0, 0)),
+        pl.BlockSpec((1, hidden), lambda i: (0, 0)),
+        pl.BlockSpec((hidden, width), lambda i: (0, 0)),
+        pl.BlockSpec((1, width), lambda i: (0, 0)),
+    ]
+    kernel = functools.partial(
+        _mlp_tile, width=width, chunk=feature_chunk(width), block_hidden=block_hidden,
+        activation=activation,
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid=(padded // block_rows,),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((padded, width), x.dtype),
+        interpret=interpret,
+    )(x, w1, b1.reshape(1, hidden), w2, b2.reshape(1, full))
+    return out[:rows] if padded != rows else out
+
+
+def _mlp_tile(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, out_ref, *, width, chunk, block_hidden, activation):
+    """One row tile: ``out = act(x W1 + b1) W2 + b2`` over hidden blocks, accumulated in float32."""
+    from jax.experimental import pallas as pl
+
+    features = [pl.ds(k * chunk, chunk) for k in range(width // chunk)]
+    xs = [x_ref[:, f] for f in features]
+
+    def hidden_block(j, accumulators):
+        columns = pl.ds(pl.multiple_of(j * block_hidden, block_hidden), block_hidden)
+        pre = b1_ref[:, columns].astype(jnp.float32)
+        for x, f in zip(xs, features):
+            pre = pre + jnp.dot(x, w1_ref[f, columns], preferred_element_type=jnp.float32)
+        h = activation(pre).astype(x_ref.dtype)
+        return tuple(
+            acc + jnp.dot(h, w2_ref[columns, f], preferred_element_type=jnp.float32)
+            for acc, f in zip(accumulators, features)
+        )
+
+    start = tuple(jnp.zeros((x_ref.shape[0], chunk), jnp.float32) for _ in features)
+    accumulators = jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, hidden_block, start)
+    for acc, f in zip(accumulators, features):
+        out_ref[:, f] = (acc + b2_ref[:, f].astype(jnp.float32)).astype(out_ref.dtype)

@@ -1,0 +1,151 @@
+"""The fused nested MLP kernel (issue 40 item 4): equal to the numpy reference of Eq. 6 and to
+the plain path, forward and backward, through Pallas' interpreter (CI has no GPU), and chosen
+only on request ($KERAS_MONE_MLP) with clear errors elsewhere."""
+
+import numpy as np
+import pytest
+from conftest import BACKEND, TINY, assert_f32_close, images, randomize_weights, to_numpy
+
+import numpy_reference as ref
+from keras_mone.layers import platform_forms
+
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
+
+
+def _weights(width_full=96, hidden=384, seed=0):
+    rng = np.random.default_rng(seed)
+    return (
+        rng.normal(size=(width_full, hidden)).astype("float32") * 0.1,
+        rng.normal(size=(hidden,)).astype("float32") * 0.1,
+        rng.normal(size=(hidden, width_full)).astype("float32") * 0.1,
+        rng.normal(size=(width_full,)).astype("float32") * 0.1,
+    )
+
+
+def _exact_gelu(x):
+    import jax
+
+    return jax.nn.gelu(x, approximate=False)
+
+
+@jax_only
+@pytest.mark.parametrize("width", [12, 24, 48, 96])
+@pytest.mark.parametrize("rows", [200, 256])  # 200: a partial last row tile (padded, then cut)
+def test_kernel_equals_the_numpy_reference_of_eq6(width, rows):
+    from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp
+
+    x = np.random.default_rng(1).normal(size=(rows, 96)).astype("float32")
+    w1, b1, w2, b2 = _weights()
+    out = np.asarray(fused_nested_mlp(x, w1, b1, w2, b2, width, _exact_gelu, interpret=True))
+    expected = ref.mlp(x[None].astype("float64"), [width] * rows, w1, b1, w2, b2)[0][:, :width]
+    assert out.shape == (rows, width)
+    assert_f32_close(out, expected)
+
+
+@jax_only
+@pytest.mark.parametrize("blocks", [(None, None), (16, 32), (64, 128)])
+def test_gradients_equal_the_plain_paths(blocks):
+    """The backward pass recomputes the plain path; every input's gradient matches autodiff of it."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp, plain_nested_mlp
+
+    x = np.random.default_rng(2).normal(size=(72, 96)).astype("float32")
+    arguments = (x,) + _weights()
+    cotangent = np.random.default_rng(3).normal(size=(72, 24)).astype("float32")
+
+    def loss(fn, **kw):
+        return lambda *a: jnp.sum(fn(*a, 24, _exact_gelu, **kw) * cotangent)
+
+    fused = jax.grad(loss(fused_nested_mlp, block_rows=blocks[0], block_hidden=blocks[1], interpret=True),
+                     argnums=range(5))(*arguments)
+    plain = jax.grad(loss(plain_nested_mlp), argnums=range(5))(*arguments)
+    for got, want in zip(fused, plain):
+        assert got.shape == want.shape
+        assert_f32_close(np.asarray(got), np.asarray(want))
+    assert not np.any(np.asarray(fused[0])[:, 24:])  # columns past the width are not read
+
+
+@jax_only
+def test_tile_choices_and_bad_arguments():
+    from keras_mone.kernels import fused_nested_mlp as kernel
+
+    assert kernel.feature_chunk(96) == 32 and kernel.feature_chunk(768) == 256 and kernel.feature_chunk(1024) == 256
+    assert kernel.kernel_fits(96, 3072) and not kernel.kernel_fits(4, 64) and kernel.kernel_fits(4, 64, interpret=True)
+    for width in (96, 192, 384, 768):
+        rows, block_hidden = kernel.default_blocks(width, 3072)
+        assert rows * width <= 12288 and rows * block_hidden <= 8192 and 3072 % block_hidden == 0
+    x = np.zeros((8, 96), "float32")
+    with pytest.raises(ValueError, match=r"`width` must lie in \[1, 96\]"):
+        kernel.fused_nested_mlp(x, *_weights(), 97, _exact_gelu, interpret=True)
+    with pytest.raises(ValueError, match="`block_hidden`=256 must divide the MLP's hidden width 384"):
+        kernel.fused_nested_mlp(x, *_weights(), 24, _exact_gelu, block_hidden=256, interpret=True)
+
+
+def test_the_form_is_opt_in_and_named_when_wrong(monkeypatch):
+    monkeypatch.delenv(platform_forms.MLP_ENV, raising=False)
+    assert platform_forms.mlp_form() == "plain"
+    monkeypatch.setenv(platform_forms.MLP_ENV, "flash")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP must be one of \['plain', 'fused'\]"):
+        platform_forms.mlp_form()
+    monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
+    if BACKEND == "jax":
+        assert platform_forms.mlp_form() == "fused"
+    else:
+        with pytest.raises(ValueError, match=f"needs the jax backend; the {BACKEND} backend takes 'plain'"):
+            platform_forms.mlp_form()
+
+
+def _forward(monkeypatch, form, model, inputs, **kw):
+    monkeypatch.setenv(platform_forms.MLP_ENV, form)
+    return to_numpy(model(inputs, **kw))
+
+
+@jax_only
+def test_nested_mlp_layer_takes_the_kernel_and_agrees(monkeypatch):
+    from keras_mone.layers import NestedMLP
+
+    layer = NestedMLP(32, 64)
+    layer.build((None, None, 32))
+    randomize_weights(layer, seed=4)
+    x = np.random.default_rng(5).normal(size=(2, 9, 32)).astype("float32")
+    for width, pad in ((4, True), (16, False), (32, True)):  # 32: full width, plain GEMMs either way
+        fused = _forward(monkeypatch, "fused", layer, x, width=width, pad_output=pad)
+        plain = _forward(monkeypatch, "plain", layer, x, width=width, pad_output=pad)
+        assert fused.shape == plain.shape == (2, 9, 32 if pad else width)
+        assert_f32_close(fused, plain)
+
+
+@jax_only
+def test_mone_model_outputs_and_gradients_agree_with_the_plain_path(monkeypatch):
+    """A MoNE-ViT at e_c 0.5 (every nested group through the kernel) gives the plain path's
+    logits, and its training gradients match."""
+    import jax
+
+    from keras_mone import models
+
+    from keras_mone.kernels import fused_nested_mlp as kernel
+
+    widths = []
+    original = kernel.fused_nested_mlp
+    monkeypatch.setattr(kernel, "fused_nested_mlp", lambda x, *a, **kw: widths.append(a[4]) or original(x, *a, **kw))
+    model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=0.5), num_classes=5)
+    randomize_weights(model, seed=6)
+    x = images()
+    assert_f32_close(_forward(monkeypatch, "fused", model, x), _forward(monkeypatch, "plain", model, x))
+    assert widths and set(widths) <= {4, 8, 16}  # the nested groups of both blocks took the kernel
+
+    trainable = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+
+    def loss(values):
+        logits, _ = model.stateless_call(values, others, x, training=True)
+        return jax.numpy.sum(logits ** 2)
+
+    grads = {}
+    for form in ("fused", "plain"):
+        monkeypatch.setenv(platform_forms.MLP_ENV, form)
+        grads[form] = jax.grad(loss)(trainable)
+    for got, want in zip(grads["fused"], grads["plain"]):
+        assert_f32_close(np.asarray(got), np.asarray(want), ulps=256)
