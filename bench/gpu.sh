@@ -21,6 +21,10 @@
 #   6. jax   ViViT-FE-B/16 32x256x256, e_c 0.3, batch 8, float32 + mixed_bfloat16, device input
 #   7. jax   run 1 at e_c 0.3, mixed_bfloat16, device input, with the CPU's explicit attention
 #            (KERAS_MONE_ATTENTION=explicit) against the GPU's fused default
+#   8. jax   ViT-B/16 e_c 0.3, batch 64, float32 + mixed_bfloat16, device input, with the
+#            nested MLP as one Pallas kernel per token group (KERAS_MONE_MLP=fused)
+#   9. jax   the same at batch 256, mixed_bfloat16
+#  10. jax   the same at batch 64, mixed_bfloat16: training steps through the kernel
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
 # markdown, plot and log lie in $OUT_DIR/<run>/.
@@ -85,7 +89,7 @@ bench() {  # bench NAME BACKEND ARGS...: one `keras-mone bench` process
     local t0=$SECONDS
     mkdir -p "$OUT_DIR/$name"
     # shellcheck disable=SC2086  # EXTRA_ARGS: one word per argument
-    KERAS_MONE_ATTENTION="${ATTENTION:-}" KERAS_BACKEND="$backend" timeout "$STEP_TIMEOUT" "$PYTHON" -m keras_mone.cli.main bench "$@" "${COMMON[@]}" \
+    KERAS_MONE_ATTENTION="${ATTENTION:-}" KERAS_MONE_MLP="${MLP:-}" KERAS_BACKEND="$backend" timeout "$STEP_TIMEOUT" "$PYTHON" -m keras_mone.cli.main bench "$@" "${COMMON[@]}" \
         --output "$OUT_DIR/$name" ${EXTRA_ARGS:-} >"$OUT_DIR/$name/log.txt" 2>&1
     local rc=$?
     echo "[gpu.sh] $name ($backend): exit $rc in $((SECONDS - t0)) s (total $((SECONDS - start)) s)"
@@ -106,6 +110,13 @@ bench vivit_b16_b8 jax "${VIVIT[@]}" --capacities 0.3 --batch-size 8 --precision
 # the CPU's attention form on the GPU: what the fused kernel (the GPU's default) gains, dense and MoNE alike
 ATTENTION=explicit bench vit_b16_b64_explicit_attention jax "${B16[@]}" --capacities 0.3 --batch-size 64 \
     --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
+# the fused nested MLP (kernels/fused_nested_mlp, a Pallas kernel): opt-in until this run shows it pays
+MLP=fused bench vit_b16_b64_fused_mlp jax "${B16[@]}" --capacities 0.3 --batch-size 64 \
+    --precision float32,mixed_bfloat16 --no-train-step --no-host-input --no-timm
+MLP=fused bench vit_b16_b256_fused_mlp jax "${B16[@]}" --capacities 0.3 --batch-size 256 \
+    --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
+MLP=fused bench vit_b16_b64_fused_mlp_train jax "${B16[@]}" --capacities 0.3 --batch-size 64 \
+    --precision mixed_bfloat16 --no-host-input --no-timm
 
 # -- 3. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
@@ -127,4 +138,4 @@ with open(report, "w") as f:
 print(f"[gpu.sh] wrote {report}")
 EOF
 echo "[gpu.sh] done in $((SECONDS - start)) s"
-[ "${#runs[@]}" -eq 7 ]
+[ "${#runs[@]}" -eq 10 ]

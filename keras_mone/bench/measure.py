@@ -16,7 +16,7 @@ import time
 import keras
 import numpy as np
 
-from keras_mone.layers.platform_forms import attention_form
+from keras_mone.layers.platform_forms import attention_form, mlp_form
 from keras_mone.version import __version__ as KERAS_MONE_VERSION
 from keras_mone.bench.device import cpu_model, device_info, precision_policy
 from keras_mone.bench.memory import allocation_measure, peak_allocation_bytes
@@ -204,7 +204,8 @@ def _environment():
             pass
     env_vars = {
         k: os.environ[k]
-        for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "OPENBLAS_CORETYPE", "KERAS_MONE_ATTENTION")
+        for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "OPENBLAS_CORETYPE", "KERAS_MONE_ATTENTION",
+                  "KERAS_MONE_MLP")
         if k in os.environ
     }
     return {
@@ -221,6 +222,7 @@ def _environment():
         },
         "environment_variables": env_vars,
         "attention_form": attention_form(),  # fused or explicit (layers.platform_forms)
+        "mlp_form": mlp_form(),  # plain or fused (a Pallas kernel per nested group)
     }
 
 

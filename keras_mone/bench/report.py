@@ -129,7 +129,8 @@ def _header(result):
         + ".",
         f"{cfg['num_tokens']} tokens{per_frame}, D={cfg['hidden_dim']}, depth {cfg['depth']}, "
         f"{cfg['num_experts']} experts of widths {cfg['expert_widths']}, routers at {cfg['router_positions']}; "
-        f"jit_compile resolved to {'/'.join(jit)}; attention {env.get('attention_form', 'as the backend chose')}. "
+        f"jit_compile resolved to {'/'.join(jit)}; attention {env.get('attention_form', 'as the backend chose')}, "
+        f"MLP {env.get('mlp_form', 'plain')}. "
         f"{s['repeats']} interleaved round-robin repeats after "
         f"{s['warmup']} warm-up call(s) per model; speedup = dense median / model median, "
         "efficiency = speedup / FLOP ratio (1.0 = FLOP savings fully realised). Peak device memory: one "
