@@ -449,6 +449,9 @@ def test_timm_peer_present(precision_run):
     assert "| mixed_bfloat16 |" in markdown.split("**timm peer**")[1]
     table = combined_table([result])
     assert "timm vit_base_patch16_224" in table and "| ViT-Ti/16 32x32, e_c=0.5 | " + BACKEND + ", float32 |" in table
+    assert "fused MLP" not in table and "explicit attention" not in table
+    fused = {**result, "environment": {**result["environment"], "mlp_form": "fused"}}
+    assert "| forward, device input, fused MLP |" in combined_table([fused])  # a non-default form is named
 
 
 def test_timm_peer_absent(monkeypatch):

@@ -150,6 +150,17 @@ def timm_section(result):
     ]
 
 
+def _non_default_forms(env):
+    """``", explicit attention"`` / ``", fused MLP"`` where a run took a form other than the
+    platform's default (``layers.platform_forms``), else ``""``."""
+    forms = []
+    if (env.get("environment_variables") or {}).get("KERAS_MONE_ATTENTION"):
+        forms.append(f"{env.get('attention_form')} attention")
+    if env.get("mlp_form", "plain") != "plain":
+        forms.append(f"{env['mlp_form']} MLP")
+    return "".join(f", {form}" for form in forms)
+
+
 def combined_table(results):
     """One table over several ``run_benchmark`` results (``bench/gpu.sh``): per run, path, precision
     and MoNE model the dense and MoNE medians, speed-up and FLOP ratio; then each timm comparison."""
@@ -159,9 +170,10 @@ def combined_table(results):
         cfg, family = result["model_config"], "ViViT-FE" if s.get("family") == "vivit" else "ViT"
         clip = f"{cfg['num_frames']}x" if cfg.get("num_frames") else ""
         name = f"{family}-{s['variant']} {clip}{cfg['image_size'][0]}x{cfg['image_size'][1]}"
+        forms = _non_default_forms(env)
         for line in _summary_lines(result):
             label, path, precision, batch, dense, mone, speedup, ratio, _, memory = line
-            rows.append([f"{name}, {label.replace('mone ', '')}", f"{env['backend']}, {precision}", path, batch,
+            rows.append([f"{name}, {label.replace('mone ', '')}", f"{env['backend']}, {precision}", path + forms, batch,
                          dense, mone, speedup, ratio, memory])
         timm = result.get("timm") or {}
         for precision, run in (timm.get("runs") or {}).items():
