@@ -117,6 +117,7 @@ _mlp.defvjp(_mlp_forward, _mlp_backward)
 
 def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
     from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
 
     block_rows, block_hidden = tiles
     rows, hidden, full = x.shape[0], w1.shape[1], w1.shape[0]
@@ -141,6 +142,8 @@ def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
         in_specs=in_specs,
         out_specs=pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((padded, width), x.dtype),
+        # Triton (not Mosaic GPU, which would stage the whole weight blocks in shared memory)
+        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
         interpret=interpret,
     )(x, w1, b1.reshape(1, hidden), w2, b2.reshape(1, full))
     return out[:rows] if padded != rows else out
