@@ -58,13 +58,14 @@ def main():
     dense = block_time([(TOKENS, D)], args.batch_size, args.card)
     print(f"Roofline model of one ViT-B/16 block, {args.card.upper()} bf16, batch {args.batch_size} "
           f"(microseconds; python bench/roofline.py --card {args.card} --batch-size {args.batch_size})\n")
-    print("| part | dense | " + " | ".join(f"MoNE e_c {c} plain | fused MLP" for c in args.capacities.split(",")) + " |")
-    print("|---|---|" + "---|---|" * len(args.capacities.split(",")))
+    capacities = args.capacities.split(",")
+    print("| part | dense | " + " | ".join(f"MoNE e_c {c} plain | fused MLP" for c in capacities) + " |")
+    print("|---|---|" + "---|---|" * len(capacities))
     columns = []
-    for capacity in (float(c) for c in args.capacities.split(",")):
+    for capacity in (float(c) for c in capacities):
         counts, _ = expert_token_counts(capacity_distribution(capacity, 4), TOKENS)
         groups = [(n, D // 2 ** (3 - j)) for j, n in enumerate(counts) if n]
-        columns += [block_time(groups, args.batch_size, args.card), block_time(groups, args.batch_size, args.card, True)]
+        columns += [block_time(groups, args.batch_size, args.card, fused) for fused in (False, True)]
     for part in dense:
         print(f"| {part} | {1e6 * dense[part]:.0f} | " + " | ".join(f"{1e6 * c[part]:.0f}" for c in columns) + " |")
     total = sum(dense.values())

@@ -56,19 +56,26 @@ def kernel_fits(width, hidden, interpret=False):
     return interpret or (feature_chunk(width) >= MIN_CHUNK and feature_chunk(hidden) >= MIN_CHUNK)
 
 
-def default_blocks(width, hidden):
-    """``(block_rows, block_hidden)``: a float32 accumulator of about 12K elements per
-    program (``block_rows * width``) and a hidden tile of at most 8K."""
+def default_blocks(width, hidden, itemsize=2):
+    """``(block_rows, block_hidden)``: a float32 accumulator of at most 12K elements per
+    program (``block_rows * width``), a hidden tile of at most 8K (``block_rows *
+    block_hidden``) and weight tiles of at most 32 KB each (``width * block_hidden *
+    itemsize``, fc1's and fc2's: 64 KB per pipeline stage). Larger
+    tiles spilled registers or overflowed the 227 KB of shared memory when compiled for
+    sm_90 (``bench/kernel_compile.py``, BENCHMARKS.md)."""
     rows = 128
     while rows > 16 and rows * width > 12288:
         rows //= 2
     block_hidden = feature_chunk(hidden)
-    while block_hidden > 16 and rows * block_hidden > 8192:
+    while block_hidden > 16 and (width * block_hidden * itemsize > 32768 or rows * block_hidden > 8192):
         block_hidden //= 2
     return rows, block_hidden
 
 
-def fused_nested_mlp(x, w1, b1, w2, b2, width, activation, block_rows=None, block_hidden=None, interpret=False):
+def fused_nested_mlp(
+    x, w1, b1, w2, b2, width, activation, block_rows=None, block_hidden=None, num_warps=8, num_stages=2,
+    interpret=False,
+):
     """The nested MLP of ``plain_nested_mlp`` as one Pallas kernel (see the module docstring).
 
     Args:
@@ -78,6 +85,8 @@ def fused_nested_mlp(x, w1, b1, w2, b2, width, activation, block_rows=None, bloc
         width: the group's nested width ``d``.
         activation: an elementwise function (float32 in, float32 out), e.g. GELU.
         block_rows, block_hidden: tile sizes (powers of 2); ``default_blocks`` if ``None``.
+        num_warps, num_stages: Triton's launch settings (8 warps: no register spills at
+            ViT-B/16's widths, where 4 spilled; ``bench/kernel_compile.py``).
         interpret: run through Pallas' interpreter (no accelerator needed).
 
     Returns:
@@ -89,8 +98,8 @@ def fused_nested_mlp(x, w1, b1, w2, b2, width, activation, block_rows=None, bloc
             f"`width` must lie in [1, {min(x.shape[1], w1.shape[0])}] with w1 (D, H) and w2 (H, D); "
             f"got width={width}, x {x.shape}, w1 {w1.shape}, w2 {w2.shape}."
         )
-    defaults = default_blocks(width, hidden)
-    tiles = (block_rows or defaults[0], block_hidden or defaults[1])
+    defaults = default_blocks(width, hidden, jnp.dtype(x.dtype).itemsize)
+    tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
     if hidden % tiles[1]:
         raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
     return _mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
@@ -119,7 +128,7 @@ def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
-    block_rows, block_hidden = tiles
+    block_rows, block_hidden, num_warps, num_stages = tiles
     rows, hidden, full = x.shape[0], w1.shape[1], w1.shape[0]
     padded = -(-rows // block_rows) * block_rows
     if padded != rows:  # whole row tiles: no masked loads in the kernel
@@ -143,7 +152,7 @@ def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
         out_specs=pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((padded, width), x.dtype),
         # Triton (not Mosaic GPU, which would stage the whole weight blocks in shared memory)
-        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
     )(x, w1, b1.reshape(1, hidden), w2, b2.reshape(1, full))
     return out[:rows] if padded != rows else out

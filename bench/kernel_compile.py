@@ -1,0 +1,106 @@
+"""What an H100/H200's compiler makes of the fused nested MLP kernel, without a GPU (issue 40).
+
+Lowers ``kernels.fused_nested_mlp`` for CUDA with Pallas' Triton lowering (its ``debug``
+dump of the Triton IR), compiles that IR with the ``triton`` package for sm_90 and runs
+``ptxas -v`` on the PTX: registers per thread, spilled bytes and shared memory per program,
+for each group width and launch setting. Spills or shared memory past the card's 227 KB
+show a tiling that would run slowly or not at all, before any GPU time is spent on it.
+XLA compiles the kernel with its own (pinned) Triton, so figures may differ slightly.
+
+    pip install --target /tmp/tritonpkg triton --no-deps   # the compiler (no GPU needed)
+    PYTHONPATH=/tmp/tritonpkg KERAS_BACKEND=jax python bench/kernel_compile.py
+"""
+
+import argparse
+import contextlib
+import functools
+import io
+import os
+import re
+import subprocess
+import tempfile
+
+import jax
+import jax.numpy as jnp
+from jax import export
+
+from keras_mone.kernels import fused_nested_mlp as kernel
+from keras_mone.layers.mlp import _kernel_gelu
+
+
+def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None):
+    # (the IR does not depend on num_warps / num_stages: they are compile options)
+    """The Triton IR of one group's kernel, as Pallas lowers it for CUDA (locations removed)."""
+    from jax.experimental import pallas as pl
+
+    shapes = ((4096, dim), (dim, hidden), (hidden,), (hidden, dim), (dim,))
+    spec = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape in shapes]
+    original = pl.pallas_call
+    pl.pallas_call = functools.partial(original, debug=True)  # prints the jaxpr, then the Triton module
+    try:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            def mlp(*arguments):
+                return kernel.fused_nested_mlp(*arguments, width, _kernel_gelu(False), block_rows=block_rows,
+                                               block_hidden=block_hidden)
+
+            triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+            export.export(jax.jit(mlp), platforms=["cuda"], disabled_checks=[triton])(*spec)
+    finally:
+        pl.pallas_call = original
+    module = printed.getvalue().split("The Triton module for pallas_call", 1)[1].split("\n", 1)[1]
+    module = module[: module.index("\n}") + 2]
+    module = re.sub(r' "[^"\n]*"\(#loc\d*\)| loc\([^\n]*\)$| \[unknown\]', "", module, flags=re.M)
+    return re.sub(r"^#loc\d*\s*=.*$", "", module, flags=re.M)
+
+
+def compile_stats(ir_text, num_warps, num_stages, capability=90):
+    """``{registers, spill_bytes, shared_bytes}`` of the IR compiled for ``sm_<capability>``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.ttir")
+        with open(path, "w") as f:
+            f.write(ir_text)
+        compiled = triton.compile(path, target=GPUTarget("cuda", capability, 128),
+                                  options={"num_warps": num_warps, "num_stages": num_stages})
+        with open(os.path.join(folder, "kernel.ptx"), "w") as f:
+            f.write(compiled.asm["ptx"])
+        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+        command = [ptxas, f"-arch=sm_{capability}a", "-v", os.path.join(folder, "kernel.ptx"),
+                   "-o", os.path.join(folder, "kernel.cubin")]
+        report = subprocess.run(command, capture_output=True, text=True, check=True)
+    text = report.stdout + report.stderr
+    spills = re.search(r"(\d+) bytes spill stores", text)
+    return {"registers": int(re.search(r"Used (\d+) registers", text).group(1)),
+            "spill_bytes": int(spills.group(1)) if spills else 0, "shared_bytes": compiled.metadata.shared}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--widths", default="96,192,384", help="group widths d (ViT-B/16: D/8, D/4, D/2)")
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--warps", default="4,8")
+    parser.add_argument("--stages", default="2,3")
+    parser.add_argument("--block-hidden", default="", help="block_hidden values to try (default: default_blocks)")
+    args = parser.parse_args()
+    print(f"Fused nested MLP compiled for sm_90 (D={args.dim}, H={args.hidden}, {args.dtype}; "
+          "python bench/kernel_compile.py)\n")
+    print("| d | block_rows x block_hidden | warps | stages | registers | spilled bytes | shared KB |")
+    print("|---|---|---|---|---|---|---|")
+    for width in (int(w) for w in args.widths.split(",")):
+        rows, default_hidden = kernel.default_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize)
+        for block_hidden in [int(b) for b in args.block_hidden.split(",") if b] or [default_hidden]:
+            ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_hidden=block_hidden)
+            for warps in (int(w) for w in args.warps.split(",")):
+                for stages in (int(s) for s in args.stages.split(",")):
+                    s = compile_stats(ir_text, warps, stages)
+                    print(f"| {width} | {rows} x {block_hidden} | {warps} | {stages} | {s['registers']} | "
+                          f"{s['spill_bytes']} | {s['shared_bytes'] / 1024:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
