@@ -25,15 +25,20 @@ import jax.numpy as jnp
 from jax import export
 
 from keras_mone.kernels import fused_nested_mlp as kernel
+from keras_mone.kernels import fused_residual_mlp as residual_kernel
 from keras_mone.layers.mlp import _kernel_gelu
 
 
-def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None):
-    # (the IR does not depend on num_warps / num_stages: they are compile options)
-    """The Triton IR of one group's kernel, as Pallas lowers it for CUDA (locations removed)."""
+def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None, which="mlp"):
+    """The Triton IR of one group's kernel (``which``: "mlp", ``fused_nested_mlp``, or
+    "residual", ``fused_residual_mlp``), as Pallas lowers it for CUDA, locations removed.
+    (It does not depend on num_warps / num_stages: those are compile options.)"""
     from jax.experimental import pallas as pl
 
     shapes = ((4096, dim), (dim, hidden), (hidden,), (hidden, dim), (dim,))
+    if which == "residual":
+        shapes = ((4096, dim), (dim,), (dim,)) + shapes[1:] + ((4096,),)
+    function = residual_kernel.fused_residual_mlp if which == "residual" else kernel.fused_nested_mlp
     spec = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape in shapes]
     original = pl.pallas_call
     pl.pallas_call = functools.partial(original, debug=True)  # prints the jaxpr, then the Triton module
@@ -41,15 +46,15 @@ def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None):
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             def mlp(*arguments):
-                return kernel.fused_nested_mlp(*arguments, width, _kernel_gelu(False), block_rows=block_rows,
-                                               block_hidden=block_hidden)
+                return function(*arguments, width, _kernel_gelu(False), block_rows=block_rows,
+                                block_hidden=block_hidden)
 
             triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
             export.export(jax.jit(mlp), platforms=["cuda"], disabled_checks=[triton])(*spec)
     finally:
         pl.pallas_call = original
     module = printed.getvalue().split("The Triton module for pallas_call", 1)[1].split("\n", 1)[1]
-    module = module[: module.index("\n}") + 2]
+    module = module[module.index("module @"): module.index("\n}") + 2]
     module = re.sub(r' "[^"\n]*"\(#loc\d*\)| loc\([^\n]*\)$| \[unknown\]', "", module, flags=re.M)
     return re.sub(r"^#loc\d*\s*=.*$", "", module, flags=re.M)
 
@@ -79,6 +84,8 @@ def compile_stats(ir_text, num_warps, num_stages, capability=90):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", choices=("mlp", "residual"), default="mlp",
+                        help="fused_nested_mlp, or fused_residual_mlp (LayerNorm, MLP, gate and residual)")
     parser.add_argument("--widths", default="96,192,384", help="group widths d (ViT-B/16: D/8, D/4, D/2)")
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--hidden", type=int, default=3072)
@@ -87,14 +94,15 @@ def main():
     parser.add_argument("--stages", default="2,3")
     parser.add_argument("--block-hidden", default="", help="block_hidden values to try (default: default_blocks)")
     args = parser.parse_args()
-    print(f"Fused nested MLP compiled for sm_90 (D={args.dim}, H={args.hidden}, {args.dtype}; "
-          "python bench/kernel_compile.py)\n")
+    print(f"{args.kernel} kernel compiled for sm_90 (D={args.dim}, H={args.hidden}, {args.dtype}; "
+          f"python bench/kernel_compile.py --kernel {args.kernel} --dtype {args.dtype})\n")
     print("| d | block_rows x block_hidden | warps | stages | registers | spilled bytes | shared KB |")
     print("|---|---|---|---|---|---|---|")
     for width in (int(w) for w in args.widths.split(",")):
-        rows, default_hidden = kernel.default_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize)
+        defaults = residual_kernel.residual_blocks if args.kernel == "residual" else kernel.default_blocks
+        rows, default_hidden = defaults(width, args.hidden, jnp.dtype(args.dtype).itemsize)
         for block_hidden in [int(b) for b in args.block_hidden.split(",") if b] or [default_hidden]:
-            ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_hidden=block_hidden)
+            ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_hidden=block_hidden, which=args.kernel)
             for warps in (int(w) for w in args.warps.split(",")):
                 for stages in (int(s) for s in args.stages.split(",")):
                     s = compile_stats(ir_text, warps, stages)

@@ -1,5 +1,5 @@
 """A roofline model of one ViT-B/16 block, dense and MoNE, on a GPU (issue 40): why MoNE's
-FLOP savings did not reach the H200, and what the fused nested MLP changes.
+FLOP savings did not reach the H200, and what the fused kernels change.
 
 Every op is timed at its bound, ``max(FLOPs / peak, bytes / bandwidth)``, each op reading
 its inputs from and writing its outputs to device memory (what XLA's separate GEMMs and
@@ -27,26 +27,35 @@ def op_time(flops, elements, card):
     return max(flops / peak, elements * BYTES / bandwidth)
 
 
-def block_time(groups, batch, card, fused_mlp=False):
+def block_time(groups, batch, card, form="plain"):
     """One block's ops for token ``groups`` (``(tokens, width)`` pairs), summed; returns
-    ``{part: seconds}``. A dense block is one group at width D."""
+    ``{part: seconds}``. A dense block is one group at width D. ``form``: "plain" (XLA's
+    ops), "fused MLP" (``kernels.fused_nested_mlp`` for nested groups) or "fused half"
+    (``kernels.fused_residual_mlp``: LayerNorm 2, MLP, gate and residual in one kernel)."""
     n_all = batch * TOKENS
-    parts = {"layer norms, residuals": 2 * op_time(0, 3 * n_all * D, card)}
-    parts["attention (fused)"] = op_time(4 * batch * TOKENS ** 2 * D, 4 * n_all * D, card)
+    norms = 2 * op_time(0, 3 * n_all * D, card)  # each: read the stream (and a branch), write it
+    parts = {"attention (fused)": op_time(4 * batch * TOKENS ** 2 * D, 4 * n_all * D, card)}
     qkv = out = mlp = 0.0
     for tokens, width in groups:
         n = batch * tokens
         qkv += op_time(2 * n * width * 3 * D, n * width + width * 3 * D + 3 * n * D, card)
         out += op_time(2 * n * D * width, n * D + D * width + n * D, card)  # written padded to D
-        if fused_mlp and width < D:  # one kernel: x, weights and the (n, width) output only
-            mlp += op_time(4 * n * width * HIDDEN, n * width + 2 * width * HIDDEN + n * D, card)
-            continue
-        mlp += op_time(2 * n * width * HIDDEN, n * width + width * HIDDEN + n * HIDDEN, card)  # fc1 (+ bias)
-        if width < D:  # nested: GELU a fusion of its own (dense: in fc1's epilogue)
-            mlp += op_time(0, 2 * n * HIDDEN, card)
-        mlp += op_time(2 * n * HIDDEN * width, n * HIDDEN + HIDDEN * width + n * D, card)  # fc2, padded
-    parts.update({"qkv projection": qkv, "out projection": out, "MLP": mlp})
+        flops, weights = 4 * n * width * HIDDEN, 2 * width * HIDDEN
+        if form == "fused half" and width < D:  # reads z, writes its first `width` features in place
+            norms -= op_time(0, 3 * n * D, card)
+            mlp += op_time(flops, n * D + weights + n * width, card)
+        elif form != "plain" and width < D:  # x, weights and the (n, width) output only
+            mlp += op_time(flops, n * width + weights + n * D, card)
+        else:
+            mlp += op_time(flops / 2, n * width + weights / 2 + n * HIDDEN, card)  # fc1 (+ bias)
+            if width < D:  # nested: GELU a fusion of its own (dense: in fc1's epilogue)
+                mlp += op_time(0, 2 * n * HIDDEN, card)
+            mlp += op_time(flops / 2, n * HIDDEN + weights / 2 + n * D, card)  # fc2, padded
+    parts.update({"layer norms, residuals": norms, "qkv projection": qkv, "out projection": out, "MLP": mlp})
     return parts
+
+
+FORMS = ("plain", "fused MLP", "fused half")
 
 
 def main():
@@ -59,13 +68,13 @@ def main():
     print(f"Roofline model of one ViT-B/16 block, {args.card.upper()} bf16, batch {args.batch_size} "
           f"(microseconds; python bench/roofline.py --card {args.card} --batch-size {args.batch_size})\n")
     capacities = args.capacities.split(",")
-    print("| part | dense | " + " | ".join(f"MoNE e_c {c} plain | fused MLP" for c in capacities) + " |")
-    print("|---|---|" + "---|---|" * len(capacities))
+    print("| part | dense | " + " | ".join(f"e_c {c}: {form}" for c in capacities for form in FORMS) + " |")
+    print("|---|---|" + "---|" * len(FORMS) * len(capacities))
     columns = []
     for capacity in (float(c) for c in capacities):
         counts, _ = expert_token_counts(capacity_distribution(capacity, 4), TOKENS)
         groups = [(n, D // 2 ** (3 - j)) for j, n in enumerate(counts) if n]
-        columns += [block_time(groups, args.batch_size, args.card, fused) for fused in (False, True)]
+        columns += [block_time(groups, args.batch_size, args.card, form) for form in FORMS]
     for part in dense:
         print(f"| {part} | {1e6 * dense[part]:.0f} | " + " | ".join(f"{1e6 * c[part]:.0f}" for c in columns) + " |")
     total = sum(dense.values())

@@ -121,22 +121,23 @@ def test_nested_mlp_layer_takes_the_kernel_and_agrees(monkeypatch):
 
 @jax_only
 def test_mone_model_outputs_and_gradients_agree_with_the_plain_path(monkeypatch):
-    """A MoNE-ViT at e_c 0.5 (every nested group through the kernel) gives the plain path's
-    logits, and its training gradients match."""
+    """A MoNE-ViT at e_c 0.5 (every nested group's MLP half through the block kernel,
+    ``fused_residual_mlp``) gives the plain path's logits, and its training gradients match."""
     import jax
 
     from keras_mone import models
 
-    from keras_mone.kernels import fused_nested_mlp as kernel
+    from keras_mone.kernels import fused_residual_mlp as kernel
 
     widths = []
-    original = kernel.fused_nested_mlp
-    monkeypatch.setattr(kernel, "fused_nested_mlp", lambda x, *a, **kw: widths.append(a[4]) or original(x, *a, **kw))
+    original = kernel.fused_residual_mlp
+    monkeypatch.setattr(kernel, "fused_residual_mlp", lambda z, *a, **kw: widths.append(a[7]) or original(z, *a, **kw))
     model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=0.5), num_classes=5)
     randomize_weights(model, seed=6)
     x = images()
     assert_f32_close(_forward(monkeypatch, "fused", model, x), _forward(monkeypatch, "plain", model, x))
     assert widths and set(widths) <= {4, 8, 16}  # the nested groups of both blocks took the kernel
+    assert _forward(monkeypatch, "fused", model, x, training=True).shape == (2, 5)  # no dropout: fused too
 
     trainable = [v.value for v in model.trainable_variables]
     others = [v.value for v in model.non_trainable_variables]

@@ -92,6 +92,13 @@ def fused_nested_mlp(
     Returns:
         ``(rows, width)`` in ``x``'s dtype.
     """
+    tiles = checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_stages)
+    return _mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
+
+
+def checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_stages):
+    """``(block_rows, block_hidden, num_warps, num_stages)`` for a kernel call, after
+    checking the shapes (clear errors naming the argument)."""
     hidden = w1.shape[1]
     if not 0 < width <= x.shape[1] or width > w1.shape[0] or w2.shape != (hidden, w1.shape[0]):
         raise ValueError(
@@ -102,7 +109,7 @@ def fused_nested_mlp(
     tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
     if hidden % tiles[1]:
         raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
-    return _mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
+    return tiles
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -163,20 +170,28 @@ def _mlp_tile(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, out_ref, *, width, chunk, b
     from jax.experimental import pallas as pl
 
     features = [pl.ds(k * chunk, chunk) for k in range(width // chunk)]
-    xs = [x_ref[:, f] for f in features]
+    accumulators = mlp_accumulators([x_ref[:, f] for f in features], features, w1_ref, b1_ref, w2_ref,
+                                    block_hidden, activation)
+    for acc, f in zip(accumulators, features):
+        out_ref[:, f] = (acc + b2_ref[:, f].astype(jnp.float32)).astype(out_ref.dtype)
+
+
+def mlp_accumulators(xs, features, w1_ref, b1_ref, w2_ref, block_hidden, activation):
+    """Inside a kernel: ``act(x W1[:d] + b1) W2[:, :d]`` for a row tile given as feature
+    chunks ``xs`` (at the ``features`` slices of ``d``), looping over the hidden width
+    in ``block_hidden`` columns; one float32 accumulator per chunk, no bias."""
+    from jax.experimental import pallas as pl
 
     def hidden_block(j, accumulators):
         columns = pl.ds(pl.multiple_of(j * block_hidden, block_hidden), block_hidden)
         pre = b1_ref[:, columns].astype(jnp.float32)
         for x, f in zip(xs, features):
             pre = pre + jnp.dot(x, w1_ref[f, columns], preferred_element_type=jnp.float32)
-        h = activation(pre).astype(x_ref.dtype)
+        h = activation(pre).astype(xs[0].dtype)
         return tuple(
             acc + jnp.dot(h, w2_ref[columns, f], preferred_element_type=jnp.float32)
             for acc, f in zip(accumulators, features)
         )
 
-    start = tuple(jnp.zeros((x_ref.shape[0], chunk), jnp.float32) for _ in features)
-    accumulators = jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, hidden_block, start)
-    for acc, f in zip(accumulators, features):
-        out_ref[:, f] = (acc + b2_ref[:, f].astype(jnp.float32)).astype(out_ref.dtype)
+    start = tuple(jnp.zeros((xs[0].shape[0], f.size), jnp.float32) for f in features)
+    return jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, hidden_block, start)

@@ -1,6 +1,7 @@
 """The transformer block of every ViT in keras_mone: attention, MLP and gate as parts."""
 
 import keras
+from keras import ops
 
 from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register, register_old_name
@@ -8,6 +9,7 @@ from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, pad_features
 from keras_mone.layers.packed_block import packable, packed_block
+from keras_mone.layers.platform_forms import mlp_form
 from keras_mone.layers.regularization import DropPath
 
 
@@ -129,20 +131,43 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             attended, received = attended
         attended = self.drop_path(attended, training=training)
         mids = [g + a for g, a in zip(groups, attended)]
+        fused = self._fused_mlp_halves(mids, widths, gates, training)
         updates = []
-        for z, width, gate in zip(mids, widths, gates):
+        for z, width, gate, done in zip(mids, widths, gates, fused):
+            if done is not None:
+                updates.append(None)
+                continue
             normed = self.norm2(z)
-            if updates:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
-                normed = after(normed, updates[-1])  # (tied after the norm: no copy of the residual z)
+            previous = [u for u in updates if u is not None]
+            if previous:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
+                normed = after(normed, previous[-1])  # (tied after the norm: no copy of the residual z)
             update = self.mlp(normed, width=width, pad_output=False, training=training)
             update = self._gate.scale_mlp(update, gate, self.alpha)
             updates.append(pad_features(update, self.hidden_dim))
-        updates = self.drop_path(updates, training=training)
+        if not any(done is not None for done in fused):
+            updates = self.drop_path(updates, training=training)
         outputs = [
-            self._gate.scale_block(x, z + u, gate) for x, z, u, gate in zip(groups, mids, updates, gates)
+            done if done is not None else self._gate.scale_block(x, z + u, gate)
+            for x, z, u, gate, done in zip(groups, mids, updates, gates, fused)
         ]
         outputs = outputs[0] if single else outputs
         return (outputs, received) if return_received_attention else outputs
+
+    def _fused_mlp_halves(self, mids, widths, gates, training):
+        """Per group, ``z + (alpha g + 1) Pad(FFN_d(LN2(z)))`` from one Pallas kernel
+        (``NestedMLP.fused_residual``; jax with ``$KERAS_MONE_MLP=fused``), or ``None``
+        where the generic path runs it: the full-width group, custom parts, the "score"
+        gate, active dropout or stochastic depth."""
+        none = [None] * len(mids)
+        if keras.backend.backend() != "jax" or self.gate not in (None, "mone") or mlp_form() != "fused":
+            return none
+        if type(self.mlp) is not NestedMLP or (training and (self.dropout_rate or self.drop_path_rate)):
+            return none
+        fused = []
+        for z, width, gate in zip(mids, widths, gates):
+            scale = None if gate is None or self.gate is None else ops.cast(self.alpha, gate.dtype) * gate + 1.0
+            fused.append(self.mlp.fused_residual(z, self.norm2, width, scale))
+        return fused
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -85,6 +85,29 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         outputs = kernel.fused_nested_mlp(rows, *weights, width, activation, interpret=interpret)
         return pad_features(outputs, self.hidden_dim) if pad_output else outputs
 
+    def fused_residual(self, z, norm, width, scale=None):
+        """``z + Pad(scale * self(norm(z), width))`` as one Pallas kernel
+        (``kernels.fused_residual_mlp``: a block's MLP half), or ``None`` where it does
+        not apply: a width that is not nested, a LayerNorm other than Keras' default
+        over the last axis, or a width the compiled kernel does not take. ``z``:
+        ``(batch, k, D)``; ``scale``: ``(batch, k)`` or ``None``."""
+        from keras_mone.kernels import fused_residual_mlp as kernel
+        from keras_mone.kernels.fused_nested_mlp import kernel_fits
+
+        interpret = accelerator() != "gpu"
+        plain_norm = norm.center and norm.scale and not getattr(norm, "rms_scaling", False)
+        plain_norm = plain_norm and norm.axis in (-1, [-1], 2, [2])
+        if width >= self.hidden_dim or not plain_norm or not kernel_fits(width, self.mlp_dim, interpret):
+            return None
+        dtype = self.compute_dtype
+        weights = (norm.gamma, norm.beta, self.fc1.kernel, self._bias(self.fc1), self.fc2.kernel, self._bias(self.fc2))
+        weights = [ops.convert_to_tensor(ops.cast(w, dtype)) for w in weights]
+        rows = ops.reshape(z, (-1, self.hidden_dim))
+        scale = None if scale is None else ops.reshape(ops.cast(scale, dtype), (-1,))
+        outputs = kernel.fused_residual_mlp(rows, *weights, scale, width, _kernel_gelu(self.gelu_approximate),
+                                            epsilon=norm.epsilon, interpret=interpret)
+        return ops.reshape(outputs, ops.shape(z))
+
     @staticmethod
     def _bias(layer):
         return layer.bias if layer.bias is not None else ops.zeros((layer.units,), layer.compute_dtype)

@@ -1,0 +1,170 @@
+"""A MoNE block's second half in one Pallas kernel: ``z + s Pad(MLP_d(LN(z)[:, :d]))`` (jax).
+
+The block's MLP half for one token group of width ``d`` (MoNE Eq. 1 with App. A.1 Eq. 6):
+LayerNorm over the full width ``D``, the nested MLP (``fused_nested_mlp``), the gate's
+per-token scale ``s = alpha g + 1`` and the residual sum, where only the first ``d``
+features change. Done apart, XLA writes and reads the normalised ``(rows, D)`` tensor, the
+MLP's output and the padded update; here one program reads a row tile of ``z`` once (for
+the statistics, then the first ``d`` features again), keeps the hidden activations on chip
+(``fused_nested_mlp``) and writes only the ``d`` features that change: the output is
+``z``'s own buffer (``input_output_aliases``), whose other ``D - d`` features are already
+right. ``bench/roofline.py`` models what this saves.
+
+``plain_residual_mlp`` is the reference the kernel equals, and its backward pass.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from keras_mone.kernels.fused_nested_mlp import (
+    checked_tiles,
+    default_blocks,
+    feature_chunk,
+    mlp_accumulators,
+    plain_nested_mlp,
+)
+
+def residual_blocks(width, hidden, itemsize=2):
+    """``(block_rows, block_hidden)``: ``default_blocks`` with at most 64 rows, as the
+    LayerNorm statistics and the residual take registers too (at d = 96 and 128 rows the
+    kernel spilled with 8 warps; at 64 it does not: ``bench/kernel_compile.py``)."""
+    rows, block_hidden = default_blocks(width, hidden, itemsize)
+    return min(rows, 64), block_hidden
+
+
+STATISTICS_CHUNK = 64
+"""Features per load while a tile's LayerNorm statistics are summed (registers: rows x 64)."""
+
+
+def plain_residual_mlp(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, epsilon):
+    """``z + Pad(scale * MLP_d(LN(z)[:, :d]))`` with XLA's ops: ``z`` ``(rows, D)``,
+    ``scale`` ``(rows,)`` or ``None``. The LayerNorm runs in float32 (Keras' does too)."""
+    values = z.astype(jnp.float32)
+    mean = jnp.mean(values, axis=-1, keepdims=True)
+    variance = jnp.mean(jnp.square(values - mean), axis=-1, keepdims=True)
+    normed = (values - mean) * jax.lax.rsqrt(variance + epsilon) * gamma.astype(jnp.float32)
+    normed = (normed + beta.astype(jnp.float32)).astype(z.dtype)
+    update = plain_nested_mlp(normed, w1, b1, w2, b2, width, activation)
+    if scale is not None:
+        update = update * scale[:, None].astype(update.dtype)
+    return jnp.asarray(z).at[:, :width].add(update)
+
+
+def fused_residual_mlp(
+    z, gamma, beta, w1, b1, w2, b2, scale, width, activation, epsilon=1e-6, block_rows=None,
+    block_hidden=None, num_warps=8, num_stages=2, interpret=False,
+):
+    """``plain_residual_mlp`` as one Pallas kernel (see the module docstring).
+
+    Args:
+        z: ``(rows, D)`` token rows (the block's residual stream after attention).
+        gamma, beta: the LayerNorm's ``(D,)`` scale and offset.
+        w1, b1, w2, b2: the MLP's kernels ``(D, H)``, ``(H, D)`` and biases.
+        scale: ``(rows,)`` per-token factor on the MLP update (MoNE's ``alpha g + 1``) or ``None``.
+        width: the group's nested width ``d``.
+        activation, block_rows, block_hidden, num_warps, num_stages, interpret: as in
+            ``fused_nested_mlp`` (tiles: ``residual_blocks`` if ``None``).
+
+    Returns:
+        ``(rows, D)`` in ``z``'s dtype.
+    """
+    if gamma.shape != (z.shape[1],) or beta.shape != (z.shape[1],):
+        raise ValueError(f"`gamma` and `beta` must have shape ({z.shape[1]},), got {gamma.shape} and {beta.shape}.")
+    if scale is not None and scale.shape != (z.shape[0],):
+        raise ValueError(f"`scale` must have shape ({z.shape[0]},) (one factor per row) or be None, got {scale.shape}.")
+    defaults = residual_blocks(width, w1.shape[1], jnp.dtype(z.dtype).itemsize)
+    tiles = checked_tiles(z, w1, w2, width, block_rows or defaults[0], block_hidden or defaults[1], num_warps,
+                          num_stages)
+    if scale is None:
+        scale = jnp.ones((z.shape[0],), z.dtype)
+    return _residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, float(epsilon), tiles,
+                     bool(interpret))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11, 12))
+def _residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, epsilon, tiles, interpret):
+    return _pallas_residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, epsilon, tiles, interpret)
+
+
+def _residual_forward(*arguments):
+    return _residual(*arguments), arguments[:8]
+
+
+def _residual_backward(width, activation, epsilon, tiles, interpret, saved, upstream):
+    """The plain path's gradients, recomputed from the inputs (no activations kept)."""
+    _, pullback = jax.vjp(lambda *a: plain_residual_mlp(*a, width, activation, epsilon), *saved)
+    return pullback(upstream)
+
+
+_residual.defvjp(_residual_forward, _residual_backward)
+
+
+def _pallas_residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, epsilon, tiles, interpret):
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
+
+    block_rows, block_hidden, num_warps, num_stages = tiles
+    rows, full = z.shape
+    hidden = w1.shape[1]
+    padded = -(-rows // block_rows) * block_rows
+    if padded != rows:  # whole row tiles: no masked loads in the kernel
+        z = jnp.pad(z, ((0, padded - rows), (0, 0)))
+        scale = jnp.pad(scale, (0, padded - rows))
+    whole = lambda i: (0, 0)  # noqa: E731  (one block: the whole array, or its first `width` features)
+    in_specs = [
+        pl.BlockSpec((block_rows, full), lambda i: (i, 0)),
+        pl.BlockSpec((1, full), whole),
+        pl.BlockSpec((1, full), whole),
+        pl.BlockSpec((width, hidden), whole),
+        pl.BlockSpec((1, hidden), whole),
+        pl.BlockSpec((hidden, width), whole),
+        pl.BlockSpec((1, width), whole),
+        pl.BlockSpec((block_rows, 1), lambda i: (i, 0)),
+    ]
+    kernel = functools.partial(
+        _residual_tile, width=width, chunk=feature_chunk(width), block_hidden=block_hidden,
+        activation=activation, epsilon=epsilon,
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid=(padded // block_rows,),
+        in_specs=in_specs,
+        # the first `width` features of each row tile are written; `z`'s buffer holds the rest
+        out_specs=pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((padded, full), z.dtype),
+        input_output_aliases={0: 0},
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+    )(z, gamma.reshape(1, full), beta.reshape(1, full), w1, b1.reshape(1, hidden), w2, b2.reshape(1, full),
+      scale.reshape(padded, 1))
+    return out[:rows] if padded != rows else out
+
+
+def _residual_tile(z_ref, gamma_ref, beta_ref, w1_ref, b1_ref, w2_ref, b2_ref, scale_ref, out_ref, *,
+                   width, chunk, block_hidden, activation, epsilon):
+    """One row tile: LayerNorm statistics over ``D``, the nested MLP of the first ``d``
+    normalised features, ``z + scale * update`` written into those ``d`` features."""
+    from jax.experimental import pallas as pl
+
+    full = z_ref.shape[1]
+    step = min(STATISTICS_CHUNK, feature_chunk(full))
+    pieces = [pl.ds(k * step, step) for k in range(full // step)]
+    total = sum(jnp.sum(z_ref[:, p].astype(jnp.float32), axis=1, keepdims=True) for p in pieces)
+    mean = total / full
+    squares = sum(jnp.sum(jnp.square(z_ref[:, p].astype(jnp.float32) - mean), axis=1, keepdims=True)
+                  for p in pieces)
+    inverse_std = jax.lax.rsqrt(squares / full + epsilon)
+
+    features = [pl.ds(k * chunk, chunk) for k in range(width // chunk)]
+    xs = [
+        ((z_ref[:, f].astype(jnp.float32) - mean) * inverse_std * gamma_ref[:, f].astype(jnp.float32)
+         + beta_ref[:, f].astype(jnp.float32)).astype(z_ref.dtype)
+        for f in features
+    ]
+    accumulators = mlp_accumulators(xs, features, w1_ref, b1_ref, w2_ref, block_hidden, activation)
+    scale = scale_ref[...].astype(z_ref.dtype)
+    for acc, f in zip(accumulators, features):
+        update = (acc + b2_ref[:, f].astype(jnp.float32)).astype(z_ref.dtype) * scale
+        out_ref[:, f] = z_ref[:, f] + update

@@ -1,0 +1,97 @@
+"""The fused MLP half of a MoNE block (issue 40 item 4): ``z + s Pad(FFN_d(LN2(z)))`` from one
+Pallas kernel equals the numpy reference of Eq. 1 / Eq. 6 and the plain path, forward and
+backward, through Pallas' interpreter, and lowers to Triton for a CUDA GPU without one."""
+
+import numpy as np
+import pytest
+from conftest import BACKEND, assert_f32_close
+
+import numpy_reference as ref
+
+pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
+
+
+def _arguments(rows=200, dim=96, hidden=384, seed=0):
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: rng.normal(size=shape).astype("float32")  # noqa: E731
+    z = normal(rows, dim)
+    gamma, beta = 1.0 + 0.1 * normal(dim), 0.1 * normal(dim)
+    w1, b1, w2, b2 = 0.1 * normal(dim, hidden), 0.1 * normal(hidden), 0.1 * normal(hidden, dim), 0.1 * normal(dim)
+    scale = (1.0 + 0.5 * rng.random(rows)).astype("float32")  # MoNE's alpha g + 1
+    return z, gamma, beta, w1, b1, w2, b2, scale
+
+
+def _exact_gelu(x):
+    import jax
+
+    return jax.nn.gelu(x, approximate=False)
+
+
+@pytest.mark.parametrize("width", [12, 24, 48])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_kernel_equals_the_numpy_reference_of_eq1(width, scaled):
+    from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp
+
+    z, gamma, beta, w1, b1, w2, b2, scale = _arguments()
+    out = np.asarray(fused_residual_mlp(z, gamma, beta, w1, b1, w2, b2, scale if scaled else None, width,
+                                        _exact_gelu, interpret=True))
+    normed = ref.layer_norm(z, gamma, beta)
+    update = ref.mlp(normed[None], [width] * len(z), w1, b1, w2, b2)[0]
+    expected = z + (scale[:, None] if scaled else 1.0) * update
+    assert out.shape == z.shape
+    assert_f32_close(out, expected)
+    assert np.array_equal(out[:, width:], z[:, width:])  # features past d are the input's own, untouched
+
+
+@pytest.mark.parametrize("blocks", [(None, None), (16, 32)])
+def test_gradients_equal_the_plain_paths(blocks):
+    import jax
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
+
+    arguments = _arguments(rows=72)
+    cotangent = np.random.default_rng(3).normal(size=(72, 96)).astype("float32")
+
+    def loss(fn, **kw):
+        return lambda *a: jnp.sum(fn(*a, 24, _exact_gelu, **kw) * cotangent)
+
+    fused = jax.grad(loss(fused_residual_mlp, block_rows=blocks[0], block_hidden=blocks[1], interpret=True),
+                     argnums=range(8))(*arguments)
+    plain = jax.grad(loss(plain_residual_mlp, epsilon=1e-6), argnums=range(8))(*arguments)
+    for got, want in zip(fused, plain):
+        assert got.shape == want.shape
+        assert_f32_close(np.asarray(got), np.asarray(want))
+
+
+def test_bad_arguments_are_named():
+    from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp
+
+    z, gamma, beta, w1, b1, w2, b2, scale = _arguments(rows=8)
+    with pytest.raises(ValueError, match=r"`gamma` and `beta` must have shape \(96,\)"):
+        fused_residual_mlp(z, gamma[:8], beta, w1, b1, w2, b2, scale, 24, _exact_gelu, interpret=True)
+    with pytest.raises(ValueError, match=r"`scale` must have shape \(8,\) \(one factor per row\) or be None"):
+        fused_residual_mlp(z, gamma, beta, w1, b1, w2, b2, scale[:4], 24, _exact_gelu, interpret=True)
+    with pytest.raises(ValueError, match=r"`width` must lie in \[1, 96\]"):
+        fused_residual_mlp(z, gamma, beta, w1, b1, w2, b2, scale, 0, _exact_gelu, interpret=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_kernel_lowers_to_triton_for_a_cuda_gpu(dtype):
+    """ViT-B/16's nested groups (d = 96, 192, 384) through Pallas' Triton lowering for CUDA."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp
+    from keras_mone.layers.mlp import _kernel_gelu
+
+    shapes = ((256 * 84, 768), (768,), (768,), (768, 3072), (3072,), (3072, 768), (768,), (256 * 84,))
+    spec = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape in shapes]
+    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    for width in (96, 192, 384):
+        def half(*arguments, width=width):
+            return fused_residual_mlp(*arguments, width, _kernel_gelu(False))
+
+        module = export.export(jax.jit(half), platforms=["cuda"], disabled_checks=[triton])(*spec).mlir_module()
+        assert module.count("__gpu$xla.gpu.triton") == 1
