@@ -1,5 +1,11 @@
 """Backend kernels beside the plain ``keras.ops`` paths they equal (issue 40).
 
-``fused_nested_mlp``: a MoNE token group's nested MLP as one Pallas kernel (jax),
-chosen with ``$KERAS_MONE_MLP=fused`` (``layers.platform_forms.mlp_form``).
+* ``fused_nested_mlp``: a MoNE token group's nested MLP as one Pallas kernel (jax);
+* ``fused_residual_mlp``: a block's whole MLP half for a nested group (LayerNorm,
+  nested MLP, gate scale, residual) as one Pallas kernel (jax).
+
+Both are chosen with ``$KERAS_MONE_MLP=fused`` (``layers.platform_forms.mlp_form``):
+compiled through Pallas' Triton lowering on a GPU, interpreted elsewhere (exact and
+slow: for tests). ``bench/roofline.py`` models what they save, ``bench/kernel_compile.py``
+reports what the GPU compiler makes of them, ``bench/gpu.sh`` times them.
 """
