@@ -205,3 +205,24 @@ def test_a_mone_vit_on_a_gpu_runs_each_nested_group_through_the_compiled_kernel(
         return exported.mlir_module().count("__gpu$xla.gpu.triton")
 
     assert kernels("fused") == 3 and kernels("plain") == 0
+
+
+@jax_only
+def test_mixed_bfloat16_logits_agree_with_the_plain_path(monkeypatch):
+    """Under mixed_bfloat16 the kernels compute as the plain path does (bf16 operands, float32
+    accumulation and LayerNorm): logits agree to bfloat16 rounding of a 2-block model."""
+    import keras
+
+    from keras_mone import models
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=0.5), num_classes=5)
+        x = images()
+        model(x)
+        randomize_weights(model, seed=7)
+        fused, plain = (_forward(monkeypatch, form, model, x).astype("float32") for form in ("fused", "plain"))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    scale = np.abs(plain).max()
+    assert np.abs(fused - plain).max() <= 4 * 2.0 ** -8 * scale  # 4 bf16 ulps of the largest logit (measured: 1)

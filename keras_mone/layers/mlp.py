@@ -100,8 +100,10 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         if width >= self.hidden_dim or not plain_norm or not kernel_fits(width, self.mlp_dim, interpret):
             return None
         dtype = self.compute_dtype
-        weights = (norm.gamma, norm.beta, self.fc1.kernel, self._bias(self.fc1), self.fc2.kernel, self._bias(self.fc2))
-        weights = [ops.convert_to_tensor(ops.cast(w, dtype)) for w in weights]
+        weights_mlp = (self.fc1.kernel, self._bias(self.fc1), self.fc2.kernel, self._bias(self.fc2))
+        # the LayerNorm's own weights stay in their (float32) dtype: it normalises in float32, as Keras' does
+        weights = [ops.convert_to_tensor(w) for w in (norm.gamma, norm.beta)]
+        weights += [ops.convert_to_tensor(ops.cast(w, dtype)) for w in weights_mlp]
         rows = ops.reshape(z, (-1, self.hidden_dim))
         scale = None if scale is None else ops.reshape(ops.cast(scale, dtype), (-1,))
         outputs = kernel.fused_residual_mlp(rows, *weights, scale, width, _kernel_gelu(self.gelu_approximate),
