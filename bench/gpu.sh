@@ -11,7 +11,9 @@
 # index if it is reachable. keras_mone itself runs from this checkout
 # (PYTHONPATH), not installed.
 #
-# Runs, each its own process (dense and MoNE interleaved, medians of $REPEATS):
+# First bench/kernel_check.py: the fused kernels (kernels/), compiled for the card, against
+# the plain path (kernel_check.md). Then runs, each its own process (dense and MoNE
+# interleaved, medians of $REPEATS):
 #   1. jax   ViT-B/16 224, e_c 0.3 and 0.5, batch 64, float32 + mixed_bfloat16:
 #            forward on device input and on host input (predict_on_batch), timm peer
 #   2. jax   the same at batch 256, device input only, timm peer
@@ -31,6 +33,8 @@
 #
 # Knobs: REPEATS (10), STEP_TIMEOUT (seconds per run, 150), TORCH_COMPILE=1
 # (run 4 also under torch.compile: adds minutes of compilation), WHEELS, and
+# KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
+# "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
 # EXTRA_ARGS, appended to every run (the last of a repeated option wins), e.g.
 # a CPU smoke test of the script in a minute or two:
 #   EXTRA_ARGS="--image-size 32 --batch-size 2 --repeats 2 --warmup 1 --model-override patch_size=8
@@ -77,7 +81,12 @@ for module in ("jax", "torch", "timm"):
 EOF
 echo "[gpu.sh] setup done in $((SECONDS - start)) s"
 
-# -- 2. the runs ----------------------------------------------------------------
+# -- 2. the fused kernels, compiled for this card, against the plain path -------
+# shellcheck disable=SC2086  # KERNEL_CHECK_ARGS: one word per argument
+KERAS_BACKEND=jax timeout "$STEP_TIMEOUT" "$PYTHON" "$ROOT/bench/kernel_check.py" ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
+echo "[gpu.sh] kernel check: exit $? (total $((SECONDS - start)) s)"; cat "$OUT_DIR/kernel_check.md"
+
+# -- 3. the runs ----------------------------------------------------------------
 COMMON=(--repeats "$REPEATS" --warmup 2 --no-routing-probes --no-peer --quiet)
 B16=(--variant B/16 --image-size 224)
 VIVIT=(--family vivit --variant B/16 --image-size 256 --no-timm --no-train-step --no-host-input)
@@ -118,10 +127,11 @@ MLP=fused bench vit_b16_b256_fused_mlp jax "${B16[@]}" --capacities 0.3 --batch-
 MLP=fused bench vit_b16_b64_fused_mlp_train jax "${B16[@]}" --capacities 0.3 --batch-size 64 \
     --precision mixed_bfloat16 --no-host-input --no-timm
 
-# -- 3. the report --------------------------------------------------------------
+# -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
 KERAS_BACKEND=jax "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
 import json
+import os
 import sys
 
 from keras_mone.bench.report import format_markdown
@@ -131,6 +141,9 @@ report, seconds, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
 results = [json.load(open(path)) for path in paths]
 with open(report, "w") as f:
     f.write(f"# GPU benchmark (bench/gpu.sh, {len(results)} runs, {seconds} s)\n\n")
+    check = os.path.join(os.path.dirname(report), "kernel_check.md")
+    if os.path.exists(check):
+        f.write(open(check).read() + "\n")
     if results:
         f.write(combined_table(results) + "\n")
     for result in results:

@@ -95,3 +95,16 @@ def test_kernel_lowers_to_triton_for_a_cuda_gpu(dtype):
 
         module = export.export(jax.jit(half), platforms=["cuda"], disabled_checks=[triton])(*spec).mlir_module()
         assert module.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_the_gpu_check_script_runs_and_bounds_hold(monkeypatch):
+    """``bench/kernel_check.py`` (run first by ``bench/gpu.sh``) at a tiny size, interpreted."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import kernel_check
+
+    for dtype in ("float32", "bfloat16"):
+        errors = kernel_check.check(16, dtype, rows=40, dim=64, hidden=128, interpret=True)
+        assert set(errors) == {"fused MLP", "fused half", "fused half, gradients"}
+        assert max(errors.values()) <= kernel_check.BOUNDS[dtype]
