@@ -27,11 +27,14 @@
 #            nested MLP as one Pallas kernel per token group (KERAS_MONE_MLP=fused)
 #   9. jax   the same at batch 256, mixed_bfloat16
 #  10. jax   the same at batch 64, mixed_bfloat16: training steps through the kernel
+#  11. jax   run 5 (ViViT-FE-B/16, batch 1) through the kernels
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
 # markdown, plot and log lie in $OUT_DIR/<run>/.
 #
-# Knobs: REPEATS (10), STEP_TIMEOUT (seconds per run, 150), TORCH_COMPILE=1
+# Knobs: RUNS (names of the runs to do, e.g. RUNS="vit_b16_b256 vit_b16_b256_fused_mlp" to
+# split the table over two calls of a machine that allows 10 minutes per command; default
+# all), REPEATS (10), STEP_TIMEOUT (seconds per run, 150), TORCH_COMPILE=1
 # (run 4 also under torch.compile: adds minutes of compilation), WHEELS, and
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
@@ -92,9 +95,13 @@ B16=(--variant B/16 --image-size 224)
 VIVIT=(--family vivit --variant B/16 --image-size 256 --no-timm --no-train-step --no-host-input)
 runs=()
 
+selected=0
 bench() {  # bench NAME BACKEND ARGS...: one `keras-mone bench` process
     local name="$1" backend="$2"
     shift 2
+    # RUNS: the run names to do (space-separated), default all
+    [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $name "* ]] && return 0
+    selected=$((selected + 1))
     local t0=$SECONDS
     mkdir -p "$OUT_DIR/$name"
     # shellcheck disable=SC2086  # EXTRA_ARGS: one word per argument
@@ -126,6 +133,7 @@ MLP=fused bench vit_b16_b256_fused_mlp jax "${B16[@]}" --capacities 0.3 --batch-
     --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
 MLP=fused bench vit_b16_b64_fused_mlp_train jax "${B16[@]}" --capacities 0.3 --batch-size 64 \
     --precision mixed_bfloat16 --no-host-input --no-timm
+MLP=fused bench vivit_b16_b1_fused_mlp jax "${VIVIT[@]}" --capacities 0.4 --batch-size 1 --precision float32
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
@@ -151,4 +159,4 @@ with open(report, "w") as f:
 print(f"[gpu.sh] wrote {report}")
 EOF
 echo "[gpu.sh] done in $((SECONDS - start)) s"
-[ "${#runs[@]}" -eq 10 ]
+[ "${#runs[@]}" -eq "$selected" ]
