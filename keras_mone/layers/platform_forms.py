@@ -73,6 +73,8 @@ def mlp_form():
             f"${MLP_ENV}='fused' is a Pallas kernel and needs the jax backend; "
             f"the {keras.backend.backend()} backend takes 'plain' (or leave it unset)."
         )
+    if chosen == "fused" and accelerator() == "tpu":
+        raise ValueError(f"${MLP_ENV}='fused' is written for GPUs (Pallas' Triton lowering); on a TPU leave it unset.")
     return chosen
 
 
