@@ -108,3 +108,22 @@ def test_the_gpu_check_script_runs_and_bounds_hold(monkeypatch):
         errors = kernel_check.check(16, dtype, rows=40, dim=64, hidden=128, interpret=True)
         assert set(errors) == {"fused MLP", "fused half", "fused half, gradients"}
         assert max(errors.values()) <= kernel_check.BOUNDS[dtype]
+
+
+def test_the_roofline_model_orders_the_forms(monkeypatch):
+    """``bench/roofline.py`` (BENCHMARKS.md's model): dense and MoNE at full capacity cost the
+    same; each fused form saves time over the one before; MLP time is dense's at width D."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import roofline
+
+    def total(groups, form="plain"):
+        return sum(roofline.block_time(groups, 256, "h200", form).values())
+
+    dense = total([(roofline.TOKENS, roofline.D)])
+    assert total([(roofline.TOKENS, roofline.D)], "fused half") == dense  # full width: no kernel
+    groups = [(84, 96), (62, 192), (37, 384), (14, 768)]  # e_c 0.3 (the capacity solver's counts)
+    plain, fused_mlp, fused_half = (total(groups, form) for form in roofline.FORMS)
+    assert dense > plain > fused_mlp > fused_half
+    assert 1.4 < dense / plain < 1.7 and 2.3 < dense / fused_half < 2.6  # BENCHMARKS.md: 1.54x, 2.44x
