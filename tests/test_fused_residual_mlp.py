@@ -127,3 +127,15 @@ def test_the_roofline_model_orders_the_forms(monkeypatch):
     plain, fused_mlp, fused_half = (total(groups, form) for form in roofline.FORMS)
     assert dense > plain > fused_mlp > fused_half
     assert 1.4 < dense / plain < 1.7 and 2.3 < dense / fused_half < 2.6  # BENCHMARKS.md: 1.54x, 2.44x
+
+
+def test_an_empty_token_group_launches_nothing():
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp
+    from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp
+
+    z, gamma, beta, w1, b1, w2, b2, _ = _arguments(rows=0)
+    assert fused_residual_mlp(z, gamma, beta, w1, b1, w2, b2, None, 24, _exact_gelu, interpret=True).shape == (0, 96)
+    assert fused_nested_mlp(z, w1, b1, w2, b2, 24, _exact_gelu, interpret=True).shape == (0, 24)
+    assert fused_nested_mlp(jnp.asarray(z), w1, b1, w2, b2, 24, _exact_gelu, interpret=True).dtype == jnp.float32

@@ -93,6 +93,8 @@ def fused_nested_mlp(
         ``(rows, width)`` in ``x``'s dtype.
     """
     tiles = checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_stages)
+    if x.shape[0] == 0:  # an empty token group: nothing to launch
+        return jnp.zeros((0, width), x.dtype)
     return _mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
 
 

@@ -77,6 +77,8 @@ def fused_residual_mlp(
     defaults = residual_blocks(width, w1.shape[1], jnp.dtype(z.dtype).itemsize)
     tiles = checked_tiles(z, w1, w2, width, block_rows or defaults[0], block_hidden or defaults[1], num_warps,
                           num_stages)
+    if z.shape[0] == 0:  # an empty token group: nothing to launch
+        return jnp.asarray(z)
     if scale is None:
         scale = jnp.ones((z.shape[0],), z.dtype)
     return _residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, float(epsilon), tiles,
