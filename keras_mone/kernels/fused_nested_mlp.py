@@ -52,8 +52,9 @@ def feature_chunk(width):
 def kernel_fits(width, hidden, interpret=False):
     """Whether the compiled kernel takes a group of ``width`` and an MLP ``hidden`` wide:
     feature chunks of at least ``MIN_CHUNK`` and a hidden width with a power-of-2 block
-    of at least ``MIN_CHUNK``. The interpreter takes any shape."""
-    return interpret or (feature_chunk(width) >= MIN_CHUNK and feature_chunk(hidden) >= MIN_CHUNK)
+    of at least ``MIN_CHUNK``. The interpreter takes any width (the hidden blocks are
+    checked all the same)."""
+    return feature_chunk(hidden) >= MIN_CHUNK and (interpret or feature_chunk(width) >= MIN_CHUNK)
 
 
 def default_blocks(width, hidden, itemsize=2):
@@ -62,7 +63,9 @@ def default_blocks(width, hidden, itemsize=2):
     block_hidden``) and weight tiles of at most 32 KB each (``width * block_hidden *
     itemsize``, fc1's and fc2's: 64 KB per pipeline stage). Larger
     tiles spilled registers or overflowed the 227 KB of shared memory when compiled for
-    sm_90 (``bench/kernel_compile.py``, BENCHMARKS.md)."""
+    sm_90 (``bench/kernel_compile.py``, BENCHMARKS.md). Tiles stop halving at 16, so
+    the budgets hold up to d = 512 in bf16 and d = 384 in float32 (ViT-B/16's nested
+    widths: 96, 192, 384)."""
     rows = 128
     while rows > 16 and rows * width > 12288:
         rows //= 2
@@ -95,7 +98,7 @@ def fused_nested_mlp(
     tiles = checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_stages)
     if x.shape[0] == 0:  # an empty token group: nothing to launch
         return jnp.zeros((0, width), x.dtype)
-    return _mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
+    return _jitted_mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
 
 
 def checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_stages):
@@ -107,8 +110,14 @@ def checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_sta
             f"`width` must lie in [1, {min(x.shape[1], w1.shape[0])}] with w1 (D, H) and w2 (H, D); "
             f"got width={width}, x {x.shape}, w1 {w1.shape}, w2 {w2.shape}."
         )
+    if not jnp.dtype(x.dtype) == jnp.dtype(w1.dtype) == jnp.dtype(w2.dtype):
+        raise ValueError(f"The rows and both MLP kernels must share a dtype (Triton's dot); got {x.dtype}, "
+                         f"{w1.dtype} and {w2.dtype}.")
     defaults = default_blocks(width, hidden, jnp.dtype(x.dtype).itemsize)
     tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
+    for name, tile in zip(("block_rows", "block_hidden"), tiles):
+        if tile < MIN_CHUNK or tile & (tile - 1):
+            raise ValueError(f"`{name}` must be a power of 2 of at least {MIN_CHUNK} (Triton's tiles), got {tile}.")
     if hidden % tiles[1]:
         raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
     return tiles
@@ -131,6 +140,9 @@ def _mlp_backward(width, activation, tiles, interpret, saved, upstream):
 
 
 _mlp.defvjp(_mlp_forward, _mlp_backward)
+# compiled once per (shapes, width, activation, tiles): called eagerly, each call would
+# otherwise build a new kernel and compile it again
+_jitted_mlp = jax.jit(_mlp, static_argnums=(5, 6, 7, 8))
 
 
 def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):

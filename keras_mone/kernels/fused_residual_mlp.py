@@ -81,8 +81,8 @@ def fused_residual_mlp(
         return jnp.asarray(z)
     if scale is None:
         scale = jnp.ones((z.shape[0],), z.dtype)
-    return _residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, float(epsilon), tiles,
-                     bool(interpret))
+    return _jitted_residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, float(epsilon), tiles,
+                            bool(interpret))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11, 12))
@@ -101,6 +101,7 @@ def _residual_backward(width, activation, epsilon, tiles, interpret, saved, upst
 
 
 _residual.defvjp(_residual_forward, _residual_backward)
+_jitted_residual = jax.jit(_residual, static_argnums=(8, 9, 10, 11, 12))  # one compilation per static setting
 
 
 def _pallas_residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, epsilon, tiles, interpret):
