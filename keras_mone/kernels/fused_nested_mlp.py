@@ -146,37 +146,50 @@ _jitted_mlp = jax.jit(_mlp, static_argnums=(5, 6, 7, 8))
 
 
 def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
+    hidden, full = w1.shape[1], w1.shape[0]
+    kernel = functools.partial(
+        _mlp_tile, width=width, chunk=feature_chunk(width), block_hidden=tiles[1], activation=activation,
+    )
+    # blocks (·, width) at index 0 of (·, D) arrays: the first `width` features, not copied
+    weights = [(w1, (width, hidden)), (b1.reshape(1, hidden), (1, hidden)), (w2, (hidden, width)),
+               (b2.reshape(1, full), (1, width))]
+    return row_tiled_call(kernel, [(x, width)], weights, (width, width), tiles, interpret)
+
+
+def row_tiled_call(kernel, rows, weights, out, tiles, interpret, aliases=None):
+    """``kernel`` over tiles of ``block_rows`` rows, one program each, through Pallas'
+    Triton lowering (Pallas' default on GPUs, Mosaic GPU, would stage the whole weight
+    blocks in shared memory: 1.2 MB at d = 96).
+
+    Args:
+        rows: ``(array, columns)`` pairs: ``(n, c)`` arrays cut into row tiles, of which a
+            program sees the first ``columns``; padded to whole tiles (no masked loads).
+        weights: ``(array, block shape)`` pairs: every program sees the block at index 0.
+        out: ``(columns of the result, columns a program writes)``; the result has the
+            first row array's dtype and is cut back to ``n`` rows.
+        tiles: ``(block_rows, block_hidden, num_warps, num_stages)``.
+        aliases: ``input_output_aliases`` of ``pallas_call``.
+    """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
-    block_rows, block_hidden, num_warps, num_stages = tiles
-    rows, hidden, full = x.shape[0], w1.shape[1], w1.shape[0]
-    padded = -(-rows // block_rows) * block_rows
-    if padded != rows:  # whole row tiles: no masked loads in the kernel
-        x = jnp.pad(x, ((0, padded - rows), (0, 0)))
-    # block shape (·, width) at block index 0 of a (·, D) array: the first `width` features, not copied
-    in_specs = [
-        pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
-        pl.BlockSpec((width, hidden), lambda i: (0, 0)),
-        pl.BlockSpec((1, hidden), lambda i: (0, 0)),
-        pl.BlockSpec((hidden, width), lambda i: (0, 0)),
-        pl.BlockSpec((1, width), lambda i: (0, 0)),
-    ]
-    kernel = functools.partial(
-        _mlp_tile, width=width, chunk=feature_chunk(width), block_hidden=block_hidden,
-        activation=activation,
-    )
-    out = pl.pallas_call(
+    block_rows, _, num_warps, num_stages = tiles
+    count = rows[0][0].shape[0]
+    padded = -(-count // block_rows) * block_rows
+    arrays = [a if padded == count else jnp.pad(a, ((0, padded - count), (0, 0))) for a, _ in rows]
+    specs = [pl.BlockSpec((block_rows, columns), lambda i: (i, 0)) for _, columns in rows]
+    specs += [pl.BlockSpec(shape, lambda i: (0, 0)) for _, shape in weights]
+    result = pl.pallas_call(
         kernel,
         grid=(padded // block_rows,),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((padded, width), x.dtype),
-        # Triton (not Mosaic GPU, which would stage the whole weight blocks in shared memory)
+        in_specs=specs,
+        out_specs=pl.BlockSpec((block_rows, out[1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((padded, out[0]), arrays[0].dtype),
+        input_output_aliases=aliases or {},
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-    )(x, w1, b1.reshape(1, hidden), w2, b2.reshape(1, full))
-    return out[:rows] if padded != rows else out
+    )(*arrays, *(array for array, _ in weights))
+    return result if padded == count else result[:count]
 
 
 def _mlp_tile(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, out_ref, *, width, chunk, block_hidden, activation):

@@ -24,6 +24,7 @@ from keras_mone.kernels.fused_nested_mlp import (
     feature_chunk,
     mlp_accumulators,
     plain_nested_mlp,
+    row_tiled_call,
 )
 
 def residual_blocks(width, hidden, itemsize=2):
@@ -105,47 +106,19 @@ _jitted_residual = jax.jit(_residual, static_argnums=(8, 9, 10, 11, 12))  # one 
 
 
 def _pallas_residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, epsilon, tiles, interpret):
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as pl_triton
-
-    block_rows, block_hidden, num_warps, num_stages = tiles
-    rows, full = z.shape
-    hidden = w1.shape[1]
-    padded = -(-rows // block_rows) * block_rows
-    if padded != rows:  # whole row tiles: no masked loads in the kernel
-        z = jnp.pad(z, ((0, padded - rows), (0, 0)))
-        scale = jnp.pad(scale, (0, padded - rows))
-    whole = lambda i: (0, 0)  # noqa: E731  (one block: the whole array, or its first `width` features)
-    in_specs = [
-        pl.BlockSpec((block_rows, full), lambda i: (i, 0)),
-        pl.BlockSpec((1, full), whole),
-        pl.BlockSpec((1, full), whole),
-        pl.BlockSpec((width, hidden), whole),
-        pl.BlockSpec((1, hidden), whole),
-        pl.BlockSpec((hidden, width), whole),
-        pl.BlockSpec((1, width), whole),
-        pl.BlockSpec((block_rows, 1), lambda i: (i, 0)),
-    ]
+    full, hidden = z.shape[1], w1.shape[1]
     kernel = functools.partial(
-        _residual_tile, width=width, chunk=feature_chunk(width), block_hidden=block_hidden,
+        _residual_tile, width=width, chunk=feature_chunk(width), block_hidden=tiles[1],
         activation=activation, epsilon=epsilon,
     )
-    out = pl.pallas_call(
-        kernel,
-        grid=(padded // block_rows,),
-        in_specs=in_specs,
-        # the first `width` features of each row tile are written; `z`'s buffer holds the rest
-        out_specs=pl.BlockSpec((block_rows, width), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((padded, full), z.dtype),
-        input_output_aliases={0: 0},
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-    )(z, gamma.reshape(1, full), beta.reshape(1, full), w1, b1.reshape(1, hidden), w2, b2.reshape(1, full),
-      scale.reshape(padded, 1))
-    return out[:rows] if padded != rows else out
+    weights = [(gamma.reshape(1, full), (1, full)), (beta.reshape(1, full), (1, full)), (w1, (width, hidden)),
+               (b1.reshape(1, hidden), (1, hidden)), (w2, (hidden, width)), (b2.reshape(1, full), (1, width))]
+    # a program writes the first `width` features of its row tile; `z`'s buffer holds the rest
+    return row_tiled_call(kernel, [(z, full), (scale.reshape(-1, 1), 1)], weights, (full, width), tiles,
+                          interpret, aliases={0: 0})
 
 
-def _residual_tile(z_ref, gamma_ref, beta_ref, w1_ref, b1_ref, w2_ref, b2_ref, scale_ref, out_ref, *,
+def _residual_tile(z_ref, scale_ref, gamma_ref, beta_ref, w1_ref, b1_ref, w2_ref, b2_ref, out_ref, *,
                    width, chunk, block_hidden, activation, epsilon):
     """One row tile: LayerNorm statistics over ``D``, the nested MLP of the first ``d``
     normalised features, ``z + scale * update`` written into those ``d`` features."""
