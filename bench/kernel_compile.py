@@ -22,10 +22,10 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from jax import export
 
 from keras_mone.kernels import fused_nested_mlp as kernel
 from keras_mone.kernels import fused_residual_mlp as residual_kernel
+from keras_mone.kernels.cuda_lowering import lower_for_cuda
 from keras_mone.layers.mlp import _kernel_gelu
 
 
@@ -49,8 +49,7 @@ def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None, whi
                 return function(*arguments, width, _kernel_gelu(False), block_rows=block_rows,
                                 block_hidden=block_hidden)
 
-            triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
-            export.export(jax.jit(mlp), platforms=["cuda"], disabled_checks=[triton])(*spec)
+            lower_for_cuda(mlp, *spec)
     finally:
         pl.pallas_call = original
     module = printed.getvalue().split("The Triton module for pallas_call", 1)[1].split("\n", 1)[1]

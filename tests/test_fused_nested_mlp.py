@@ -177,20 +177,18 @@ def test_kernel_lowers_to_triton_for_a_cuda_gpu(dtype):
     the interpreter does not make. What the card's Triton compiler does with it waits for one."""
     import jax
     import jax.numpy as jnp
-    from jax import export
 
+    from keras_mone.kernels.cuda_lowering import TRITON_CALL, lower_for_cuda
     from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp
     from keras_mone.layers.mlp import _kernel_gelu
 
     spec = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
             for shape in ((256 * 84, 768), (768, 3072), (3072,), (3072, 768), (768,))]
-    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
     for width in (96, 192, 384):
         def mlp(*arguments, width=width):
             return fused_nested_mlp(*arguments, width, _kernel_gelu(False))
 
-        module = export.export(jax.jit(mlp), platforms=["cuda"], disabled_checks=[triton])(*spec).mlir_module()
-        assert module.count("__gpu$xla.gpu.triton") == 1
+        assert lower_for_cuda(mlp, *spec).count(TRITON_CALL) == 1
 
 
 @jax_only
@@ -198,10 +196,8 @@ def test_a_mone_vit_on_a_gpu_runs_each_nested_group_through_the_compiled_kernel(
     """The layer's choice as on a GPU (``accelerator`` patched): a one-block MoNE-ViT-S/16
     exported for CUDA calls the Triton kernel once per nested group (widths 48, 96, 192;
     the full-width group keeps XLA's GEMMs), and not at all with the plain form."""
-    import jax
-    from jax import export
-
     from keras_mone import models
+    from keras_mone.kernels.cuda_lowering import TRITON_CALL, lower_for_cuda
     from keras_mone.layers import mlp as mlp_module
 
     monkeypatch.setattr(mlp_module, "accelerator", lambda: "gpu")
@@ -211,13 +207,13 @@ def test_a_mone_vit_on_a_gpu_runs_each_nested_group_through_the_compiled_kernel(
     monkeypatch.setenv(platform_forms.MLP_ENV, "plain")
     model(images(size=64))  # built on the CPU, where a compiled GPU kernel cannot run
     state = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
-    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 
     def kernels(form):
         monkeypatch.setenv(platform_forms.MLP_ENV, form)
-        forward = jax.jit(lambda trainable, others, x: model.stateless_call(trainable, others, x)[0])
-        exported = export.export(forward, platforms=["cuda"], disabled_checks=[triton])(*state, images(size=64))
-        return exported.mlir_module().count("__gpu$xla.gpu.triton")
+        def forward(trainable, others, x):
+            return model.stateless_call(trainable, others, x)[0]
+
+        return lower_for_cuda(forward, *state, images(size=64)).count(TRITON_CALL)
 
     assert kernels("fused") == 3 and kernels("plain") == 0
 

@@ -6,6 +6,7 @@
 
 Both are chosen with ``$KERAS_MONE_MLP=fused`` (``layers.platform_forms.mlp_form``):
 compiled through Pallas' Triton lowering on a GPU, interpreted elsewhere (exact and
-slow: for tests). ``bench/roofline.py`` models what they save, ``bench/kernel_compile.py``
+slow: for tests); ``cuda_lowering`` shows what a GPU would be given, without one.
+``bench/roofline.py`` models what they save, ``bench/kernel_compile.py``
 reports what the GPU compiler makes of them, ``bench/gpu.sh`` times them.
 """
