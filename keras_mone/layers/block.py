@@ -1,7 +1,6 @@
 """The transformer block of every ViT in keras_mone: attention, MLP and gate as parts."""
 
 import keras
-from keras import ops
 
 from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register, register_old_name
@@ -132,18 +131,18 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         attended = self.drop_path(attended, training=training)
         mids = [g + a for g, a in zip(groups, attended)]
         fused = self._fused_mlp_halves(mids, widths, gates, training)
-        updates = []
+        updates, last = [], None
         for z, width, gate, done in zip(mids, widths, gates, fused):
             if done is not None:
                 updates.append(None)
                 continue
             normed = self.norm2(z)
-            previous = [u for u in updates if u is not None]
-            if previous:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
-                normed = after(normed, previous[-1])  # (tied after the norm: no copy of the residual z)
+            if last is not None:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
+                normed = after(normed, last)  # (tied after the norm: no copy of the residual z)
             update = self.mlp(normed, width=width, pad_output=False, training=training)
             update = self._gate.scale_mlp(update, gate, self.alpha)
-            updates.append(pad_features(update, self.hidden_dim))
+            last = pad_features(update, self.hidden_dim)
+            updates.append(last)
         if not any(done is not None for done in fused):
             updates = self.drop_path(updates, training=training)
         outputs = [
@@ -163,11 +162,10 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             return none
         if type(self.mlp) is not NestedMLP or (training and (self.dropout_rate or self.drop_path_rate)):
             return none
-        fused = []
-        for z, width, gate in zip(mids, widths, gates):
-            scale = None if gate is None or self.gate is None else ops.cast(self.alpha, gate.dtype) * gate + 1.0
-            fused.append(self.mlp.fused_residual(z, self.norm2, width, scale))
-        return fused
+        return [
+            self.mlp.fused_residual(z, self.norm2, width, self._gate.mlp_scale(gate, self.alpha))
+            for z, width, gate in zip(mids, widths, gates)
+        ]
 
     def compute_output_shape(self, input_shape):
         return input_shape

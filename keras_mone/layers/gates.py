@@ -43,6 +43,10 @@ class Gate:
         """Adds the gate's parameters to ``block``; returns ``alpha`` (or ``None``)."""
         return None
 
+    def mlp_scale(self, gate, alpha):
+        """The per-token factor on the MLP update, ``(batch, k)``, or ``None`` (unscaled)."""
+        return None
+
     def scale_mlp(self, update, gate, alpha):
         return update
 
@@ -61,11 +65,12 @@ class NestedExpertGate(Gate):
             constraint=HalfOpenUnitInterval(),
         )
 
+    def mlp_scale(self, gate, alpha):
+        return None if gate is None else ops.cast(alpha, gate.dtype) * gate + 1.0
+
     def scale_mlp(self, update, gate, alpha):
-        if gate is None:
-            return update
-        scale = ops.cast(alpha, gate.dtype) * gate + 1.0
-        return update * ops.cast(ops.expand_dims(scale, -1), update.dtype)
+        scale = self.mlp_scale(gate, alpha)
+        return update if scale is None else update * ops.cast(ops.expand_dims(scale, -1), update.dtype)
 
 
 class RouterScoreGate(Gate):

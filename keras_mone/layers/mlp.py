@@ -78,11 +78,8 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         interpret = accelerator() != "gpu"
         if not kernel.kernel_fits(width, self.mlp_dim, interpret):
             return None
-        dtype = self.compute_dtype
-        weights = (self.fc1.kernel, self._bias(self.fc1), self.fc2.kernel, self._bias(self.fc2))
-        weights = [ops.convert_to_tensor(ops.cast(w, dtype)) for w in weights]
         activation = _kernel_gelu(self.gelu_approximate)
-        outputs = kernel.fused_nested_mlp(rows, *weights, width, activation, interpret=interpret)
+        outputs = kernel.fused_nested_mlp(rows, *self._kernel_weights(), width, activation, interpret=interpret)
         return pad_features(outputs, self.hidden_dim) if pad_output else outputs
 
     def fused_residual(self, z, norm, width, scale=None):
@@ -99,20 +96,21 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         plain_norm = plain_norm and norm.axis in (-1, [-1], 2, [2])
         if width >= self.hidden_dim or not plain_norm or not kernel_fits(width, self.mlp_dim, interpret):
             return None
-        dtype = self.compute_dtype
-        weights_mlp = (self.fc1.kernel, self._bias(self.fc1), self.fc2.kernel, self._bias(self.fc2))
         # the LayerNorm's own weights stay in their (float32) dtype: it normalises in float32, as Keras' does
-        weights = [ops.convert_to_tensor(w) for w in (norm.gamma, norm.beta)]
-        weights += [ops.convert_to_tensor(ops.cast(w, dtype)) for w in weights_mlp]
+        weights = [ops.convert_to_tensor(w) for w in (norm.gamma, norm.beta)] + self._kernel_weights()
         rows = ops.reshape(z, (-1, self.hidden_dim))
-        scale = None if scale is None else ops.reshape(ops.cast(scale, dtype), (-1,))
+        scale = None if scale is None else ops.reshape(ops.cast(scale, self.compute_dtype), (-1,))
         outputs = kernel.fused_residual_mlp(rows, *weights, scale, width, _kernel_gelu(self.gelu_approximate),
                                             epsilon=norm.epsilon, interpret=interpret)
         return ops.reshape(outputs, ops.shape(z))
 
-    @staticmethod
-    def _bias(layer):
-        return layer.bias if layer.bias is not None else ops.zeros((layer.units,), layer.compute_dtype)
+    def _kernel_weights(self):
+        """fc1's and fc2's kernels and biases (zeros where there is none) in the compute dtype."""
+        weights = []
+        for layer in (self.fc1, self.fc2):
+            bias = layer.bias if layer.bias is not None else ops.zeros((layer.units,))
+            weights += [ops.convert_to_tensor(ops.cast(w, self.compute_dtype)) for w in (layer.kernel, bias)]
+        return weights
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.hidden_dim,)
