@@ -28,13 +28,22 @@
 #   9. jax   the same at batch 256, mixed_bfloat16
 #  10. jax   the same at batch 64, mixed_bfloat16: training steps through the kernel
 #  11. jax   run 5 (ViViT-FE-B/16, batch 1) through the kernels
+# and the form sweeps of bench/gpu_forms.py (one process each: every form of
+# layers.platform_forms compiled and timed against the dense model, with a jax.profiler
+# table of where the device time goes):
+#  forms_vit_bf16    ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256, timm peer, profile
+#  forms_vit_f32     the same in float32 at batch 64
+#  forms_vit_train   training steps, mixed_bfloat16, batch 128
+#  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
 # markdown, plot and log lie in $OUT_DIR/<run>/.
 #
 # Knobs: RUNS (names of the runs to do, e.g. RUNS="vit_b16_b256 vit_b16_b256_fused_mlp" to
 # split the table over two calls of a machine that allows 10 minutes per command; default
-# all), REPEATS (10), STEP_TIMEOUT (seconds per run, 150), TORCH_COMPILE=1
+# all), REPEATS (10), STEP_TIMEOUT (seconds per run, 150; TIMEOUT_<run> for one run, e.g.
+# TIMEOUT_forms_vit_bf16=200, TIMEOUT_kernel_check=60), FORMS / FORMS_F32 / FORMS_TRAIN /
+# FORMS_VIVIT (the forms of each sweep), FORMS_EXTRA (appended to every sweep), TORCH_COMPILE=1
 # (run 4 also under torch.compile: adds minutes of compilation), WHEELS, and
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
@@ -86,7 +95,7 @@ echo "[gpu.sh] setup done in $((SECONDS - start)) s"
 
 # -- 2. the fused kernels, compiled for this card, against the plain path -------
 # shellcheck disable=SC2086  # KERNEL_CHECK_ARGS: one word per argument
-KERAS_BACKEND=jax timeout "$STEP_TIMEOUT" "$PYTHON" "$ROOT/bench/kernel_check.py" ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
+KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_check:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_check.py" ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
 echo "[gpu.sh] kernel check: exit $? (total $((SECONDS - start)) s)"; cat "$OUT_DIR/kernel_check.md"
 
 # -- 3. the runs ----------------------------------------------------------------
@@ -135,9 +144,35 @@ MLP=fused bench vit_b16_b64_fused_mlp_train jax "${B16[@]}" --capacities 0.3 --b
     --precision mixed_bfloat16 --no-host-input --no-timm
 MLP=fused bench vivit_b16_b1_fused_mlp jax "${VIVIT[@]}" --capacities 0.4 --batch-size 1 --precision float32
 
+forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
+    local name="$1"
+    shift
+    [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $name "* ]] && return 0
+    selected=$((selected + 1))
+    local t0=$SECONDS
+    mkdir -p "$OUT_DIR/$name"
+    local limit="TIMEOUT_$name"  # e.g. TIMEOUT_forms_vit_bf16=200; default STEP_TIMEOUT
+    # shellcheck disable=SC2086  # FORMS_EXTRA: one word per argument
+    KERAS_BACKEND=jax timeout "${!limit:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/gpu_forms.py" "$@" \
+        --output "$OUT_DIR/$name" ${FORMS_EXTRA:-} >"$OUT_DIR/$name/log.txt" 2>&1
+    local rc=$?
+    echo "[gpu.sh] $name (jax forms): exit $rc in $((SECONDS - t0)) s (total $((SECONDS - start)) s)"
+    # a sweep cut short by its timeout keeps the rows it wrote
+    [ -f "$OUT_DIR/$name/gpu_forms.md" ] && forms_reports+=("$OUT_DIR/$name/gpu_forms.md")
+    [ "$rc" -eq 0 ] && forms_done=$((forms_done + 1)) || tail -5 "$OUT_DIR/$name/log.txt"
+}
+forms_reports=()
+forms_done=0
+FORMS="${FORMS:-present,free,fused_mlp,free+fused_mlp,free+cudnn}"
+forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
+forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,free,free+fused_mlp}" --timm
+forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,free,free+fused_mlp}"
+forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
+    --forms "${FORMS_VIVIT:-present,free,free+fused_mlp}" --profile
+
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
-KERAS_BACKEND=jax "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
+FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
 import json
 import os
 import sys
@@ -154,9 +189,12 @@ with open(report, "w") as f:
         f.write(open(check).read() + "\n")
     if results:
         f.write(combined_table(results) + "\n")
+    for path in os.environ.get("FORMS_REPORTS", "").split(":"):
+        if path:
+            f.write(f"## {os.path.basename(os.path.dirname(path))}\n\n" + open(path).read() + "\n")
     for result in results:
         f.write(format_markdown(result) + "\n")
 print(f"[gpu.sh] wrote {report}")
 EOF
 echo "[gpu.sh] done in $((SECONDS - start)) s"
-[ "${#runs[@]}" -eq "$selected" ]
+[ "$((${#runs[@]} + forms_done))" -eq "$selected" ]

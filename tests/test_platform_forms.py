@@ -3,7 +3,7 @@ on jax and tensorflow's CPU, both equal within float rounding on every backend."
 
 import numpy as np
 import pytest
-from conftest import BACKEND, TINY, assert_f32_close, images, randomize_weights, to_numpy
+from conftest import BACKEND, TINY, assert_f32_close, gradients, images, randomize_weights, to_numpy
 
 from keras_mone import models
 from keras_mone.layers import platform_forms
@@ -14,14 +14,20 @@ def test_the_cpu_keeps_its_measured_form(monkeypatch):
     monkeypatch.delenv(platform_forms.ATTENTION_ENV, raising=False)
     assert platform_forms.accelerator() == "cpu"  # CI and this machine
     assert platform_forms.attention_form() == ("fused" if BACKEND == "torch" else "explicit")
-    for form in platform_forms.ATTENTION_FORMS:
+    for form in ("fused", "explicit"):
         monkeypatch.setenv(platform_forms.ATTENTION_ENV, form)
         assert platform_forms.attention_form() == form
 
 
+def test_cudnn_attention_is_refused_off_a_jax_gpu(monkeypatch):
+    monkeypatch.setenv(platform_forms.ATTENTION_ENV, "cudnn")
+    with pytest.raises(ValueError, match=r"'cudnn' is jax's cuDNN attention on a GPU; on the \w+ backend's cpu"):
+        platform_forms.attention_form()
+
+
 def test_a_bad_override_names_the_variable(monkeypatch):
     monkeypatch.setenv(platform_forms.ATTENTION_ENV, "flash")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION must be one of \['fused', 'explicit'\]"):
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION must be one of \['fused', 'explicit', 'cudnn'\]"):
         platform_forms.attention_form()
 
 
@@ -126,3 +132,28 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
         model.train_on_batch(x, y)
         counts.append(_graphs_and_breaks(lambda a, b: model.train_step((a, b)), x, y))
     assert counts[1] == counts[0] and counts[0][1] <= 2, counts
+
+
+def test_the_order_form_defaults_to_tied_and_checks_its_variable(monkeypatch):
+    monkeypatch.delenv(platform_forms.ORDER_ENV, raising=False)
+    assert platform_forms.order_form() == "tied"
+    monkeypatch.setenv(platform_forms.ORDER_ENV, "loose")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ORDER must be one of \['tied', 'free'\]"):
+        platform_forms.order_form()
+
+
+def test_free_order_changes_no_value(monkeypatch):
+    """The ties add an exact zero (``after``): without them a MoNE model's outputs and
+    gradients are bit-identical."""
+    model = models.MoNEViTBackbone(**TINY, capacity=0.5)
+    model.build((None, 32, 32, 3))
+    randomize_weights(model, seed=4)
+    x = images()
+    results = {}
+    for form in platform_forms.ORDER_FORMS:
+        monkeypatch.setenv(platform_forms.ORDER_ENV, form)
+        grads = gradients(model, lambda out: (out * out).mean(), x, model.trainable_variables)
+        results[form] = to_numpy(model(x)), grads
+    assert np.array_equal(results["tied"][0], results["free"][0])
+    for tied, free in zip(results["tied"][1], results["free"][1]):
+        assert (tied is None and free is None) or np.array_equal(tied, free)

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
+from keras_mone.layers.platform_forms import order_form
 
 
 @register
@@ -207,7 +208,7 @@ def after(value, tensor):
     block's slices are alive at a time; the add fuses into the copy. Also
     used to run a block's token groups one after the other (``ViTBlock``).
     """
-    if keras.backend.backend() != "jax":
+    if keras.backend.backend() != "jax" or order_form() == "free":
         return value
     probe = ops.sum(ops.stop_gradient(ops.reshape(tensor, (-1,))[:1]))  # 0 if ``tensor`` is empty
     zero = ops.cast(ops.isnan(probe), value.dtype) * 0.0  # 0 * (0 or 1): finite whatever ``tensor`` holds

@@ -17,9 +17,11 @@ import os
 import keras
 
 ATTENTION_ENV = "KERAS_MONE_ATTENTION"
-ATTENTION_FORMS = ("fused", "explicit")
+ATTENTION_FORMS = ("fused", "explicit", "cudnn")
 MLP_ENV = "KERAS_MONE_MLP"
 MLP_FORMS = ("plain", "fused")
+ORDER_ENV = "KERAS_MONE_ORDER"
+ORDER_FORMS = ("tied", "free")
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,13 +48,18 @@ def accelerator(backend=None):
 
 
 def attention_form():
-    """``"fused"`` (``keras.ops.dot_product_attention``) or ``"explicit"`` (batched
-    matmuls around the softmax): ``$KERAS_MONE_ATTENTION`` when set, else fused
-    on torch and on accelerators, explicit on jax's and tensorflow's CPU."""
+    """``"fused"`` (``keras.ops.dot_product_attention``), ``"explicit"`` (batched
+    matmuls around the softmax) or ``"cudnn"`` (jax on a GPU: ``jax.nn.dot_product_attention``
+    with cuDNN's kernel for bf16 / fp16, XLA's for float32, which cuDNN does not take):
+    ``$KERAS_MONE_ATTENTION`` when set, else fused on torch and on accelerators,
+    explicit on jax's and tensorflow's CPU."""
     chosen = os.environ.get(ATTENTION_ENV, "")
     if chosen:
         if chosen not in ATTENTION_FORMS:
             raise ValueError(f"${ATTENTION_ENV} must be one of {list(ATTENTION_FORMS)} or unset, got {chosen!r}.")
+        if chosen == "cudnn" and (keras.backend.backend() != "jax" or accelerator() != "gpu"):
+            raise ValueError(f"${ATTENTION_ENV}='cudnn' is jax's cuDNN attention on a GPU; on the "
+                             f"{keras.backend.backend()} backend's {accelerator()} use 'fused' or 'explicit'.")
         return chosen
     if keras.backend.backend() == "torch" or accelerator() != "cpu":
         return "fused"
@@ -78,6 +85,19 @@ def mlp_form():
     return chosen
 
 
+def order_form():
+    """``"tied"`` or ``"free"``: whether jax ties each nested weight slice and each token
+    group's MLP to the tensor they follow (``layers.nested_dense.after``). The ties keep
+    XLA's CPU scheduler from cutting every block's slices at the start and holding them
+    (issue 27: 315 MiB of temporaries for MoNE-ViT-B/16 against 46 MiB); on a GPU each
+    tie is a few extra small kernels and a fusion the scheduler may not make.
+    ``$KERAS_MONE_ORDER`` when set, else tied (the measured CPU form)."""
+    chosen = os.environ.get(ORDER_ENV, "") or "tied"
+    if chosen not in ORDER_FORMS:
+        raise ValueError(f"${ORDER_ENV} must be one of {list(ORDER_FORMS)} or unset, got {chosen!r}.")
+    return chosen
+
+
 def fused_attention(query, key, value, heads_first=False):
     """Softmax attention by the backend's fused kernel: ``(B, N, H, d)`` tensors
     (``heads_first``: ``(B, H, N, d)``) in, the same layout out.
@@ -99,5 +119,10 @@ def fused_attention(query, key, value, heads_first=False):
         return attended if heads_first else attended.transpose(1, 2)
     if heads_first:
         query, key, value = (keras.ops.transpose(x, (0, 2, 1, 3)) for x in (query, key, value))
-        return keras.ops.transpose(keras.ops.dot_product_attention(query, key, value), (0, 2, 1, 3))
+        return keras.ops.transpose(fused_attention(query, key, value), (0, 2, 1, 3))
+    if keras.backend.backend() == "jax" and attention_form() == "cudnn":
+        import jax
+
+        half = keras.backend.standardize_dtype(query.dtype) in ("bfloat16", "float16")
+        return jax.nn.dot_product_attention(query, key, value, implementation="cudnn" if half else "xla")
     return keras.ops.dot_product_attention(query, key, value)

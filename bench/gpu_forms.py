@@ -1,0 +1,249 @@
+"""Which forms turn MoNE's FLOP savings into GPU time (issue 40): one jax process, many forms.
+
+A form is a set of the switches of ``layers.platform_forms``, which a layer reads when a
+call is traced, so one process compiles every form of the same two models:
+
+    present        the GPU's default (fused attention, plain MLP, tied slices)
+    free           $KERAS_MONE_ORDER=free: no ties (``nested_dense.after``) between the
+                   weight slices, token groups and the tensors they follow
+    fused_mlp      $KERAS_MONE_MLP=fused: each nested group's MLP half as one Pallas kernel
+    cudnn          $KERAS_MONE_ATTENTION=cudnn: jax's cuDNN attention (bf16)
+    explicit       $KERAS_MONE_ATTENTION=explicit: the CPU's batched matmuls
+
+joined with "+" (``free+fused_mlp``). Per batch size the dense and the MoNE classifier
+are built once (random weights, one precision); each form's forward on a batch already
+on the device is compiled (``jax.jit`` over ``stateless_call``) and timed interleaved
+with the dense model's in the same form (medians; the speed-up is dense / MoNE). With
+``--profile`` the last batch size's programs are traced (``bench.kernel_profile``):
+device time by kernel kind and the top kernels. ``--train-batch`` adds training steps
+(AdamW) of ``--train-forms``; ``--timm`` times timm's ViT at the same batch and precision.
+
+    KERAS_BACKEND=jax python bench/gpu_forms.py --batch-sizes 64,256 --profile --output runs/gpu_forms
+    # a CPU smoke test with a tiny model:
+    KERAS_BACKEND=jax python bench/gpu_forms.py --tiny --batch-sizes 2 --forms present,free --profile
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import keras
+
+from keras_mone.analysis import flop_ratio
+from keras_mone.bench.device import (
+    build_timm_peer, device_batch, device_info, forward_step, precision_policy, timm_step, train_step,
+)
+from keras_mone.bench.kernel_profile import format_kernel_tables, kernel_table, trace_calls
+from keras_mone.bench.models import _batch, _build, _model_specs
+from keras_mone.layers import platform_forms
+
+SWITCHES = {
+    "present": {},
+    "free": {platform_forms.ORDER_ENV: "free"},
+    "fused_mlp": {platform_forms.MLP_ENV: "fused"},
+    "cudnn": {platform_forms.ATTENTION_ENV: "cudnn"},
+    "explicit": {platform_forms.ATTENTION_ENV: "explicit"},
+}
+TINY = dict(patch_size=8, hidden_dim=64, depth=2, num_heads=4, mlp_dim=128)
+
+
+def form_settings(form):
+    """The environment of a form name such as ``free+fused_mlp``."""
+    settings = {}
+    for part in form.split("+"):
+        if part not in SWITCHES:
+            raise ValueError(f"Unknown form part {part!r} in {form!r}; parts: {sorted(SWITCHES)}.")
+        settings.update(SWITCHES[part])
+    return settings
+
+
+@contextlib.contextmanager
+def form_environment(form):
+    """The switches of ``form`` set (the others unset) while a call is traced."""
+    names = {name for switches in SWITCHES.values() for name in switches}
+    saved = {name: os.environ.pop(name, None) for name in names}
+    os.environ.update(form_settings(form))
+    try:
+        yield
+    finally:
+        for name in names:
+            os.environ.pop(name, None)
+            if saved[name] is not None:
+                os.environ[name] = saved[name]
+
+
+def compiled(make_step, form):
+    """A ``_Step`` of ``form``, traced and compiled now; returns ``(step, compile seconds)``."""
+    started = time.perf_counter()
+    with form_environment(form):
+        step = make_step().prepare()
+        step()
+    return step, time.perf_counter() - started
+
+
+def interleaved_ms(steps, repeats):
+    """``{label: median ms}`` of the steps, timed round-robin (start rotating)."""
+    labels, times = list(steps), {label: [] for label in steps}
+    for repeat in range(repeats):
+        shift = repeat % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            started = time.perf_counter()
+            steps[label]()
+            times[label].append(time.perf_counter() - started)
+    return {label: 1e3 * statistics.median(t) for label, t in times.items()}
+
+
+def _dense_key(form):
+    """The dense model ignores the MoNE-only switches: one dense program per attention form."""
+    return form_settings(form).get(platform_forms.ATTENTION_ENV, "")
+
+
+def run(args):
+    log = (lambda message: print(f"[gpu_forms] {message}", file=sys.stderr, flush=True))
+    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    for form in forms + [f.strip() for f in args.train_forms.split(",") if f.strip()]:
+        form_settings(form)  # fails early on a bad name
+    overrides = dict(TINY) if args.tiny else {}
+    specs = _model_specs(args.variant, [args.capacity], args.image_size, overrides, args.family)
+    (_, dense_preset, dense_kwargs), (_, mone_preset, mone_kwargs) = specs
+    rows, profiles, notes = [], {}, []
+    with precision_policy(args.precision):
+        dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
+    ratio = flop_ratio(dense.backbone, mone.backbone)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    def save():
+        report(args, rows, profiles, notes, ratio)  # after every row: a run cut short keeps its figures
+
+    for batch_size in batch_sizes:
+        images, labels = _batch(dense.backbone, dense.num_classes, batch_size, args.seed)
+        x, y = device_batch(images, labels)
+        dense_steps = {}
+        for form in forms:
+            try:
+                key = _dense_key(form)
+                if key not in dense_steps:
+                    dense_steps[key], seconds = compiled(lambda: forward_step(dense, x), form)
+                    log(f"batch {batch_size}: dense ({key or 'default attention'}) compiled in {seconds:.1f} s")
+                step, seconds = compiled(lambda: forward_step(mone, x), form)
+                log(f"batch {batch_size}: MoNE {form} compiled in {seconds:.1f} s")
+                ms = interleaved_ms({"dense": dense_steps[key], "mone": step}, args.repeats)
+            except Exception as error:  # one form failing (a kernel the card rejects) ends only its row
+                notes.append(f"forward, batch {batch_size}, {form}: {type(error).__name__}: {str(error)[:300]}")
+                log(notes[-1])
+                save()
+                continue
+            rows.append(("forward", batch_size, form, ms["dense"], ms["mone"], seconds))
+            log(f"batch {batch_size} {form}: dense {ms['dense']:.2f} ms, MoNE {ms['mone']:.2f} ms, "
+                f"{ms['dense'] / ms['mone']:.2f}x")
+            if args.profile and batch_size == batch_sizes[-1]:
+                profiles[f"MoNE {form}"] = kernel_table(trace_calls(step, args.profile_calls), args.profile_calls)
+                if f"dense {key or 'default'}" not in profiles:
+                    profiles[f"dense {key or 'default'}"] = kernel_table(
+                        trace_calls(dense_steps[key], args.profile_calls), args.profile_calls)
+            save()
+            del step
+        if args.timm:
+            model, info = build_timm_peer(dense.backbone, dense.num_classes, dense.pooling)
+            if model is None:
+                notes.append(f"timm: {info['reason']}")
+                args.timm = False
+            else:
+                step = timm_step(model, images, args.precision, tf32=True)
+                step()
+                rows.append(("timm forward", batch_size, "timm", interleaved_ms({"t": step}, args.repeats)["t"],
+                             None, None))
+                del model, step
+            save()
+    if args.train_batch:
+        images, labels = _batch(dense.backbone, dense.num_classes, args.train_batch, args.seed)
+        x, y = device_batch(images, labels)
+        dense_steps = {}
+        for form in [f.strip() for f in args.train_forms.split(",") if f.strip()]:
+            try:
+                key = _dense_key(form)
+                if key not in dense_steps:
+                    dense_steps[key], _ = compiled(lambda: train_step(dense, x, y), form)
+                step, seconds = compiled(lambda: train_step(mone, x, y), form)
+                ms = interleaved_ms({"dense": dense_steps[key], "mone": step}, args.repeats)
+            except Exception as error:
+                notes.append(f"train step, batch {args.train_batch}, {form}: {type(error).__name__}: {str(error)[:300]}")
+                log(notes[-1])
+                save()
+                continue
+            rows.append(("train step", args.train_batch, form, ms["dense"], ms["mone"], seconds))
+            log(f"train batch {args.train_batch} {form}: dense {ms['dense']:.2f} ms, MoNE {ms['mone']:.2f} ms")
+            save()
+            del step
+    return report(args, rows, profiles, notes, ratio)
+
+
+def report(args, rows, profiles, notes, ratio):
+    device = device_info("jax")
+    lines = [
+        f"`{' '.join(['KERAS_BACKEND=jax python bench/gpu_forms.py'] + sys.argv[1:])}`",
+        "",
+        f"{device['name']}; jax {jax.__version__}, keras {keras.__version__}; {args.family} {args.variant} "
+        f"{args.image_size}px{' (tiny)' if args.tiny else ''}, MoNE e_c {args.capacity:g} (FLOP ratio "
+        f"{ratio:.2f}), {args.precision}, device input, medians of {args.repeats} interleaved calls; "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+        "| step | batch | form | dense ms | MoNE ms | speed-up | efficiency | MoNE compile s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, batch, form, dense_ms, mone_ms, seconds in rows:
+        if mone_ms is None:
+            lines.append(f"| {kind} | {batch} | {form} | {dense_ms:.2f} | | | | |")
+            continue
+        speedup = dense_ms / mone_ms
+        lines.append(f"| {kind} | {batch} | {form} | {dense_ms:.2f} | {mone_ms:.2f} | **{speedup:.2f}x** | "
+                     f"{speedup / ratio:.2f} | {seconds:.0f} |")
+    if profiles:
+        lines += ["", f"Device time per forward at batch {args.batch_sizes.split(',')[-1]} "
+                  f"(jax.profiler, {args.profile_calls} traced calls):", "", format_kernel_tables(profiles)]
+    lines += [f"- {note}" for note in notes]
+    text = "\n".join(lines) + "\n"
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        with open(os.path.join(args.output, "gpu_forms.md"), "w") as f:
+            f.write(text)
+        with open(os.path.join(args.output, "gpu_forms.json"), "w") as f:
+            json.dump({"rows": rows, "profiles": profiles, "notes": notes, "flop_ratio": ratio,
+                       "device": device, "argv": sys.argv[1:]}, f, indent=1)
+    return text
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--family", default="vit", choices=("vit", "vivit"))
+    parser.add_argument("--variant", default="B/16")
+    parser.add_argument("--image-size", type=int, default=None, help="default 224 (vit), 256 (vivit); 32 with --tiny")
+    parser.add_argument("--capacity", type=float, default=0.3)
+    parser.add_argument("--batch-sizes", default="64,256")
+    parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--forms", default="present,free,fused_mlp,free+fused_mlp")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--profile", action="store_true", help="trace the last batch size's programs")
+    parser.add_argument("--profile-calls", type=int, default=3)
+    parser.add_argument("--train-batch", type=int, default=0, help="also time training steps at this batch")
+    parser.add_argument("--train-forms", default="present,free")
+    parser.add_argument("--timm", action="store_true", help="time timm's ViT at each batch size (torch)")
+    parser.add_argument("--tiny", action="store_true", help="a 2-block model for a CPU smoke test")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    if args.image_size is None:
+        args.image_size = 32 if args.tiny else (256 if args.family == "vivit" else 224)
+    if not args.train_batch:
+        args.train_forms = ""
+    return args
+
+
+if __name__ == "__main__":
+    if keras.backend.backend() != "jax":
+        sys.exit("bench/gpu_forms.py compiles jax programs: run it with KERAS_BACKEND=jax.")
+    print(run(parse()))

@@ -1,0 +1,122 @@
+"""Where a compiled jax program's device time goes: a ``jax.profiler`` trace summed by kernel.
+
+``trace_calls(step, calls)`` traces ``calls`` runs of a ``_Step`` (``bench.device``);
+``kernel_table(trace_dir)`` reads the trace's XSpace (``jax.profiler.ProfileData``)
+and sums the device time of every kernel by name and by kind. On a GPU the
+events are the kernels on the device's streams (``/device:GPU:N``); on a CPU,
+where there is no device plane, the host's XLA op events (those carrying an
+``hlo_op``) stand in, so the table has the same form everywhere.
+
+Kinds, from the kernel's name and its HLO op (first match wins): ``pallas``
+(kernels of ``keras_mone.kernels``), ``attention`` (cuDNN / flash kernels),
+``gemm`` (cuBLAS, CUTLASS, nvjet, XLA's Triton GEMMs, dots), ``copy`` (copies,
+slices, pads, concatenations, transposes, memsets), ``reduce`` and ``fusion``
+(XLA's other fused elementwise kernels), else ``other``.
+"""
+
+import collections
+import glob
+import re
+import tempfile
+
+KINDS = (
+    ("pallas", r"_mlp_tile|_residual_tile|pallas"),
+    ("attention", r"flash|fmha|cudnn|attention|softmax"),
+    ("gemm", r"gemm|cutlass|nvjet|xmma|cublas|matmul|\bdot|dot[._]|sm\d\d_"),
+    ("copy", r"copy|slice|pad|concatenat|transpose|memset|memcpy|bitcast|dynamic"),
+    ("reduce", r"reduce|norm"),
+    ("fusion", r"fusion|loop|input|elementwise|triton"),
+)
+
+
+def kind_of(name, hlo_op=""):
+    """The kind (``KINDS``) of a kernel called ``name`` that runs ``hlo_op``."""
+    text = f"{name} {hlo_op}".lower()
+    for kind, pattern in KINDS:
+        if re.search(pattern, text):
+            return kind
+    return "other"
+
+
+def trace_calls(step, calls=3):
+    """Traces ``calls`` runs of ``step`` (after one untraced run); returns the trace folder."""
+    import jax
+
+    step()
+    folder = tempfile.mkdtemp(prefix="keras_mone_trace_")
+    with jax.profiler.trace(folder):
+        for _ in range(calls):
+            step()
+    return folder
+
+
+def _device_events(space):
+    """``[(name, hlo_op, nanoseconds)]``: the GPU planes' stream kernels, else the host's XLA ops."""
+
+    def stat(event, key):
+        for name, value in event.stats:
+            if name == key:
+                return str(value)
+        return ""
+
+    gpu = [plane for plane in space.planes if plane.name.startswith("/device:GPU")]
+    events = []
+    for plane in gpu:
+        for line in plane.lines:
+            if line.name.startswith("Stream"):
+                events += [(e.name, stat(e, "hlo_op"), e.duration_ns) for e in line.events]
+    if gpu:
+        return events
+    for plane in space.planes:
+        if plane.name.startswith("/host"):
+            for line in plane.lines:
+                for event in line.events:
+                    op = stat(event, "hlo_op")
+                    if op:
+                        events.append((event.name, op, event.duration_ns))
+    return events
+
+
+def kernel_table(trace_dir, calls=1):
+    """``{"per_call_ms", "kernels_per_call", "by_kind": {kind: ms}, "top": [(name, kind, ms, count)]}``,
+    per call of the ``calls`` traced, from the trace in ``trace_dir``."""
+    import jax
+
+    paths = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
+    if not paths:
+        raise FileNotFoundError(f"No *.xplane.pb under {trace_dir!r}: was it written by jax.profiler.trace?")
+    space = jax.profiler.ProfileData.from_file(sorted(paths)[-1])
+    by_name, counts, kinds = collections.Counter(), collections.Counter(), {}
+    for name, op, nanoseconds in _device_events(space):
+        key = re.sub(r"[._]\d+$", "", name)
+        by_name[key] += nanoseconds
+        counts[key] += 1
+        kinds.setdefault(key, kind_of(name, op))
+    by_kind = collections.Counter()
+    for key, nanoseconds in by_name.items():
+        by_kind[kinds[key]] += nanoseconds
+    scale = 1e-6 / calls
+    return {
+        "per_call_ms": sum(by_name.values()) * scale,
+        "kernels_per_call": sum(counts.values()) / calls,
+        "by_kind": {kind: ns * scale for kind, ns in by_kind.most_common()},
+        "top": [(key, kinds[key], ns * scale, counts[key] / calls) for key, ns in by_name.most_common(12)],
+    }
+
+
+def format_kernel_tables(tables):
+    """Markdown: device ms per call by kind, one column per profiled program, then each
+    program's top kernels. ``tables``: ``{label: kernel_table(...)}``."""
+    labels = list(tables)
+    kinds = sorted({kind for t in tables.values() for kind in t["by_kind"]},
+                   key=lambda k: -max(t["by_kind"].get(k, 0.0) for t in tables.values()))
+    lines = ["| device ms per call | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for kind in kinds:
+        lines.append(f"| {kind} | " + " | ".join(f"{tables[l]['by_kind'].get(kind, 0.0):.2f}" for l in labels) + " |")
+    lines.append("| **total** | " + " | ".join(f"**{tables[l]['per_call_ms']:.2f}**" for l in labels) + " |")
+    lines.append("| kernels per call | " + " | ".join(f"{tables[l]['kernels_per_call']:.0f}" for l in labels) + " |")
+    for label in labels:
+        lines += ["", f"Top kernels of {label} (ms per call, launches per call):", "",
+                  "| kernel | kind | ms | launches |", "|---|---|---|---|"]
+        lines += [f"| `{name[:90]}` | {kind} | {ms:.3f} | {count:.0f} |" for name, kind, ms, count in tables[label]["top"]]
+    return "\n".join(lines)
