@@ -141,10 +141,13 @@ def run(args):
             log(f"batch {batch_size} {form}: dense {ms['dense']:.2f} ms, MoNE {ms['mone']:.2f} ms, "
                 f"{ms['dense'] / ms['mone']:.2f}x")
             if args.profile and batch_size == batch_sizes[-1]:
-                profiles[f"MoNE {form}"] = kernel_table(trace_calls(step, args.profile_calls), args.profile_calls)
-                if f"dense {key or 'default'}" not in profiles:
-                    profiles[f"dense {key or 'default'}"] = kernel_table(
-                        trace_calls(dense_steps[key], args.profile_calls), args.profile_calls)
+                try:
+                    for label, traced in ((f"dense {key or 'default'}", dense_steps[key]), (f"MoNE {form}", step)):
+                        if label not in profiles:
+                            profiles[label] = kernel_table(trace_calls(traced, args.profile_calls), args.profile_calls)
+                except Exception as error:  # the timings stand without a profile
+                    notes.append(f"profile of {form}: {type(error).__name__}: {str(error)[:300]}")
+                    log(notes[-1])
             save()
             del step
         if args.timm:

@@ -60,11 +60,11 @@ def _device_events(space):
         return ""
 
     gpu = [plane for plane in space.planes if plane.name.startswith("/device:GPU")]
-    events = []
-    for plane in gpu:
-        for line in plane.lines:
-            if line.name.startswith("Stream"):
-                events += [(e.name, stat(e, "hlo_op"), e.duration_ns) for e in line.events]
+    lines = [line for plane in gpu for line in plane.lines]
+    # the kernels are on the stream lines; "XLA Ops" / "XLA Modules" lines repeat them by HLO op
+    streams = [line for line in lines if line.name.startswith("Stream")]
+    streams = streams or [line for line in lines if not line.name.startswith(("XLA", "Steps", "Launch"))]
+    events = [(e.name, stat(e, "hlo_op"), e.duration_ns) for line in streams for e in line.events]
     if gpu:
         return events
     for plane in space.planes:
