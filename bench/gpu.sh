@@ -34,6 +34,7 @@
 #  forms_vit_bf16    ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256, timm peer, profile
 #  forms_vit_f32     the same in float32 at batch 64
 #  forms_vit_train   training steps, mixed_bfloat16, batch 128
+#  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
@@ -158,17 +159,21 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
     local rc=$?
     echo "[gpu.sh] $name (jax forms): exit $rc in $((SECONDS - t0)) s (total $((SECONDS - start)) s)"
     # a sweep cut short by its timeout keeps the rows it wrote
-    [ -f "$OUT_DIR/$name/gpu_forms.md" ] && forms_reports+=("$OUT_DIR/$name/gpu_forms.md")
+    [ -f "$OUT_DIR/$name/gpu_forms.md" ] && forms_reports+=("$OUT_DIR/$name/gpu_forms.md") \
+        && grep -E "^\| (forward|train step|timm|\*\*total|kernels per call|[a-z]+ \|)" "$OUT_DIR/$name/gpu_forms.md" | grep -v "^| kernel |" | head -40
     [ "$rc" -eq 0 ] && forms_done=$((forms_done + 1)) || tail -5 "$OUT_DIR/$name/log.txt"
 }
 forms_reports=()
 forms_done=0
-FORMS="${FORMS:-present,free,fused_mlp,free+fused_mlp,free+cudnn}"
+FORMS="${FORMS:-present,rational_gelu+patch_matmul,free+rational_gelu+patch_matmul,fused_mlp}"
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
-forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,free,free+fused_mlp}" --timm
-forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,free,free+fused_mlp}"
+forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,rational_gelu+patch_matmul}" --timm
+forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,rational_gelu+patch_matmul}"
+# XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
+    --forms "${FORMS_TRITON:-present,rational_gelu+patch_matmul}"
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
-    --forms "${FORMS_VIVIT:-present,free,free+fused_mlp}" --profile
+    --forms "${FORMS_VIVIT:-present,rational_gelu+patch_matmul}" --profile
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"

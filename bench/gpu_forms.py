@@ -9,6 +9,8 @@ call is traced, so one process compiles every form of the same two models:
     fused_mlp      $KERAS_MONE_MLP=fused: each nested group's MLP half as one Pallas kernel
     cudnn          $KERAS_MONE_ATTENTION=cudnn: jax's cuDNN attention (bf16)
     explicit       $KERAS_MONE_ATTENTION=explicit: the CPU's batched matmuls
+    rational_gelu  $KERAS_MONE_GELU=rational: exact GELU as one cheap elementwise pass
+    patch_matmul   $KERAS_MONE_PATCHES=matmul: the patch embedding as one matmul
 
 joined with "+" (``free+fused_mlp``). Per batch size the dense and the MoNE classifier
 are built once (random weights, one precision); each form's forward on a batch already
@@ -25,6 +27,7 @@ device time by kernel kind and the top kernels. ``--train-batch`` adds training 
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import statistics
@@ -48,7 +51,11 @@ SWITCHES = {
     "fused_mlp": {platform_forms.MLP_ENV: "fused"},
     "cudnn": {platform_forms.ATTENTION_ENV: "cudnn"},
     "explicit": {platform_forms.ATTENTION_ENV: "explicit"},
+    "rational_gelu": {platform_forms.GELU_ENV: "rational"},
+    "patch_matmul": {platform_forms.PATCHES_ENV: "matmul"},
 }
+DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV)
+"""The switches a dense model reads (the others act on nested token groups only)."""
 TINY = dict(patch_size=8, hidden_dim=64, depth=2, num_heads=4, mlp_dim=128)
 
 
@@ -99,8 +106,9 @@ def interleaved_ms(steps, repeats):
 
 
 def _dense_key(form):
-    """The dense model ignores the MoNE-only switches: one dense program per attention form."""
-    return form_settings(form).get(platform_forms.ATTENTION_ENV, "")
+    """The dense model ignores the MoNE-only switches: one dense program per setting of the others."""
+    settings = form_settings(form)
+    return "+".join(f"{name.split('_')[-1].lower()}={settings[name]}" for name in DENSE_SWITCHES if name in settings)
 
 
 def run(args):
@@ -145,6 +153,10 @@ def run(args):
                     for label, traced in ((f"dense {key or 'default'}", dense_steps[key]), (f"MoNE {form}", step)):
                         if label not in profiles:
                             profiles[label] = kernel_table(trace_calls(traced, args.profile_calls), args.profile_calls)
+                            if args.output:  # the optimised HLO: what each profiled op name computes
+                                name = label.replace(" ", "_").replace("+", "_").replace("=", "_")
+                                with gzip.open(os.path.join(args.output, f"hlo_{name}.txt.gz"), "wt") as f:
+                                    f.write(traced.executable.as_text())
                 except Exception as error:  # the timings stand without a profile
                     notes.append(f"profile of {form}: {type(error).__name__}: {str(error)[:300]}")
                     log(notes[-1])

@@ -1,6 +1,7 @@
 """Per-platform forms (issue 40 item 2): fused attention on accelerators, the CPU's measured form
 on jax and tensorflow's CPU, both equal within float rounding on every backend."""
 
+import keras
 import numpy as np
 import pytest
 from conftest import BACKEND, TINY, assert_f32_close, gradients, images, randomize_weights, to_numpy
@@ -152,8 +153,55 @@ def test_free_order_changes_no_value(monkeypatch):
     results = {}
     for form in platform_forms.ORDER_FORMS:
         monkeypatch.setenv(platform_forms.ORDER_ENV, form)
-        grads = gradients(model, lambda out: (out * out).mean(), x, model.trainable_variables)
+        grads = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables)
         results[form] = to_numpy(model(x)), grads
     assert np.array_equal(results["tied"][0], results["free"][0])
     for tied, free in zip(results["tied"][1], results["free"][1]):
         assert (tied is None and free is None) or np.array_equal(tied, free)
+
+
+@pytest.mark.parametrize("video", [False, True])
+def test_patches_by_matmul_equal_the_strided_convolution(monkeypatch, video):
+    from keras_mone.layers.patch_embedding import PatchEmbedding
+    from keras_mone.layers.tubelet_embedding import TubeletEmbedding
+
+    layer = TubeletEmbedding(4, 16, 8, 12) if video else PatchEmbedding(16, 8, 12, use_class_token=True)
+    shape = (2, 4, 16, 16, 3) if video else (2, 16, 16, 3)
+    layer.build(shape)
+    randomize_weights(layer, seed=5)
+    x = np.random.default_rng(6).normal(size=shape).astype("float32")
+    outputs = {}
+    for form in platform_forms.PATCHES_FORMS:
+        monkeypatch.setenv(platform_forms.PATCHES_ENV, form)
+        outputs[form] = to_numpy(layer(x))
+    # the same 192 (or 384) products per output, summed in another order
+    assert_f32_close(outputs["matmul"], outputs["conv"], ulps=64)
+
+
+def test_a_convolution_that_is_not_a_patch_projection_stays_a_convolution(monkeypatch):
+    import keras
+
+    from keras_mone.layers.patch_embedding import strided_projection
+
+    conv = keras.layers.Conv2D(4, 2, strides=1)
+    x = np.random.default_rng(7).normal(size=(1, 6, 6, 3)).astype("float32")
+    monkeypatch.setenv(platform_forms.PATCHES_ENV, "matmul")
+    assert strided_projection(conv, x).shape == (1, 5, 5, 4)
+
+
+def test_the_rational_gelu_equals_the_library_gelu(monkeypatch):
+    from keras_mone.layers.activations import gelu
+
+    x = np.random.default_rng(8).normal(scale=3.0, size=(16, 64)).astype("float32")
+    outputs = {}
+    for form in platform_forms.GELU_FORMS:
+        monkeypatch.setenv(platform_forms.GELU_ENV, form)
+        outputs[form] = to_numpy(gelu(x))
+    assert_f32_close(outputs["rational"], outputs["library"], ulps=8)
+
+
+@pytest.mark.parametrize("variable", ["GELU_ENV", "PATCHES_ENV"])
+def test_the_new_switches_check_their_variables(monkeypatch, variable):
+    monkeypatch.setenv(getattr(platform_forms, variable), "fastest")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_\w+ must be one of"):
+        platform_forms.gelu_form() if variable == "GELU_ENV" else platform_forms.patches_form()

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_mone.layers.platform_forms import gelu_form
+
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
@@ -25,11 +27,15 @@ def gelu(x, approximate=False, training=False, nested=False):
 
     Otherwise (a dense MLP at inference) XLA fuses ``jax.nn.gelu`` into the
     matmul and the erf form is the slower one (the digits ViT's forward 14%
-    slower), so ``ops.gelu`` stays. The forms agree to float32 rounding
+    slower), so ``ops.gelu`` stays, unless ``$KERAS_MONE_GELU=rational``
+    (``layers.platform_forms.gelu_form``): on a GPU, where cuBLAS takes no GELU
+    epilogue, the erfc form is a separate, arithmetic-bound pass. The forms agree to float32 rounding
     (``tests/test_nested_layers.py``). TensorFlow's exact GELU is already the
     erf form and torch's a fused kernel: ``ops.gelu`` on those backends.
     """
-    if approximate or not (training or nested) or keras.backend.backend() != "jax":
+    if approximate or keras.backend.backend() != "jax":
+        return ops.gelu(x, approximate=approximate)
+    if not (training or nested or gelu_form() == "rational"):
         return ops.gelu(x, approximate=approximate)
     scaled = x * ops.cast(_INV_SQRT2, x.dtype)
     # at inference erf is spelled out: jax lowers ops.erf to a StableHLO composite that

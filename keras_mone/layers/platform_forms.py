@@ -22,6 +22,10 @@ MLP_ENV = "KERAS_MONE_MLP"
 MLP_FORMS = ("plain", "fused")
 ORDER_ENV = "KERAS_MONE_ORDER"
 ORDER_FORMS = ("tied", "free")
+GELU_ENV = "KERAS_MONE_GELU"
+GELU_FORMS = ("library", "rational")
+PATCHES_ENV = "KERAS_MONE_PATCHES"
+PATCHES_FORMS = ("conv", "matmul")
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,9 +96,31 @@ def order_form():
     (issue 27: 315 MiB of temporaries for MoNE-ViT-B/16 against 46 MiB); on a GPU each
     tie is a few extra small kernels and a fusion the scheduler may not make.
     ``$KERAS_MONE_ORDER`` when set, else tied (the measured CPU form)."""
-    chosen = os.environ.get(ORDER_ENV, "") or "tied"
-    if chosen not in ORDER_FORMS:
-        raise ValueError(f"${ORDER_ENV} must be one of {list(ORDER_FORMS)} or unset, got {chosen!r}.")
+    return _env_form(ORDER_ENV, ORDER_FORMS, "tied")
+
+
+def gelu_form():
+    """``"library"`` or ``"rational"``: the exact GELU of a dense MLP at inference on jax,
+    ``jax.nn.gelu`` (its erfc form: both branches computed for every element, which XLA's
+    CPU fuses into the matmul before it) or ``0.5 x (1 + erf(x / sqrt 2))`` with erf as
+    a rational polynomial (``layers.activations.rational_erf``: one cheap elementwise
+    pass). ``$KERAS_MONE_GELU`` when set, else library (the measured CPU form). Nested
+    MoNE groups and training steps take their own forms (``layers.activations.gelu``)."""
+    return _env_form(GELU_ENV, GELU_FORMS, "library")
+
+
+def patches_form():
+    """``"conv"`` or ``"matmul"``: a patch (or tubelet) embedding as Keras' strided
+    convolution, or as one matmul over the image cut into patches (the same sum:
+    ``layers.patch_embedding.strided_projection``). ``$KERAS_MONE_PATCHES`` when set,
+    else conv (the measured CPU form)."""
+    return _env_form(PATCHES_ENV, PATCHES_FORMS, "conv")
+
+
+def _env_form(variable, forms, default):
+    chosen = os.environ.get(variable, "") or default
+    if chosen not in forms:
+        raise ValueError(f"${variable} must be one of {list(forms)} or unset, got {chosen!r}.")
     return chosen
 
 

@@ -5,7 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.patch_embedding import check_floating, validate_image_geometry
+from keras_mone.layers.patch_embedding import check_floating, strided_projection, validate_image_geometry
 from keras_mone.layers.token_sequence import (
     add_sequence_weights,
     prepend_class_token_and_add_positions,
@@ -84,7 +84,7 @@ class TubeletEmbedding(ConfigMixin, keras.layers.Layer):
 
     def call(self, videos):
         self.check_inputs(videos)
-        tokens = self.projection(videos)  # (batch, T/t, H/p, W/p, D)
+        tokens = strided_projection(self.projection, videos)  # (batch, T/t, H/p, W/p, D)
         patches = self.grid_size[0] * self.grid_size[1]
         tokens = ops.reshape(tokens, (-1, patches, self.hidden_dim))
         return prepend_class_token_and_add_positions(tokens, self.class_token, self.position_embedding)
