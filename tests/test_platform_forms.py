@@ -135,6 +135,12 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     assert counts[1] == counts[0] and counts[0][1] <= 2, counts
 
 
+def test_the_cpu_keeps_its_gelu_and_patch_forms(monkeypatch):
+    for variable in (platform_forms.GELU_ENV, platform_forms.PATCHES_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    assert (platform_forms.gelu_form(), platform_forms.patches_form()) == ("library", "conv")
+
+
 def test_the_order_form_defaults_to_tied_and_checks_its_variable(monkeypatch):
     monkeypatch.delenv(platform_forms.ORDER_ENV, raising=False)
     assert platform_forms.order_form() == "tied"

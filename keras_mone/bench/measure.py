@@ -16,7 +16,7 @@ import time
 import keras
 import numpy as np
 
-from keras_mone.layers.platform_forms import attention_form, mlp_form
+from keras_mone.layers.platform_forms import attention_form, gelu_form, mlp_form, order_form, patches_form
 from keras_mone.version import __version__ as KERAS_MONE_VERSION
 from keras_mone.bench.device import cpu_model, device_info, precision_policy
 from keras_mone.bench.memory import allocation_measure, peak_allocation_bytes
@@ -205,7 +205,7 @@ def _environment():
     env_vars = {
         k: os.environ[k]
         for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "OPENBLAS_CORETYPE", "KERAS_MONE_ATTENTION",
-                  "KERAS_MONE_MLP")
+                  "KERAS_MONE_MLP", "KERAS_MONE_GELU", "KERAS_MONE_PATCHES", "KERAS_MONE_ORDER")
         if k in os.environ
     }
     return {
@@ -223,6 +223,9 @@ def _environment():
         "environment_variables": env_vars,
         "attention_form": attention_form(),  # fused or explicit (layers.platform_forms)
         "mlp_form": mlp_form(),  # plain or fused (a Pallas kernel per nested group)
+        "gelu_form": gelu_form(),  # library or rational (dense MLPs at inference, jax)
+        "patches_form": patches_form(),  # conv or matmul (patch / tubelet embeddings)
+        "order_form": order_form(),  # tied or free (jax's weight-slice ties)
     }
 
 

@@ -158,6 +158,11 @@ def _non_default_forms(env):
         forms.append(f"{env.get('attention_form')} attention")
     if env.get("mlp_form", "plain") != "plain":
         forms.append(f"{env['mlp_form']} MLP")
+    variables = env.get("environment_variables") or {}
+    for variable, key, label in (("KERAS_MONE_GELU", "gelu_form", "GELU"), ("KERAS_MONE_PATCHES", "patches_form",
+                                 "patches"), ("KERAS_MONE_ORDER", "order_form", "slices")):
+        if variables.get(variable):
+            forms.append(f"{env.get(key)} {label}")
     return "".join(f", {form}" for form in forms)
 
 

@@ -104,17 +104,26 @@ def gelu_form():
     ``jax.nn.gelu`` (its erfc form: both branches computed for every element, which XLA's
     CPU fuses into the matmul before it) or ``0.5 x (1 + erf(x / sqrt 2))`` with erf as
     a rational polynomial (``layers.activations.rational_erf``: one cheap elementwise
-    pass). ``$KERAS_MONE_GELU`` when set, else library (the measured CPU form). Nested
-    MoNE groups and training steps take their own forms (``layers.activations.gelu``)."""
-    return _env_form(GELU_ENV, GELU_FORMS, "library")
+    pass). ``$KERAS_MONE_GELU`` when set, else rational on jax's GPU (an H200, bf16,
+    ViT-B/16 at batch 256: dense forward 26.3 -> 21.9 ms with ``patches_form``'s
+    matmul, MoNE e_c 0.3 19.7 -> 18.0; BENCHMARKS.md) and library elsewhere (the
+    measured CPU form). Nested MoNE groups and training steps take their own forms
+    (``layers.activations.gelu``)."""
+    return _env_form(GELU_ENV, GELU_FORMS, "rational" if _jax_gpu() else "library")
 
 
 def patches_form():
     """``"conv"`` or ``"matmul"``: a patch (or tubelet) embedding as Keras' strided
     convolution, or as one matmul over the image cut into patches (the same sum:
     ``layers.patch_embedding.strided_projection``). ``$KERAS_MONE_PATCHES`` when set,
-    else conv (the measured CPU form)."""
-    return _env_form(PATCHES_ENV, PATCHES_FORMS, "conv")
+    else matmul on jax's GPU (cuDNN's strided convolution took 1.5 ms of a ViT-B/16
+    forward at batch 256 on an H200, the matmul 0.06; BENCHMARKS.md) and conv
+    elsewhere (the measured CPU form; torch's and tensorflow's GPUs are not measured)."""
+    return _env_form(PATCHES_ENV, PATCHES_FORMS, "matmul" if _jax_gpu() else "conv")
+
+
+def _jax_gpu():
+    return keras.backend.backend() == "jax" and accelerator() == "gpu"
 
 
 def _env_form(variable, forms, default):
