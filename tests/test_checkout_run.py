@@ -27,4 +27,5 @@ def test_a_checkout_finds_its_zoo_and_recipes_without_an_install():
         env={**os.environ, "PYTHONPATH": ""},
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == os.path.join(ROOT, "zoo", "__init__.py")
+    found = result.stdout.strip().splitlines()[-1]
+    assert os.path.realpath(found) == os.path.realpath(os.path.join(ROOT, "zoo", "__init__.py"))
