@@ -35,6 +35,8 @@
 #  forms_vit_f32     the same in float32 at batch 64
 #  forms_vit_train   training steps, mixed_bfloat16, batch 128
 #  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
+#  kernel_tiles      the block kernel's tile settings timed against XLA (bench/kernel_tiles.py)
+#  forms_vit_bf16_tuned  batch 256, fused_mlp with the best tiles of kernel_tiles
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
@@ -172,6 +174,17 @@ forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present,rational_gelu+patch_matmul}"
+# the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones
+if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" kernel_tiles "* ]]; then
+    # shellcheck disable=SC2086  # KERNEL_TILES_ARGS: one word per argument
+    KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_tiles:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_tiles.py" \
+        ${KERNEL_TILES_ARGS:-} >"$OUT_DIR/kernel_tiles.md" 2>"$OUT_DIR/kernel_tiles.log"
+    echo "[gpu.sh] kernel tiles: exit $? (total $((SECONDS - start)) s)"
+    grep -E "best|KERAS_MONE_MLP_TILES" "$OUT_DIR/kernel_tiles.md"
+fi
+tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/kernel_tiles.md" 2>/dev/null | cut -d'"' -f2)
+KERAS_MONE_MLP_TILES="${KERAS_MONE_MLP_TILES:-$tuned}" forms forms_vit_bf16_tuned --batch-sizes 256 \
+    --forms "present,fused_mlp"
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_VIVIT:-present,rational_gelu+patch_matmul}" --profile
 

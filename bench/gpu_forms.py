@@ -205,7 +205,9 @@ def report(args, rows, profiles, notes, ratio):
         f"{device['name']}; jax {jax.__version__}, keras {keras.__version__}; {args.family} {args.variant} "
         f"{args.image_size}px{' (tiny)' if args.tiny else ''}, MoNE e_c {args.capacity:g} (FLOP ratio "
         f"{ratio:.2f}), {args.precision}, device input, medians of {args.repeats} interleaved calls; "
-        f"{time.strftime('%Y-%m-%d')}.",
+        f"{time.strftime('%Y-%m-%d')}."
+        + "".join(f" {name}={os.environ[name]!r}." for name in ("XLA_FLAGS", "KERAS_MONE_MLP_TILES")
+                  if os.environ.get(name)),
         "",
         "| step | batch | form | dense ms | MoNE ms | speed-up | efficiency | MoNE compile s |",
         "|---|---|---|---|---|---|---|---|",

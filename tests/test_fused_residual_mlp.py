@@ -137,3 +137,54 @@ def test_an_empty_token_group_launches_nothing():
     assert fused_residual_mlp(z, gamma, beta, w1, b1, w2, b2, None, 24, _exact_gelu, interpret=True).shape == (0, 96)
     assert fused_nested_mlp(z, w1, b1, w2, b2, 24, _exact_gelu, interpret=True).shape == (0, 24)
     assert fused_nested_mlp(jnp.asarray(z), w1, b1, w2, b2, 24, _exact_gelu, interpret=True).dtype == jnp.float32
+
+
+def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeypatch):
+    """``$KERAS_MONE_MLP_TILES`` (what ``bench/kernel_tiles.py`` prints) sets a width's tiles; a
+    ``ViTBlock`` with them gives the plain block's outputs."""
+    import keras
+
+    from keras_mone.kernels import fused_residual_mlp as kernel
+    from keras_mone.kernels.fused_nested_mlp import TILES_ENV, tile_override
+    from keras_mone.layers import platform_forms
+    from keras_mone.layers.block import ViTBlock
+
+    monkeypatch.setenv(TILES_ENV, "8:16,32,4,3; 16:32,64,8,2")
+    assert tile_override(16) == (32, 64, 8, 2) and tile_override(8) == (16, 32, 4, 3) and tile_override(32) is None
+    block = ViTBlock(32, 4, 64, gate="mone", name="tiled")
+    block.build((None, None, 32))
+    rng = np.random.default_rng(9)
+    groups = [rng.normal(size=(2, n, 32)).astype("float32") for n in (5, 3)]
+    gates = [rng.random((2, n)).astype("float32") for n in (5, 3)]
+    seen = []
+    original = kernel.fused_residual_mlp
+    monkeypatch.setattr(kernel, "fused_residual_mlp", lambda *a, **k: seen.append(k) or original(*a, **k))
+    monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
+    fused = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
+    monkeypatch.setenv(platform_forms.MLP_ENV, "plain")
+    plain = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
+    assert [(k["block_rows"], k["block_hidden"], k["num_warps"], k["num_stages"]) for k in seen] == [(32, 64, 8, 2)]
+    for got, want in zip(fused, plain):
+        assert_f32_close(got, want, ulps=64)
+
+
+def test_a_malformed_tile_setting_is_named(monkeypatch):
+    from keras_mone.kernels.fused_nested_mlp import TILES_ENV, tile_override
+
+    monkeypatch.setenv(TILES_ENV, "96:128,64,4")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP_TILES entries are width:block_rows,block_hidden"):
+        tile_override(96)
+
+
+def test_the_tile_sweep_script_runs(monkeypatch, capsys):
+    """``bench/kernel_tiles.py`` (``bench/gpu.sh``'s kernel_tiles run) at a tiny size, interpreted."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import kernel_tiles
+
+    kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16",
+                       "--grid", "16:64:4:2"])
+    out = capsys.readouterr().out
+    assert "| 16 | 32 | plain (XLA) |" in out and "| 16 | 32 | (16, 64, 4, 2) |" in out
+    assert 'KERAS_MONE_MLP_TILES="16:' in out

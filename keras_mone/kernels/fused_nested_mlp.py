@@ -57,6 +57,33 @@ def kernel_fits(width, hidden, interpret=False):
     return feature_chunk(hidden) >= MIN_CHUNK and (interpret or feature_chunk(width) >= MIN_CHUNK)
 
 
+TILES_ENV = "KERAS_MONE_MLP_TILES"
+"""Tile settings for the kernels, per nested width, read when a call is traced (for tuning on
+a card: ``bench/kernel_tiles.py`` finds them, ``bench/gpu_forms.py`` times a model with
+them): ``"96:128,64,4,3;192:64,128,8,3"`` = ``width:block_rows,block_hidden,num_warps,
+num_stages``; widths not named keep the defaults."""
+
+
+def tile_override(width):
+    """``(block_rows, block_hidden, num_warps, num_stages)`` for ``width`` from ``$KERAS_MONE_MLP_TILES``,
+    or ``None``."""
+    import os
+
+    text = os.environ.get(TILES_ENV, "").strip()
+    for entry in filter(None, (part.strip() for part in text.split(";"))):
+        try:
+            key, values = entry.split(":")
+            tiles = tuple(int(v) for v in values.split(","))
+            if len(tiles) != 4:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"${TILES_ENV} entries are width:block_rows,block_hidden,num_warps,num_stages "
+                             f"separated by ';', e.g. '96:128,64,4,3'; got {entry!r}.") from None
+        if int(key) == width:
+            return tiles
+    return None
+
+
 def default_blocks(width, hidden, itemsize=2):
     """``(block_rows, block_hidden)``: a float32 accumulator of at most 12K elements per
     program (``block_rows * width``), a hidden tile of at most 8K (``block_rows *

@@ -79,7 +79,8 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         if not kernel.kernel_fits(width, self.mlp_dim, interpret):
             return None
         activation = _kernel_gelu(self.gelu_approximate)
-        outputs = kernel.fused_nested_mlp(rows, *self._kernel_weights(), width, activation, interpret=interpret)
+        outputs = kernel.fused_nested_mlp(rows, *self._kernel_weights(), width, activation, interpret=interpret,
+                                          **_tiles(width))
         return pad_features(outputs, self.hidden_dim) if pad_output else outputs
 
     def fused_residual(self, z, norm, width, scale=None):
@@ -101,7 +102,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         rows = ops.reshape(z, (-1, self.hidden_dim))
         scale = None if scale is None else ops.reshape(ops.cast(scale, self.compute_dtype), (-1,))
         outputs = kernel.fused_residual_mlp(rows, *weights, scale, width, _kernel_gelu(self.gelu_approximate),
-                                            epsilon=norm.epsilon, interpret=interpret)
+                                            epsilon=norm.epsilon, interpret=interpret, **_tiles(width))
         return ops.reshape(outputs, ops.shape(z))
 
     def _kernel_weights(self):
@@ -118,6 +119,15 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
     def compute_output_spec(self, inputs, width=None, pad_output=True, training=None):
         last = self.hidden_dim if (pad_output or width is None) else width
         return keras.KerasTensor(tuple(inputs.shape[:-1]) + (last,), dtype=self.compute_dtype)
+
+
+def _tiles(width):
+    """The kernels' tile arguments for ``width`` from ``$KERAS_MONE_MLP_TILES`` (none: their defaults)."""
+    from keras_mone.kernels.fused_nested_mlp import tile_override
+
+    tiles = tile_override(width)
+    names = ("block_rows", "block_hidden", "num_warps", "num_stages")
+    return {} if tiles is None else dict(zip(names, tiles))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,110 @@
+"""Tile settings of the fused block kernel against XLA's plain path, timed on this device (jax).
+
+On an H200 the block kernel (``kernels/fused_residual_mlp``) with its default tiles took
+0.5 ms per launch, 3x XLA's MLP (BENCHMARKS.md, "MoNE on an H200, measured"). This times
+the kernel for a grid of ``(block_rows, block_hidden, num_warps, num_stages)`` at the token
+groups of MoNE-ViT-B/16 at e_c 0.3 and batch 256 (rows of width 96, 192, 384), each against
+``plain_residual_mlp`` compiled by XLA, and prints the best setting per width as a
+``$KERAS_MONE_MLP_TILES`` value, which ``bench/gpu_forms.py --forms fused_mlp`` then times in
+the whole model. A setting the compiler rejects (shared memory, registers) is listed as
+failed and the sweep goes on.
+
+    KERAS_BACKEND=jax python bench/kernel_tiles.py                       # a GPU
+    KERAS_BACKEND=jax python bench/kernel_tiles.py --rows 64 --repeats 1 \\
+        --dim 96 --hidden 384 --widths 12,24 --grid 16,32:64:4:2         # a CPU smoke test (interpreted)
+"""
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp, residual_blocks
+from keras_mone.layers.mlp import _kernel_gelu
+
+GROUP_ROWS = {96: 256 * 84, 192: 256 * 61, 384: 256 * 37}
+"""Rows of each nested group of MoNE-ViT-B/16 at e_c 0.3, batch 256 (196 tokens; optimised HLO, BENCHMARKS.md)."""
+GRID = "32,64,128:64,128:4,8:2,3"
+"""block_rows : block_hidden : num_warps : num_stages, each a comma-separated list."""
+
+
+def median_ms(function, arguments, repeats):
+    jax.block_until_ready(function(*arguments))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(function(*arguments))
+        times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
+
+
+def inputs(rows, dim, hidden, dtype, seed=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 8)
+    normal = lambda key, *shape, s=1.0: (s * jax.random.normal(key, shape)).astype(dtype)  # noqa: E731
+    return (normal(keys[0], rows, dim), (1.0 + 0.1 * jax.random.normal(keys[1], (dim,))).astype(jnp.float32),
+            (0.1 * jax.random.normal(keys[2], (dim,))).astype(jnp.float32), normal(keys[3], dim, hidden, s=dim ** -0.5),
+            normal(keys[4], hidden, s=0.1), normal(keys[5], hidden, dim, s=hidden ** -0.5), normal(keys[6], dim, s=0.1),
+            (1.0 + 0.5 * jax.random.uniform(keys[7], (rows,))).astype(dtype))
+
+
+def sweep(width, rows, args, interpret, log):
+    """``[(tiles, ms or None, note)]`` for one width, the plain path first (tiles ``"plain (XLA)"``)."""
+    gelu = _kernel_gelu(False)
+    arguments = inputs(rows, args.dim, args.hidden, jnp.dtype(args.dtype))
+    plain = jax.jit(lambda *a: plain_residual_mlp(*a, width, gelu, 1e-6))
+    results = [("plain (XLA)", median_ms(plain, arguments, args.repeats), "")]
+    log(f"d={width}: plain {results[0][1]:.3f} ms")
+    default = residual_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
+    grid = [tuple(int(v) for v in axis.split(",")) for axis in args.grid.split(":")]
+    for tiles in dict.fromkeys([default, *itertools.product(*grid)]):
+        kernel = jax.jit(lambda *a, t=tiles: fused_residual_mlp(
+            *a, width, gelu, block_rows=t[0], block_hidden=t[1], num_warps=t[2], num_stages=t[3],
+            interpret=interpret))
+        try:
+            ms, note = median_ms(kernel, arguments, args.repeats), "default" if tiles == default else ""
+        except Exception as error:  # a tile the compiler rejects: listed, the sweep goes on
+            ms, note = None, f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        results.append((tiles, ms, note))
+        log(f"d={width} {tiles}: {'-' if ms is None else f'{ms:.3f} ms'} {note}")
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--widths", default="96,192,384")
+    parser.add_argument("--rows", type=int, default=None, help="rows per width (default: GROUP_ROWS)")
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--grid", default=GRID, help=f"rows:hidden:warps:stages lists (default {GRID})")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    interpret = jax.default_backend() != "gpu"
+    log = (lambda message: print(f"[kernel_tiles] {message}", file=sys.stderr, flush=True))
+    device = jax.devices()[0]
+    print(f"Block kernel tiles on {device.device_kind if not interpret else 'cpu (interpreted)'}, jax "
+          f"{jax.__version__}, {args.dtype}, D={args.dim}, H={args.hidden}, medians of {args.repeats}; "
+          f"`KERAS_BACKEND=jax python bench/kernel_tiles.py {' '.join(argv or sys.argv[1:])}`\n")
+    print("| d | rows | tiles (rows, hidden, warps, stages) | ms | plain / kernel | note |\n|---|---|---|---|---|---|")
+    best = []
+    for width in (int(w) for w in args.widths.split(",")):
+        rows = args.rows or GROUP_ROWS.get(width, 16384)
+        results = sweep(width, rows, args, interpret, log)
+        plain_ms = results[0][1]
+        for tiles, ms, note in results:
+            ratio = "" if ms is None else f"{plain_ms / ms:.2f}"
+            print(f"| {width} | {rows} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {note} |")
+        timed = [(ms, tiles) for tiles, ms, _ in results[1:] if ms is not None]
+        if timed:
+            ms, tiles = min(timed)
+            best.append(f"{width}:{','.join(map(str, tiles))}")
+            print(f"| {width} | | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | |")
+    print(f"\nKERAS_MONE_MLP_TILES=\"{';'.join(best)}\"")
+
+
+if __name__ == "__main__":
+    main()
