@@ -7,7 +7,6 @@ call is traced, so one process compiles every form of the same two models:
     free           $KERAS_MONE_ORDER=free: no ties (``nested_dense.after``) between the
                    weight slices, token groups and the tensors they follow
     fused_mlp      $KERAS_MONE_MLP=fused: each nested group's MLP half as one Pallas kernel
-    cudnn          $KERAS_MONE_ATTENTION=cudnn: jax's cuDNN attention (bf16)
     explicit       $KERAS_MONE_ATTENTION=explicit: the CPU's batched matmuls
     rational_gelu  $KERAS_MONE_GELU=rational: exact GELU as one cheap elementwise pass
     patch_matmul   $KERAS_MONE_PATCHES=matmul: the patch embedding as one matmul
@@ -49,7 +48,6 @@ SWITCHES = {
     "present": {},
     "free": {platform_forms.ORDER_ENV: "free"},
     "fused_mlp": {platform_forms.MLP_ENV: "fused"},
-    "cudnn": {platform_forms.ATTENTION_ENV: "cudnn"},
     "explicit": {platform_forms.ATTENTION_ENV: "explicit"},
     "rational_gelu": {platform_forms.GELU_ENV: "rational"},
     "patch_matmul": {platform_forms.PATCHES_ENV: "matmul"},

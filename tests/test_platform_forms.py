@@ -15,20 +15,14 @@ def test_the_cpu_keeps_its_measured_form(monkeypatch):
     monkeypatch.delenv(platform_forms.ATTENTION_ENV, raising=False)
     assert platform_forms.accelerator() == "cpu"  # CI and this machine
     assert platform_forms.attention_form() == ("fused" if BACKEND == "torch" else "explicit")
-    for form in ("fused", "explicit"):
+    for form in platform_forms.ATTENTION_FORMS:
         monkeypatch.setenv(platform_forms.ATTENTION_ENV, form)
         assert platform_forms.attention_form() == form
 
 
-def test_cudnn_attention_is_refused_off_a_jax_gpu(monkeypatch):
-    monkeypatch.setenv(platform_forms.ATTENTION_ENV, "cudnn")
-    with pytest.raises(ValueError, match=r"'cudnn' is jax's cuDNN attention on a GPU; on the \w+ backend's cpu"):
-        platform_forms.attention_form()
-
-
 def test_a_bad_override_names_the_variable(monkeypatch):
     monkeypatch.setenv(platform_forms.ATTENTION_ENV, "flash")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION must be one of \['fused', 'explicit', 'cudnn'\]"):
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION must be one of \['fused', 'explicit'\]"):
         platform_forms.attention_form()
 
 

@@ -17,7 +17,7 @@ import os
 import keras
 
 ATTENTION_ENV = "KERAS_MONE_ATTENTION"
-ATTENTION_FORMS = ("fused", "explicit", "cudnn")
+ATTENTION_FORMS = ("fused", "explicit")
 MLP_ENV = "KERAS_MONE_MLP"
 MLP_FORMS = ("plain", "fused")
 ORDER_ENV = "KERAS_MONE_ORDER"
@@ -52,18 +52,14 @@ def accelerator(backend=None):
 
 
 def attention_form():
-    """``"fused"`` (``keras.ops.dot_product_attention``), ``"explicit"`` (batched
-    matmuls around the softmax) or ``"cudnn"`` (jax on a GPU: ``jax.nn.dot_product_attention``
-    with cuDNN's kernel for bf16 / fp16, XLA's for float32, which cuDNN does not take):
-    ``$KERAS_MONE_ATTENTION`` when set, else fused on torch and on accelerators,
-    explicit on jax's and tensorflow's CPU."""
+    """``"fused"`` (``keras.ops.dot_product_attention``; on jax's GPU cuDNN's flash
+    attention for bf16, BENCHMARKS.md) or ``"explicit"`` (batched matmuls around the
+    softmax): ``$KERAS_MONE_ATTENTION`` when set, else fused on torch and on
+    accelerators, explicit on jax's and tensorflow's CPU."""
     chosen = os.environ.get(ATTENTION_ENV, "")
     if chosen:
         if chosen not in ATTENTION_FORMS:
             raise ValueError(f"${ATTENTION_ENV} must be one of {list(ATTENTION_FORMS)} or unset, got {chosen!r}.")
-        if chosen == "cudnn" and (keras.backend.backend() != "jax" or accelerator() != "gpu"):
-            raise ValueError(f"${ATTENTION_ENV}='cudnn' is jax's cuDNN attention on a GPU; on the "
-                             f"{keras.backend.backend()} backend's {accelerator()} use 'fused' or 'explicit'.")
         return chosen
     if keras.backend.backend() == "torch" or accelerator() != "cpu":
         return "fused"
@@ -155,9 +151,4 @@ def fused_attention(query, key, value, heads_first=False):
     if heads_first:
         query, key, value = (keras.ops.transpose(x, (0, 2, 1, 3)) for x in (query, key, value))
         return keras.ops.transpose(fused_attention(query, key, value), (0, 2, 1, 3))
-    if keras.backend.backend() == "jax" and attention_form() == "cudnn":
-        import jax
-
-        half = keras.backend.standardize_dtype(query.dtype) in ("bfloat16", "float16")
-        return jax.nn.dot_product_attention(query, key, value, implementation="cudnn" if half else "xla")
     return keras.ops.dot_product_attention(query, key, value)
