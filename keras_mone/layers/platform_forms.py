@@ -1,14 +1,17 @@
 """Which form of an operation a layer takes on this platform (CPU, GPU, TPU).
 
-The zoo's forms were measured on CPUs (BENCHMARKS.md), where explicit
-batched matmuls beat a fused attention kernel on jax and tensorflow. On an
-accelerator a fused kernel (cuDNN / flash attention through
-``keras.ops.dot_product_attention``) reads the (N, N) scores from on-chip
-memory instead of HBM; issue 40 asks for forms chosen per platform, the CPU
-keeping its measured ones. ``KERAS_MONE_ATTENTION`` overrides the choice
-("fused" or "explicit"), so both forms can be timed and compared on one
-machine (``keras-mone bench``). The forms are equal within float rounding
-(``tests/test_platform_forms.py``).
+The zoo's forms were first measured on CPUs (BENCHMARKS.md); on a GPU other
+forms pay (issue 40: an H200's profiles in BENCHMARKS.md). Each switch below is
+an environment variable, read when a call is traced, so every form can be timed
+against the others in one process (``bench/gpu_forms.py``); the forms of a
+switch are equal within float rounding (``tests/test_platform_forms.py``).
+Unset, each takes the form measured fastest on the platform:
+
+* ``$KERAS_MONE_ATTENTION`` (``attention_form``): fused kernel or explicit matmuls;
+* ``$KERAS_MONE_GELU`` (``gelu_form``): ``jax.nn.gelu`` or one rational pass;
+* ``$KERAS_MONE_PATCHES`` (``patches_form``): strided convolution or one matmul;
+* ``$KERAS_MONE_ORDER`` (``order_form``): jax's weight-slice ties on or off;
+* ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP or the Pallas kernels (opt-in).
 """
 
 import functools
@@ -56,14 +59,8 @@ def attention_form():
     attention for bf16, BENCHMARKS.md) or ``"explicit"`` (batched matmuls around the
     softmax): ``$KERAS_MONE_ATTENTION`` when set, else fused on torch and on
     accelerators, explicit on jax's and tensorflow's CPU."""
-    chosen = os.environ.get(ATTENTION_ENV, "")
-    if chosen:
-        if chosen not in ATTENTION_FORMS:
-            raise ValueError(f"${ATTENTION_ENV} must be one of {list(ATTENTION_FORMS)} or unset, got {chosen!r}.")
-        return chosen
-    if keras.backend.backend() == "torch" or accelerator() != "cpu":
-        return "fused"
-    return "explicit"
+    fused = keras.backend.backend() == "torch" or accelerator() != "cpu"
+    return _env_form(ATTENTION_ENV, ATTENTION_FORMS, "fused" if fused else "explicit")
 
 
 def mlp_form():
@@ -72,9 +69,7 @@ def mlp_form():
     ``$KERAS_MONE_MLP`` when set, else plain. The fused form is compiled on a GPU and
     interpreted elsewhere (exact, slow: for tests); it stays opt-in until the GPU run of
     ``bench/gpu.sh`` shows it pays (issue 40)."""
-    chosen = os.environ.get(MLP_ENV, "") or "plain"
-    if chosen not in MLP_FORMS:
-        raise ValueError(f"${MLP_ENV} must be one of {list(MLP_FORMS)} or unset, got {chosen!r}.")
+    chosen = _env_form(MLP_ENV, MLP_FORMS, "plain")
     if chosen == "fused" and keras.backend.backend() != "jax":
         raise ValueError(
             f"${MLP_ENV}='fused' is a Pallas kernel and needs the jax backend; "
