@@ -184,7 +184,8 @@ def run(args):
                 step, seconds = compiled(lambda: train_step(mone, x, y), form)
                 ms = interleaved_ms({"dense": dense_steps[key], "mone": step}, args.repeats)
             except Exception as error:
-                notes.append(f"train step, batch {args.train_batch}, {form}: {type(error).__name__}: {str(error)[:300]}")
+                notes.append(f"train step, batch {args.train_batch}, {form}: "
+                             f"{type(error).__name__}: {str(error)[:300]}")
                 log(notes[-1])
                 save()
                 continue

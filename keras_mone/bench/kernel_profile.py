@@ -121,5 +121,6 @@ def format_kernel_tables(tables):
     for label in labels:
         lines += ["", f"Top kernels of {label} (ms per call, launches per call):", "",
                   "| kernel | kind | ms | launches |", "|---|---|---|---|"]
-        lines += [f"| `{name[:90]}` | {kind} | {ms:.3f} | {count:.0f} |" for name, kind, ms, count in tables[label]["top"]]
+        lines += [f"| `{name[:90]}` | {kind} | {ms:.3f} | {count:.0f} |"
+                  for name, kind, ms, count in tables[label]["top"]]
     return "\n".join(lines)

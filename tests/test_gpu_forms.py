@@ -1,0 +1,47 @@
+"""The GPU form sweep (``bench/gpu_forms.py``) and its device-time profile
+(``keras_mone.bench.kernel_profile``), run tiny on the CPU."""
+
+import pathlib
+
+import pytest
+from conftest import BACKEND
+
+from keras_mone.bench import kernel_profile
+
+pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="jax programs and jax.profiler traces")
+
+
+@pytest.mark.parametrize("name, op, kind", [
+    ("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT", "", "gemm"),
+    ("gemm_fusion_dot_general", "", "gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "", "attention"),
+    ("loop_slice_fusion", "", "copy"),
+    ("input_reduce_fusion", "", "reduce"),
+    ("loop_multiply_fusion", "", "fusion"),
+    ("_residual_tile_", "", "pallas"),
+    ("Memset 0", "", "copy"),
+    ("something_else", "", "other"),
+])
+def test_kernels_are_sorted_into_kinds(name, op, kind):
+    assert kernel_profile.kind_of(name, op) == kind
+
+
+def test_a_profile_without_a_trace_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No \\*.xplane.pb under"):
+        kernel_profile.kernel_table(str(tmp_path))
+
+
+def test_the_sweep_times_and_profiles_every_form(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import gpu_forms
+
+    args = gpu_forms.parse(["--tiny", "--batch-sizes", "2", "--forms", "present,free+rational_gelu+patch_matmul",
+                            "--repeats", "2", "--profile", "--profile-calls", "1", "--output", str(tmp_path)])
+    text = gpu_forms.run(args)
+    assert "| forward | 2 | present |" in text and "| forward | 2 | free+rational_gelu+patch_matmul |" in text
+    # one dense program per setting of the switches a dense model reads
+    assert "dense gelu=rational+patches=matmul" in text and "MoNE present" in text
+    assert "kernels per call" in text
+    assert (tmp_path / "gpu_forms.json").exists() and list(tmp_path.glob("hlo_MoNE_present.txt.gz"))
+    with pytest.raises(ValueError, match="Unknown form part 'fast'"):
+        gpu_forms.form_settings("present+fast")
