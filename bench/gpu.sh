@@ -205,13 +205,14 @@ from keras_mone.bench.tables import combined_table
 report, seconds, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
 results = [json.load(open(path)) for path in paths]
 with open(report, "w") as f:
-    f.write(f"# GPU benchmark (bench/gpu.sh, {len(results)} runs, {seconds} s)\n\n")
+    sweeps = [path for path in os.environ.get("FORMS_REPORTS", "").split(":") if path]
+    f.write(f"# GPU benchmark (bench/gpu.sh, {len(results)} bench runs, {len(sweeps)} form sweeps, {seconds} s)\n\n")
     check = os.path.join(os.path.dirname(report), "kernel_check.md")
     if os.path.exists(check):
         f.write(open(check).read() + "\n")
     if results:
         f.write(combined_table(results) + "\n")
-    for path in os.environ.get("FORMS_REPORTS", "").split(":"):
+    for path in sweeps:
         if path:
             f.write(f"## {os.path.basename(os.path.dirname(path))}\n\n" + open(path).read() + "\n")
     for result in results:
