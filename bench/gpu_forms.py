@@ -180,8 +180,10 @@ def run(args):
             try:
                 key = _dense_key(form)
                 if key not in dense_steps:
-                    dense_steps[key], _ = compiled(lambda: train_step(dense, x, y), form)
+                    dense_steps[key], seconds = compiled(lambda: train_step(dense, x, y), form)
+                    log(f"train batch {args.train_batch}: dense ({key or 'default forms'}) compiled in {seconds:.1f} s")
                 step, seconds = compiled(lambda: train_step(mone, x, y), form)
+                log(f"train batch {args.train_batch}: MoNE {form} compiled in {seconds:.1f} s")
                 ms = interleaved_ms({"dense": dense_steps[key], "mone": step}, args.repeats)
             except Exception as error:
                 notes.append(f"train step, batch {args.train_batch}, {form}: "
