@@ -205,3 +205,17 @@ def test_the_new_switches_check_their_variables(monkeypatch, variable):
     monkeypatch.setenv(getattr(platform_forms, variable), "fastest")
     with pytest.raises(ValueError, match=r"\$KERAS_MONE_\w+ must be one of"):
         platform_forms.gelu_form() if variable == "GELU_ENV" else platform_forms.patches_form()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_the_rational_gelu_keeps_bfloat16_inputs_exact_to_bfloat16_rounding(monkeypatch, nested):
+    """The erf polynomial runs in float32 whatever the input: in bf16 it gave gelu(-1e4) = -39."""
+    from keras_mone.layers.activations import gelu
+
+    monkeypatch.setenv(platform_forms.GELU_ENV, "rational")
+    x = np.concatenate([np.linspace(-6, 6, 2001), [-1e4, -10, -3.9, 3.9, 10, 1e4]]).astype("float32")
+    exact = x * 0.5 * (1 + np.vectorize(__import__("math").erf)(x.astype("float64") / np.sqrt(2)))
+    got = to_numpy(keras.ops.cast(gelu(keras.ops.cast(x, "bfloat16"), nested=nested), "float32"))
+    # two bf16 ulps: input and output rounding, and tensorflow's own GELU, which computes in bf16
+    # (1.5 ulps at x = 1.2); the polynomial in bf16 was 2.5 ulps off at x = -10 and 2,500 at -1e4
+    assert np.all(np.abs(got - exact) <= 2.0 ** -6 * np.maximum(1.0, np.abs(exact)))

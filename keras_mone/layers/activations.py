@@ -37,10 +37,18 @@ def gelu(x, approximate=False, training=False, nested=False):
         return ops.gelu(x, approximate=approximate)
     if not (training or nested or gelu_form() == "rational"):
         return ops.gelu(x, approximate=approximate)
-    scaled = x * ops.cast(_INV_SQRT2, x.dtype)
+    if training:
+        scaled = x * ops.cast(_INV_SQRT2, x.dtype)
+        return 0.5 * x * (1.0 + ops.erf(scaled))
     # at inference erf is spelled out: jax lowers ops.erf to a StableHLO composite that
-    # TensorFlow's XLA cannot load, and exported models (keras.export, jax2tf) must run there
-    return 0.5 * x * (1.0 + (ops.erf(scaled) if training else rational_erf(scaled)))
+    # TensorFlow's XLA cannot load, and exported models (keras.export, jax2tf) must run there.
+    # Its polynomials need float32: in bf16 they gave erf(4) = 0.992 and gelu(-1e4) = -39.
+    # The cast fuses into the elementwise pass (the same bytes move).
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    wide = x if dtype in ("float32", "float64") else ops.cast(x, "float32")
+    scaled = wide * ops.cast(_INV_SQRT2, wide.dtype)
+    result = 0.5 * wide * (1.0 + rational_erf(scaled))
+    return result if wide is x else ops.cast(result, dtype)
 
 
 #: x P(x^2) / Q(x^2) on [-4, 4] (constant beyond): the float32 rational approximation of
