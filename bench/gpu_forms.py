@@ -3,13 +3,16 @@
 A form is a set of the switches of ``layers.platform_forms``, which a layer reads when a
 call is traced, so one process compiles every form of the same two models:
 
-    present        the GPU's default (fused attention, plain MLP, tied slices)
+    present        the platform's defaults (on jax's GPU: fused attention, plain MLP, tied
+                   slices, rational GELU, patches by matmul)
     free           $KERAS_MONE_ORDER=free: no ties (``nested_dense.after``) between the
                    weight slices, token groups and the tensors they follow
     fused_mlp      $KERAS_MONE_MLP=fused: each nested group's MLP half as one Pallas kernel
     explicit       $KERAS_MONE_ATTENTION=explicit: the CPU's batched matmuls
     rational_gelu  $KERAS_MONE_GELU=rational: exact GELU as one cheap elementwise pass
+    library_gelu   $KERAS_MONE_GELU=library: jax.nn.gelu (the CPU's form)
     patch_matmul   $KERAS_MONE_PATCHES=matmul: the patch embedding as one matmul
+    patch_conv     $KERAS_MONE_PATCHES=conv: Keras' strided convolution (the CPU's form)
 
 joined with "+" (``free+fused_mlp``). Per batch size the dense and the MoNE classifier
 are built once (random weights, one precision); each form's forward on a batch already
@@ -50,7 +53,9 @@ SWITCHES = {
     "fused_mlp": {platform_forms.MLP_ENV: "fused"},
     "explicit": {platform_forms.ATTENTION_ENV: "explicit"},
     "rational_gelu": {platform_forms.GELU_ENV: "rational"},
+    "library_gelu": {platform_forms.GELU_ENV: "library"},
     "patch_matmul": {platform_forms.PATCHES_ENV: "matmul"},
+    "patch_conv": {platform_forms.PATCHES_ENV: "conv"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV)
 """The switches a dense model reads (the others act on nested token groups only)."""

@@ -25,7 +25,11 @@ def _checkout_data_packages():
         spec = _importlib_util.spec_from_file_location(name, init, submodule_search_locations=[_os.path.dirname(init)])
         module = _importlib_util.module_from_spec(spec)
         _sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del _sys.modules[name]  # no half-initialised module left behind
+            raise
         globals()[name.rsplit(".", 1)[1]] = module  # as an import of the submodule would set it
 
 

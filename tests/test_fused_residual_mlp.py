@@ -171,8 +171,12 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
 def test_a_malformed_tile_setting_is_named(monkeypatch):
     from keras_mone.kernels.fused_nested_mlp import TILES_ENV, tile_override
 
-    monkeypatch.setenv(TILES_ENV, "96:128,64,4")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP_TILES entries are width:block_rows,block_hidden"):
+    for value in ("96:128,64,4", "abc:1,2,3,4", "96:0,64,4,3", "96:128,64,4,3;junk"):
+        monkeypatch.setenv(TILES_ENV, value)
+        with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP_TILES entries are width:block_rows,block_hidden"):
+            tile_override(192)  # the whole value is checked, whichever width is asked for
+    monkeypatch.setenv(TILES_ENV, "96:128,64,4,3;96:64,64,4,3")
+    with pytest.raises(ValueError, match="names width 96 twice"):
         tile_override(96)
 
 

@@ -20,6 +20,11 @@ pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="jax programs and jax.p
     ("loop_multiply_fusion", "", "fusion"),
     ("_residual_tile_", "", "pallas"),
     ("Memset 0", "", "copy"),
+    ("sm80_xmma_fprop_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", "", "convolution"),
+    ("sm90_xmma_gemm_bf16", "cudnn-conv-bias-activation.3", "convolution"),
+    ("void cudnn::engines_precompiled::nchwToNhwcKernel<float>", "", "convolution"),
+    ("triton_softmax", "", "reduce"),
+    ("loop_convert_fusion", "", "fusion"),
     ("something_else", "", "other"),
 ])
 def test_kernels_are_sorted_into_kinds(name, op, kind):

@@ -8,9 +8,11 @@ where there is no device plane, the host's XLA op events (those carrying an
 ``hlo_op``) stand in, so the table has the same form everywhere.
 
 Kinds, from the kernel's name and its HLO op (first match wins): ``pallas``
-(kernels of ``keras_mone.kernels``), ``attention`` (cuDNN / flash kernels),
-``gemm`` (cuBLAS, CUTLASS, nvjet, XLA's Triton GEMMs, dots), ``copy`` (copies,
-slices, pads, concatenations, transposes, memsets), ``reduce`` and ``fusion``
+(kernels of ``keras_mone.kernels``), ``convolution`` (cuDNN's convolutions and
+their layout kernels), ``attention`` (flash / SDPA kernels), ``gemm`` (cuBLAS,
+CUTLASS, nvjet, XLA's Triton GEMMs, dots), ``copy`` (copies, slices, pads,
+concatenations, transposes, memsets), ``reduce`` (reductions, norms, XLA's
+Triton "softmax" fusions, which may hold any row reduction) and ``fusion``
 (XLA's other fused elementwise kernels), else ``other``.
 """
 
@@ -21,10 +23,11 @@ import tempfile
 
 KINDS = (
     ("pallas", r"_mlp_tile|_residual_tile|pallas"),
-    ("attention", r"flash|fmha|cudnn|attention|softmax"),
+    ("convolution", r"cudnn-conv|convolution|fprop_implicit|nhwcaddpadding|nchwtonhwc"),
+    ("attention", r"flash|fmha|sdpa|attention"),
     ("gemm", r"gemm|cutlass|nvjet|xmma|cublas|matmul|\bdot|dot[._]|sm\d\d_"),
     ("copy", r"copy|slice|pad|concatenat|transpose|memset|memcpy|bitcast|dynamic"),
-    ("reduce", r"reduce|norm"),
+    ("reduce", r"reduce|norm|softmax"),
     ("fusion", r"fusion|loop|input|elementwise|triton"),
 )
 

@@ -66,22 +66,26 @@ num_stages``; widths not named keep the defaults."""
 
 def tile_override(width):
     """``(block_rows, block_hidden, num_warps, num_stages)`` for ``width`` from ``$KERAS_MONE_MLP_TILES``,
-    or ``None``."""
+    or ``None``. The whole value is checked (positive integers, each width once), whichever
+    width is asked for; both kernels take the tiles it names (``bench/kernel_tiles.py`` tunes
+    the block kernel, which a ``ViTBlock`` runs)."""
     import os
 
     text = os.environ.get(TILES_ENV, "").strip()
+    tiles = {}
     for entry in filter(None, (part.strip() for part in text.split(";"))):
         try:
             key, values = entry.split(":")
-            tiles = tuple(int(v) for v in values.split(","))
-            if len(tiles) != 4:
-                raise ValueError
+            numbers = tuple(int(v) for v in (key, *values.split(",")))
         except ValueError:
+            numbers = ()
+        if len(numbers) != 5 or min(numbers) < 1:
             raise ValueError(f"${TILES_ENV} entries are width:block_rows,block_hidden,num_warps,num_stages "
-                             f"separated by ';', e.g. '96:128,64,4,3'; got {entry!r}.") from None
-        if int(key) == width:
-            return tiles
-    return None
+                             f"(positive integers) separated by ';', e.g. '96:128,64,4,3'; got {entry!r}.")
+        if numbers[0] in tiles:
+            raise ValueError(f"${TILES_ENV} names width {numbers[0]} twice: {text!r}.")
+        tiles[numbers[0]] = numbers[1:]
+    return tiles.get(width)
 
 
 def default_blocks(width, hidden, itemsize=2):
