@@ -108,7 +108,7 @@ def patches_form():
     convolution, or as one matmul over the image cut into patches (the same sum:
     ``layers.patch_embedding.strided_projection``). ``$KERAS_MONE_PATCHES`` when set,
     else matmul on jax's GPU (cuDNN's strided convolution took 1.5 ms of a ViT-B/16
-    forward at batch 256 on an H200, the matmul 0.06; BENCHMARKS.md) and conv
+    forward at batch 256 on an H200, the matmul 0.12 with its transpose; BENCHMARKS.md) and conv
     elsewhere (the measured CPU form; torch's and tensorflow's GPUs are not measured)."""
     return _env_form(PATCHES_ENV, PATCHES_FORMS, "matmul" if _jax_gpu() else "conv")
 
