@@ -3,7 +3,7 @@
 # All of them take about 20 minutes; pick some with RUNS to fit a 10-minute command. On an
 # H200 (2026-11-27): forms_vit_bf16 122 s, forms_vivit_b1 60 s, forms_vit_bf16_triton_gemm
 # 38 s, vit_b16_b64_torch 43 s; forms_vit_train needs about 150 s (MoNE's training step
-# compiles in 53 s), forms_vit_f32 about 60 s; the kernel check about 90 s.
+# compiles in 53 s), forms_vit_f32 about 60 s; the kernel check over 60 s (its float32 half alone took 60).
 #
 #   bash bench/gpu.sh                  # from the repository root or anywhere
 #   OUT=/some/dir bash bench/gpu.sh    # results under $OUT/gpu_bench (default: runs/gpu_bench)
