@@ -114,57 +114,82 @@ def _dense_key(form):
     return "+".join(f"{name.split('_')[-1].lower()}={settings[name]}" for name in DENSE_SWITCHES if name in settings)
 
 
+def _names(text):
+    """The comma-separated form names in ``text``."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def timed_pair(kind, batch_size, form, make_step, models, dense_steps, args, notes, log):
+    """``make_step(model)`` of the dense and the MoNE model in ``form``, compiled (the dense
+    one once per ``_dense_key``, kept in ``dense_steps``) and timed interleaved. Returns
+    ``(row, dense step, MoNE step)``, or ``None`` with a note: one form failing (a kernel the
+    card rejects) ends only its row."""
+    dense, mone = models
+    key = _dense_key(form)
+    try:
+        if key not in dense_steps:
+            dense_steps[key], seconds = compiled(lambda: make_step(dense), form)
+            log(f"{kind}, batch {batch_size}: dense ({key or 'default forms'}) compiled in {seconds:.1f} s")
+        step, seconds = compiled(lambda: make_step(mone), form)
+        log(f"{kind}, batch {batch_size}: MoNE {form} compiled in {seconds:.1f} s")
+        ms = interleaved_ms({"dense": dense_steps[key], "mone": step}, args.repeats)
+    except Exception as error:
+        notes.append(f"{kind}, batch {batch_size}, {form}: {type(error).__name__}: {str(error)[:300]}")
+        log(notes[-1])
+        return None
+    log(f"{kind}, batch {batch_size}, {form}: dense {ms['dense']:.2f} ms, MoNE {ms['mone']:.2f} ms, "
+        f"{ms['dense'] / ms['mone']:.2f}x")
+    return (kind, batch_size, form, ms["dense"], ms["mone"], seconds), dense_steps[key], step
+
+
+def profile_pair(labels_and_steps, args, profiles, notes, log):
+    """Traces each ``(label, step)`` not yet in ``profiles`` (``kernel_profile``) and, with
+    ``--output``, writes its optimised HLO beside the report; a failure leaves a note."""
+    try:
+        for label, traced in labels_and_steps:
+            if label in profiles:
+                continue
+            profiles[label] = kernel_table(trace_calls(traced, args.profile_calls), args.profile_calls)
+            if args.output:  # the optimised HLO: what each profiled op name computes
+                name = label.replace(" ", "_").replace("+", "_").replace("=", "_")
+                with gzip.open(os.path.join(args.output, f"hlo_{name}.txt.gz"), "wt") as f:
+                    f.write(traced.executable.as_text())
+    except Exception as error:  # the timings stand without a profile
+        notes.append(f"profile of {labels_and_steps[-1][0]}: {type(error).__name__}: {str(error)[:300]}")
+        log(notes[-1])
+
+
 def run(args):
     log = (lambda message: print(f"[gpu_forms] {message}", file=sys.stderr, flush=True))
-    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
-    for form in forms + [f.strip() for f in args.train_forms.split(",") if f.strip()]:
+    forms, train_forms = _names(args.forms), _names(args.train_forms)
+    for form in forms + train_forms:
         form_settings(form)  # fails early on a bad name
     overrides = dict(TINY) if args.tiny else {}
     specs = _model_specs(args.variant, [args.capacity], args.image_size, overrides, args.family)
     (_, dense_preset, dense_kwargs), (_, mone_preset, mone_kwargs) = specs
     rows, profiles, notes = [], {}, []
     with precision_policy(args.precision):
-        dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
+        models = dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
     ratio = flop_ratio(dense.backbone, mone.backbone)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+
     def save():
         report(args, rows, profiles, notes, ratio)  # after every row: a run cut short keeps its figures
 
     for batch_size in batch_sizes:
         images, labels = _batch(dense.backbone, dense.num_classes, batch_size, args.seed)
-        x, y = device_batch(images, labels)
+        x, _ = device_batch(images, labels)
         dense_steps = {}
         for form in forms:
-            try:
-                key = _dense_key(form)
-                if key not in dense_steps:
-                    dense_steps[key], seconds = compiled(lambda: forward_step(dense, x), form)
-                    log(f"batch {batch_size}: dense ({key or 'default attention'}) compiled in {seconds:.1f} s")
-                step, seconds = compiled(lambda: forward_step(mone, x), form)
-                log(f"batch {batch_size}: MoNE {form} compiled in {seconds:.1f} s")
-                ms = interleaved_ms({"dense": dense_steps[key], "mone": step}, args.repeats)
-            except Exception as error:  # one form failing (a kernel the card rejects) ends only its row
-                notes.append(f"forward, batch {batch_size}, {form}: {type(error).__name__}: {str(error)[:300]}")
-                log(notes[-1])
-                save()
-                continue
-            rows.append(("forward", batch_size, form, ms["dense"], ms["mone"], seconds))
-            log(f"batch {batch_size} {form}: dense {ms['dense']:.2f} ms, MoNE {ms['mone']:.2f} ms, "
-                f"{ms['dense'] / ms['mone']:.2f}x")
-            if args.profile and batch_size == batch_sizes[-1]:
-                try:
-                    for label, traced in ((f"dense {key or 'default'}", dense_steps[key]), (f"MoNE {form}", step)):
-                        if label not in profiles:
-                            profiles[label] = kernel_table(trace_calls(traced, args.profile_calls), args.profile_calls)
-                            if args.output:  # the optimised HLO: what each profiled op name computes
-                                name = label.replace(" ", "_").replace("+", "_").replace("=", "_")
-                                with gzip.open(os.path.join(args.output, f"hlo_{name}.txt.gz"), "wt") as f:
-                                    f.write(traced.executable.as_text())
-                except Exception as error:  # the timings stand without a profile
-                    notes.append(f"profile of {form}: {type(error).__name__}: {str(error)[:300]}")
-                    log(notes[-1])
+            timed = timed_pair("forward", batch_size, form, lambda model: forward_step(model, x), models,
+                               dense_steps, args, notes, log)
+            if timed is not None:
+                rows.append(timed[0])
+                if args.profile and batch_size == batch_sizes[-1]:
+                    dense_label = f"dense {_dense_key(form) or 'default'}"
+                    profile_pair([(dense_label, timed[1]), (f"MoNE {form}", timed[2])], args, profiles, notes, log)
             save()
-            del step
+            del timed
         if args.timm:
             model, info = build_timm_peer(dense.backbone, dense.num_classes, dense.pooling)
             if model is None:
@@ -181,25 +206,13 @@ def run(args):
         images, labels = _batch(dense.backbone, dense.num_classes, args.train_batch, args.seed)
         x, y = device_batch(images, labels)
         dense_steps = {}
-        for form in [f.strip() for f in args.train_forms.split(",") if f.strip()]:
-            try:
-                key = _dense_key(form)
-                if key not in dense_steps:
-                    dense_steps[key], seconds = compiled(lambda: train_step(dense, x, y), form)
-                    log(f"train batch {args.train_batch}: dense ({key or 'default forms'}) compiled in {seconds:.1f} s")
-                step, seconds = compiled(lambda: train_step(mone, x, y), form)
-                log(f"train batch {args.train_batch}: MoNE {form} compiled in {seconds:.1f} s")
-                ms = interleaved_ms({"dense": dense_steps[key], "mone": step}, args.repeats)
-            except Exception as error:
-                notes.append(f"train step, batch {args.train_batch}, {form}: "
-                             f"{type(error).__name__}: {str(error)[:300]}")
-                log(notes[-1])
-                save()
-                continue
-            rows.append(("train step", args.train_batch, form, ms["dense"], ms["mone"], seconds))
-            log(f"train batch {args.train_batch} {form}: dense {ms['dense']:.2f} ms, MoNE {ms['mone']:.2f} ms")
+        for form in train_forms:
+            timed = timed_pair("train step", args.train_batch, form, lambda model: train_step(model, x, y), models,
+                               dense_steps, args, notes, log)
+            if timed is not None:
+                rows.append(timed[0])
             save()
-            del step
+            del timed
     return report(args, rows, profiles, notes, ratio)
 
 
