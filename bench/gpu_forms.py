@@ -75,7 +75,7 @@ def form_settings(form):
 @contextlib.contextmanager
 def form_environment(form):
     """The switches of ``form`` set (the others unset) while a call is traced."""
-    names = {name for switches in SWITCHES.values() for name in switches}
+    names = platform_forms.VARIABLES
     saved = {name: os.environ.pop(name, None) for name in names}
     os.environ.update(form_settings(form))
     try:

@@ -129,18 +129,18 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     assert counts[1] == counts[0] and counts[0][1] <= 2, counts
 
 
-def test_the_cpu_keeps_its_gelu_and_patch_forms(monkeypatch):
-    for variable in (platform_forms.GELU_ENV, platform_forms.PATCHES_ENV):
-        monkeypatch.delenv(variable, raising=False)
-    assert (platform_forms.gelu_form(), platform_forms.patches_form()) == ("library", "conv")
-
-
-def test_the_order_form_defaults_to_tied_and_checks_its_variable(monkeypatch):
-    monkeypatch.delenv(platform_forms.ORDER_ENV, raising=False)
-    assert platform_forms.order_form() == "tied"
-    monkeypatch.setenv(platform_forms.ORDER_ENV, "loose")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ORDER must be one of \['tied', 'free'\]"):
-        platform_forms.order_form()
+@pytest.mark.parametrize("variable, form, cpu_default, listed", [
+    ("GELU_ENV", "gelu_form", "library", r"\['library', 'rational'\]"),
+    ("PATCHES_ENV", "patches_form", "conv", r"\['conv', 'matmul'\]"),
+    ("ORDER_ENV", "order_form", "tied", r"\['tied', 'free'\]"),
+])
+def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch, variable, form, cpu_default, listed):
+    name = getattr(platform_forms, variable)
+    monkeypatch.delenv(name, raising=False)
+    assert getattr(platform_forms, form)() == cpu_default
+    monkeypatch.setenv(name, "fastest")
+    with pytest.raises(ValueError, match=rf"\${name} must be one of {listed} or unset, got 'fastest'"):
+        getattr(platform_forms, form)()
 
 
 def test_free_order_changes_no_value(monkeypatch):
@@ -198,13 +198,6 @@ def test_the_rational_gelu_equals_the_library_gelu(monkeypatch):
         monkeypatch.setenv(platform_forms.GELU_ENV, form)
         outputs[form] = to_numpy(gelu(x))
     assert_f32_close(outputs["rational"], outputs["library"], ulps=8)
-
-
-@pytest.mark.parametrize("variable", ["GELU_ENV", "PATCHES_ENV"])
-def test_the_new_switches_check_their_variables(monkeypatch, variable):
-    monkeypatch.setenv(getattr(platform_forms, variable), "fastest")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_\w+ must be one of"):
-        platform_forms.gelu_form() if variable == "GELU_ENV" else platform_forms.patches_form()
 
 
 @pytest.mark.parametrize("nested", [False, True])

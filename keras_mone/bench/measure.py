@@ -16,7 +16,7 @@ import time
 import keras
 import numpy as np
 
-from keras_mone.layers.platform_forms import attention_form, gelu_form, mlp_form, order_form, patches_form
+from keras_mone.layers import platform_forms
 from keras_mone.version import __version__ as KERAS_MONE_VERSION
 from keras_mone.bench.device import cpu_model, device_info, precision_policy
 from keras_mone.bench.memory import allocation_measure, peak_allocation_bytes
@@ -204,8 +204,8 @@ def _environment():
             pass
     env_vars = {
         k: os.environ[k]
-        for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "OPENBLAS_CORETYPE", "KERAS_MONE_ATTENTION",
-                  "KERAS_MONE_MLP", "KERAS_MONE_GELU", "KERAS_MONE_PATCHES", "KERAS_MONE_ORDER")
+        for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "OPENBLAS_CORETYPE",
+                  *platform_forms.VARIABLES)
         if k in os.environ
     }
     return {
@@ -221,11 +221,7 @@ def _environment():
             "python": platform.python_version(),
         },
         "environment_variables": env_vars,
-        "attention_form": attention_form(),  # fused or explicit (layers.platform_forms)
-        "mlp_form": mlp_form(),  # plain or fused (a Pallas kernel per nested group)
-        "gelu_form": gelu_form(),  # library or rational (dense MLPs at inference, jax)
-        "patches_form": patches_form(),  # conv or matmul (patch / tubelet embeddings)
-        "order_form": order_form(),  # tied or free (jax's weight-slice ties)
+        **platform_forms.current_forms(),  # attention_form, mlp_form, gelu_form, patches_form, order_form
     }
 
 

@@ -33,9 +33,7 @@ def gelu(x, approximate=False, training=False, nested=False):
     (``tests/test_nested_layers.py``). TensorFlow's exact GELU is already the
     erf form and torch's a fused kernel: ``ops.gelu`` on those backends.
     """
-    if approximate or keras.backend.backend() != "jax":
-        return ops.gelu(x, approximate=approximate)
-    if not (training or nested or gelu_form() == "rational"):
+    if approximate or keras.backend.backend() != "jax" or not (training or nested or gelu_form() == "rational"):
         return ops.gelu(x, approximate=approximate)
     if training:
         scaled = x * ops.cast(_INV_SQRT2, x.dtype)

@@ -117,6 +117,17 @@ def _jax_gpu():
     return keras.backend.backend() == "jax" and accelerator() == "gpu"
 
 
+VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV)
+"""Every switch above, in the order ``current_forms`` lists them."""
+
+
+def current_forms():
+    """``{"attention_form": ..., "mlp_form": ..., "gelu_form": ..., "patches_form": ...,
+    "order_form": ...}``: the forms a call traced now takes (what bench reports record)."""
+    return {"attention_form": attention_form(), "mlp_form": mlp_form(), "gelu_form": gelu_form(),
+            "patches_form": patches_form(), "order_form": order_form()}
+
+
 def _env_form(variable, forms, default):
     chosen = os.environ.get(variable, "") or default
     if chosen not in forms:
