@@ -63,21 +63,14 @@ def _device_events(space):
         return ""
 
     gpu = [plane for plane in space.planes if plane.name.startswith("/device:GPU")]
-    lines = [line for plane in gpu for line in plane.lines]
-    # the kernels are on the stream lines; "XLA Ops" / "XLA Modules" lines repeat them by HLO op
-    streams = [line for line in lines if line.name.startswith("Stream")]
-    streams = streams or [line for line in lines if not line.name.startswith(("XLA", "Steps", "Launch"))]
-    events = [(e.name, stat(e, "hlo_op"), e.duration_ns) for line in streams for e in line.events]
     if gpu:
-        return events
-    for plane in space.planes:
-        if plane.name.startswith("/host"):
-            for line in plane.lines:
-                for event in line.events:
-                    op = stat(event, "hlo_op")
-                    if op:
-                        events.append((event.name, op, event.duration_ns))
-    return events
+        lines = [line for plane in gpu for line in plane.lines]
+        # the kernels are on the stream lines; "XLA Ops" / "XLA Modules" lines repeat them by HLO op
+        streams = [line for line in lines if line.name.startswith("Stream")]
+        streams = streams or [line for line in lines if not line.name.startswith(("XLA", "Steps", "Launch"))]
+        return [(e.name, stat(e, "hlo_op"), e.duration_ns) for line in streams for e in line.events]
+    host = [line for plane in space.planes if plane.name.startswith("/host") for line in plane.lines]
+    return [(e.name, op, e.duration_ns) for line in host for e in line.events if (op := stat(e, "hlo_op"))]
 
 
 def kernel_table(trace_dir, calls=1):
