@@ -11,7 +11,8 @@ way each backend allows on CPU:
   optimizer update, the same for dense and MoNE, is left out);
 * torch: the peak of the bytes held by tensors allocated during one call
   (``predict_on_batch`` or ``train_on_batch``), from the allocation events of
-  ``torch.profiler`` (``profile_memory=True``), above what was live before;
+  ``torch.profiler`` (``profile_memory=True``), above what was live before,
+  with Python's cycle collector held off (``torch_peak_bytes``);
 * tensorflow: none; its CPU allocator reports no peak
   (``tf.config.experimental.get_memory_info`` serves GPUs only), so peak RSS
   is the measure there.
@@ -70,13 +71,34 @@ def compiled_jax_step(model, images, labels, train):
 
 
 def _torch_peak(model, images, labels, train):
+    if train:
+        return torch_peak_bytes(lambda: model.train_on_batch(images, labels))
+    return torch_peak_bytes(lambda: model.predict_on_batch(images))
+
+
+def torch_peak_bytes(run):
+    """Peak bytes held by tensors allocated while ``run()`` runs, above what was live
+    before (torch: the allocation events of ``torch.profiler``, ``profile_memory=True``).
+
+    Python's cycle collector is run first and held off during the call, so the
+    figure is repeatable and an upper bound: Keras' layer calls on torch flatten
+    their arguments with closures that form reference cycles (torch's pytree
+    helpers), and the tensors those hold were freed whenever a collection
+    happened to run; with it running, the same call's peak varied by a few token
+    tensors from call to call."""
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        if train:
-            model.train_on_batch(images, labels)
-        else:
-            model.predict_on_batch(images)
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+            run()
+    finally:
+        if was_enabled:
+            gc.enable()
     events = [e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0
     for event in sorted(events, key=lambda e: e.start_ns()):

@@ -9,7 +9,9 @@ order (row ``n * batch + b``), so every group is a contiguous run of rows:
 LayerNorms, gate and residuals run once over all groups, the nested
 projections are one matmul per group at its width (row slices, no copies),
 and Q, K, V come out of one concatenation, heads first, ready for
-torch's SDPA. Every projection's bias is added inside its GEMM (``addmm``).
+torch's SDPA. Every projection's bias is added inside its GEMM (``addmm``);
+without autograd the groups' GEMMs write their rows (and columns) of one
+buffer, where padding and concatenating them held a second copy (``out=``).
 Off the CPU the GELU runs once over all groups; on the CPU per group, in
 cache (``fuse_groups``). Sub-layers are read, not called: the only layer calls are
 the two LayerNorms.
@@ -67,11 +69,29 @@ def packed_block(block, groups, widths, gates, training=None):
 def token_major(groups):
     """``(batch, k_j, ...)`` groups as one ``(sum k_j * batch, ...)`` tensor, row ``n * batch + b``.
 
-    A single group that is already a token-major view (a packed block's
-    output) is reshaped without a copy.
+    Groups that are already consecutive token-major views of one tensor (a
+    packed block's outputs, when no router regrouped them) are that tensor,
+    reshaped: no copy.
     """
-    packed = _stack([g.transpose(0, 1) for g in groups])
-    return packed.reshape((-1,) + tuple(packed.shape[2:]))
+    views = [g.transpose(0, 1) for g in groups]
+    packed = _viewed_whole(views) if _eager() else None
+    if packed is None:
+        packed = _stack(views)
+    return packed.reshape((-1,) + tuple(views[0].shape[2:]))
+
+
+def _viewed_whole(views):
+    """The contiguous tensor that ``views`` cut, in order, into consecutive contiguous
+    spans covering all of it, or ``None``."""
+    whole = views[0] if len(views) == 1 else views[0]._base
+    if whole is None or not whole.is_contiguous():
+        return None
+    address = whole.data_ptr()
+    for view in views:
+        if not view.is_contiguous() or view.data_ptr() != address or (len(views) > 1 and view._base is not whole):
+            return None
+        address += view.numel() * view.element_size()
+    return whole if address == whole.data_ptr() + whole.numel() * whole.element_size() else None
 
 
 def fuse_groups(x):
@@ -108,6 +128,8 @@ def _mlp(mlp, normed, spans, widths, training):
     in cache: over all groups at once they read the ``(tokens * batch, 4D)``
     activations from memory again (MoNE-ViT-B/16 forward, batch 8, one core:
     13% slower than the generic per-group path that way, 8% faster this way).
+    No group's pre-activations outlive its GELU (``_grouped_products``), so at
+    inference a MoNE MLP holds no more hidden activations than a dense one.
     """
     fc1 = mlp.fc1
     kernel = ops.cast(fc1.kernel, fc1.compute_dtype)
@@ -117,34 +139,80 @@ def _mlp(mlp, normed, spans, widths, training):
     def activation(x):
         return gelu(x, approximate=mlp.gelu_approximate, training=bool(training), nested=nested)
 
-    products = [
-        _project(_rows(normed, start, stop, width), kernel[:width], bias) for (start, stop), width in zip(spans, widths)
-    ]
     if fuse_groups(normed):
-        packed = activation(_stack(products))
+        packed = activation(_grouped_products(normed, kernel, bias, spans, widths))
         hidden = [_rows(packed, start, stop) for start, stop in spans]
     else:
-        hidden = [activation(x) for x in products]
+        hidden = [
+            activation(_project(_rows(normed, start, stop, width), kernel[:width], bias))
+            for (start, stop), width in zip(spans, widths)
+        ]
     return _nested_out(mlp.fc2, hidden, widths, mlp.hidden_dim)
+
+
+def _grouped_products(x, kernel, bias, spans, widths):
+    """Each group's rows ``x[start:stop, :d] @ kernel[:d] (+ bias)``, stacked: one tensor.
+
+    Without autograd every group's GEMM writes its rows of one buffer (``out=``,
+    contiguous rows): no concatenation, which held the groups' products and
+    their copy at once (peak forward memory above dense's, issue 40). With
+    autograd (``out=`` records no gradient) the products are concatenated."""
+    if len(spans) == 1 or not _eager_without_grad(x, kernel, bias):
+        return _stack([
+            _project(_rows(x, start, stop, width), kernel[:width], bias) for (start, stop), width in zip(spans, widths)
+        ])
+    packed = x.new_empty((x.shape[0], kernel.shape[1]))
+    for (start, stop), width in zip(spans, widths):
+        _project(_rows(x, start, stop, width), kernel[:width], bias, out=_rows(packed, start, stop))
+    return packed
 
 
 def _nested_out(layer, inputs, widths, dim):
     """Each group's rows (``inputs``, one tensor per group) through
-    ``x @ W[:, :d] + b[:d]``, zero-padded to ``dim``, stacked."""
+    ``x @ W[:, :d] + b[:d]``, zero-padded to ``dim``, stacked.
+
+    Without autograd each group's GEMM writes its ``d`` columns of one zeroed
+    buffer (``out=``: a strided view, which BLAS takes as it is) instead of
+    being padded and concatenated."""
     kernel = ops.cast(layer.kernel, layer.compute_dtype)
     bias = None if layer.bias is None else ops.cast(layer.bias, layer.compute_dtype)
-    parts = []
-    for rows, width in zip(inputs, widths):
-        parts.append(pad_features(_project(rows, kernel[:, :width], None if bias is None else bias[:width]), dim))
-    return _stack(parts)
+    biases = [None if bias is None else bias[:width] for width in widths]
+    if len(inputs) == 1 or not _eager_without_grad(kernel, bias, *inputs):
+        return _stack([pad_features(_project(x, kernel[:, :w], b), dim) for x, w, b in zip(inputs, widths, biases)])
+    rows = [x.shape[0] for x in inputs]
+    outputs = inputs[0].new_zeros((sum(rows), dim))
+    for x, width, b, (start, stop) in zip(inputs, widths, biases, _spans(rows)):
+        _project(x, kernel[:, :width], b, out=_rows(outputs, start, stop, width))
+    return outputs
 
 
-def _project(x, kernel, bias):
+def _project(x, kernel, bias, out=None):
     """``x @ kernel (+ bias)``, with a bias as one GEMM (torch's ``addmm``: the bias
-    is the GEMM's ``C``): one kernel launch instead of a matmul and an add."""
+    is the GEMM's ``C``): one kernel launch instead of a matmul and an add;
+    written into ``out`` when given (no autograd)."""
     import torch
 
-    return x @ kernel if bias is None else torch.addmm(bias, x, kernel)
+    if out is None:
+        return x @ kernel if bias is None else torch.addmm(bias, x, kernel)
+    return torch.mm(x, kernel, out=out) if bias is None else torch.addmm(bias, x, kernel, out=out)
+
+
+def _eager_without_grad(*tensors):
+    """Whether ops on ``tensors`` (``None`` entries ignored) run eagerly (``_eager``)
+    with no autograd recording them: where ``out=`` writes may be used (``out=``
+    records no gradient)."""
+    import torch
+
+    return _eager() and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+
+
+def _eager():
+    """Whether torch runs ops eagerly: not under ``torch.compile`` (its exporters
+    included) or TorchScript tracing, which take neither data pointers nor writes into
+    strided views (``out=``) without breaking the graph; inductor fuses the copies there."""
+    import torch
+
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
 
 
 def _rows(x, start, stop, width=None):

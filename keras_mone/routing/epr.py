@@ -259,6 +259,22 @@ def _torch_gather_tokens(x, indices):
     return torch.index_select(x.reshape((-1,) + features), 0, rows).reshape(tuple(indices.shape) + features)
 
 
+def gather_token_major(x, indices):
+    """``gather_tokens(x, indices)`` transposed: ``(k, batch, ...)``, contiguous, row
+    ``i * batch + b`` = ``x[b, indices[b, i]]`` (torch only).
+
+    The layout of a packed block (``layers.packed_block``): groups cut from it
+    as ``(batch, k_j, ...)`` views (``gathered[start:stop].transpose(0, 1)``)
+    reach the first block without a transposing copy."""
+    import torch
+
+    offsets = _arange(x.shape[0], indices, "int32", scale=x.shape[1])
+    rows = (indices + offsets[:, None]).transpose(0, 1).reshape(-1)
+    features = tuple(x.shape[2:])
+    gathered = torch.index_select(x.reshape((-1,) + features), 0, rows)
+    return gathered.reshape((indices.shape[1], indices.shape[0]) + features)
+
+
 def _torch():
     return keras.backend.backend() == "torch"
 

@@ -22,7 +22,7 @@ A new method subclasses ``TokenRouting`` and overrides what differs.
 import keras
 from keras import ops
 
-from keras_mone.routing.epr import gather_tokens, select_top_k
+from keras_mone.routing.epr import gather_token_major, gather_tokens, select_top_k
 from keras_mone.routing.token_groups import TokenGroups
 
 
@@ -188,17 +188,19 @@ class NestedExperts(TokenRouting):
 
     def _gather_once(self, new, current, probs, order, kept):
         """The groups (and gates) as slices of one gather of all tokens in ``order``:
-        two gathers instead of two per expert (torch, where each op costs host time)."""
-        tokens = gather_tokens(current, order)
-        gates = gather_tokens(probs, order) if self.gated else None
+        two gathers instead of two per expert (torch, where each op costs host time).
+        The gather is token-major (``gather_token_major``), the layout the packed
+        blocks run in, so the first block's groups are views of it, not copies."""
+        tokens = gather_token_major(current, order)
+        gates = gather_token_major(probs, order) if self.gated else None
         start = 0
         for expert, indices in kept:
             stop = start + indices.shape[1]
-            gate = None if gates is None else gates[:, start:stop, expert]
-            new.add_group(tokens[:, start:stop], self.expert_widths[expert], expert, gate)
+            gate = None if gates is None else gates[start:stop, :, expert].transpose(0, 1)
+            new.add_group(tokens[start:stop].transpose(0, 1), self.expert_widths[expert], expert, gate)
             start = stop
         if start < order.shape[1]:
-            new.passed = tokens[:, start:]
+            new.passed = tokens[start:].transpose(0, 1)
 
     def _gate(self, probs, expert, indices):
         if not self.gated:
