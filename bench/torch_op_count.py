@@ -1,12 +1,17 @@
-"""Kernel ops, Keras layer calls and torch.compile graphs of one forward pass on torch: dense ViT against MoNE-ViT.
+"""Kernel ops, Keras layer calls, torch.compile graphs and peak allocations of one forward pass on torch:
+dense ViT against MoNE-ViT.
 
 Eager torch pays host time for every op and layer call, so on a GPU these
 counts, not the MACs, bound a forward pass (issue 40 item 3). torch's
 dispatcher records every aten op (views, which launch no kernel, left out);
-``keras.layers.Layer.__call__`` is counted the same way. Random weights, one
-image, no timing: the counts are exact and the same on every machine::
+``keras.layers.Layer.__call__`` is counted the same way. The peak is the
+bytes the inference forward allocates at once (``bench.memory.torch_peak_bytes``).
+Random weights, no timing: the figures are exact and the same on every
+machine. ``--gpu-form`` counts the packed blocks' GPU form
+(``layers.packed_block.fuse_groups``) on any machine::
 
-    KERAS_BACKEND=torch python bench/torch_op_count.py                 # ViT-B/16, e_c 0.3
+    KERAS_BACKEND=torch python bench/torch_op_count.py                 # ViT-B/16, e_c 0.3, one image
+    KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --batch-size 8
     KERAS_BACKEND=torch python bench/torch_op_count.py --capacity 0.5 --variant S/16
 """
 
@@ -15,20 +20,23 @@ import argparse
 import keras
 import numpy as np
 
+from keras_mone.bench.memory import torch_peak_bytes
 from keras_mone.bench.torch_ops import kernel_ops, layer_calls, record
+from keras_mone.layers import packed_block
 from keras_mone.models import MoNEViTBackbone, ViTBackbone
 from keras_mone.models.variants import decode_variant
 
 
 def counts(model, x):
-    """``(kernel ops, layer calls, torch.compile graphs)`` of ``model(x)`` after one warm-up call
-    (graphs: what dynamo captures; each graph break adds one, and the code between runs eagerly)."""
+    """``(kernel ops, layer calls, torch.compile graphs, peak MiB)`` of ``model(x)`` after one warm-up
+    call (graphs: what dynamo captures; each graph break adds one, and the code between runs eagerly)."""
     import torch
 
     model(x)
     with torch.no_grad():
         graphs = torch._dynamo.explain(lambda t: model(t))(x).graph_count
-        return kernel_ops(record(lambda: model(x))), layer_calls(lambda: model(x)), graphs
+        peak = torch_peak_bytes(lambda: model(x)) / 2**20
+        return kernel_ops(record(lambda: model(x))), layer_calls(lambda: model(x)), graphs, peak
 
 
 def main(argv=None):
@@ -36,6 +44,8 @@ def main(argv=None):
     parser.add_argument("--variant", default="B/16")
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--gpu-form", action="store_true", help="the packed blocks' GPU form (fuse_groups)")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "torch":
         raise SystemExit("Run with KERAS_BACKEND=torch: the counts are torch's dispatcher's.")
@@ -43,15 +53,21 @@ def main(argv=None):
 
     config = dict(decode_variant(args.variant), image_size=args.image_size)
     size = args.image_size
-    x = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (1, size, size, 3)).astype("float32"))
+    shape = (args.batch_size, size, size, 3)
+    x = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, shape).astype("float32"))
+    if args.gpu_form:
+        packed_block.fuse_groups = lambda tensor: True
     rows = []
     mone = MoNEViTBackbone(**config, capacity=args.capacity)
     for name, model in (("dense", ViTBackbone(**config)), (f"mone e_c={args.capacity:g}", mone)):
         model.build()
-        ops, calls, graphs = counts(model, x)
-        rows.append(f"| {name} | {ops} | {calls} | {graphs} |")
-    print(f"ViT-{args.variant} at {args.image_size}, one image, torch {torch.__version__}, keras {keras.__version__}\n")
-    print("| model | kernel ops per forward | Keras layer calls | torch.compile graphs |\n|---|---|---|---|")
+        ops, calls, graphs, peak = counts(model, x)
+        rows.append(f"| {name} | {ops} | {calls} | {graphs} | {peak:.1f} |")
+    form = "GPU" if args.gpu_form else ("GPU" if packed_block.fuse_groups(x) else "CPU")
+    print(f"ViT-{args.variant} at {args.image_size}, batch {args.batch_size}, the packed blocks' {form} form, "
+          f"torch {torch.__version__}, keras {keras.__version__}\n")
+    print("| model | kernel ops per forward | Keras layer calls | torch.compile graphs | peak forward MiB |")
+    print("|---|---|---|---|---|")
     print("\n".join(rows))
 
 
