@@ -276,3 +276,25 @@ def test_mone_inference_holds_no_more_memory_than_dense(fused, monkeypatch):
     assert peaks["dense"] >= 2 * rows * geometry["mlp_dim"] * 4  # the recorder sees the MLP's hidden activations
     routing_state = rows * (geometry["hidden_dim"] + experts) * 4 + rows * 4
     assert peaks["mone"] <= peaks["dense"] + routing_state, peaks
+
+
+def test_the_op_count_bench_reports_counts_and_peaks_of_the_gpu_form(monkeypatch, capsys):
+    """``bench/torch_op_count.py --gpu-form``: kernel ops, layer calls, compiled graphs
+    and peak forward MiB of dense and MoNE, counted in the packed blocks' GPU form."""
+    import importlib
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.setattr(packed_block, "fuse_groups", packed_block.fuse_groups)  # the script replaces it
+    importlib.import_module("torch_op_count").main(
+        ["--variant", "Ti/16", "--image-size", "32", "--batch-size", "2", "--gpu-form"]
+    )
+    out = capsys.readouterr().out
+    assert "batch 2, the packed blocks' GPU form" in out
+    rows = {
+        line.split("|")[1].strip(): [float(cell) for cell in line.split("|")[2:-1]]
+        for line in out.splitlines() if line.startswith(("| dense", "| mone"))
+    }
+    (ops, calls, graphs, peak), (mone_ops, mone_calls, mone_graphs, mone_peak) = rows["dense"], rows["mone e_c=0.3"]
+    assert graphs == mone_graphs == 1 and calls <= mone_calls <= calls + 2
+    assert 0 < ops < mone_ops and 0 < peak and 0 < mone_peak
