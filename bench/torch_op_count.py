@@ -63,7 +63,7 @@ def main(argv=None):
         model.build()
         ops, calls, graphs, peak = counts(model, x)
         rows.append(f"| {name} | {ops} | {calls} | {graphs} | {peak:.1f} |")
-    form = "GPU" if args.gpu_form else ("GPU" if packed_block.fuse_groups(x) else "CPU")
+    form = "GPU" if packed_block.fuse_groups(keras.ops.convert_to_tensor(x)) else "CPU"  # on Keras' device
     print(f"ViT-{args.variant} at {args.image_size}, batch {args.batch_size}, the packed blocks' {form} form, "
           f"torch {torch.__version__}, keras {keras.__version__}\n")
     print("| model | kernel ops per forward | Keras layer calls | torch.compile graphs | peak forward MiB |")

@@ -298,3 +298,27 @@ def test_the_op_count_bench_reports_counts_and_peaks_of_the_gpu_form(monkeypatch
     (ops, calls, graphs, peak), (mone_ops, mone_calls, mone_graphs, mone_peak) = rows["dense"], rows["mone e_c=0.3"]
     assert graphs == mone_graphs == 1 and calls <= mone_calls <= calls + 2
     assert 0 < ops < mone_ops and 0 < peak and 0 < mone_peak
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["CPU form", "GPU form"])
+def test_packed_blocks_under_autocast_and_torch_func(fused, monkeypatch):
+    """The inference buffers (``out=``) and the reuse of a tensor the groups view
+    (data pointers) stand aside where they cannot work: under ``torch.autocast``
+    (which casts no ``out=`` call's inputs: bf16 attention outputs met a float32
+    kernel) and under ``torch.func`` transforms (wrapper tensors have no storage).
+    Both raised before; now they equal the generic path."""
+    monkeypatch.setattr(packed_block, "fuse_groups", lambda x: fused)
+    model = tiny_mone()
+    x = torch.as_tensor(images())
+
+    def run():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = model(x)
+        gradient = torch.func.grad(lambda t: model(t).square().mean())(x)
+        return autocast.float().numpy(), gradient.detach().numpy()
+
+    packed = run()
+    _generic(monkeypatch)
+    expected = run()
+    np.testing.assert_allclose(packed[0], expected[0], atol=2e-2 * float(np.abs(expected[0]).max()))
+    assert_f32_close(packed[1], expected[1])

@@ -9,9 +9,11 @@ order (row ``n * batch + b``), so every group is a contiguous run of rows:
 LayerNorms, gate and residuals run once over all groups, the nested
 projections are one matmul per group at its width (row slices, no copies),
 and Q, K, V come out of one concatenation, heads first, ready for
-torch's SDPA. Every projection's bias is added inside its GEMM (``addmm``);
-without autograd the groups' GEMMs write their rows (and columns) of one
-buffer, where padding and concatenating them held a second copy (``out=``).
+torch's SDPA. Every projection's bias is added inside its GEMM (``addmm``).
+Without autograd (or autocast) the out-projections write their columns of
+one zeroed buffer and, where the GELU runs once over all groups, the MLP's
+in-projections their rows of one buffer (``out=``): padding and
+concatenating them held a second copy.
 Off the CPU the GELU runs once over all groups; on the CPU per group, in
 cache (``fuse_groups``). Sub-layers are read, not called: the only layer calls are
 the two LayerNorms.
@@ -69,9 +71,10 @@ def packed_block(block, groups, widths, gates, training=None):
 def token_major(groups):
     """``(batch, k_j, ...)`` groups as one ``(sum k_j * batch, ...)`` tensor, row ``n * batch + b``.
 
-    Groups that are already consecutive token-major views of one tensor (a
-    packed block's outputs, when no router regrouped them) are that tensor,
-    reshaped: no copy.
+    Groups that are consecutive token-major views covering all of one tensor (a
+    packed block's outputs, or the router's token-major gather when it drops no
+    token) are that tensor, reshaped: no copy. Elsewhere, and under
+    ``torch.inference_mode`` (whose views keep no ``_base``), one concatenation.
     """
     views = [g.transpose(0, 1) for g in groups]
     packed = _viewed_whole(views) if _eager() else None
@@ -198,21 +201,31 @@ def _project(x, kernel, bias, out=None):
 
 
 def _eager_without_grad(*tensors):
-    """Whether ops on ``tensors`` (``None`` entries ignored) run eagerly (``_eager``)
-    with no autograd recording them: where ``out=`` writes may be used (``out=``
-    records no gradient)."""
+    """Whether ops on ``tensors`` (``None`` entries ignored) run eagerly (``_eager``),
+    with no autograd recording them and no autocast: where ``out=`` writes may be used
+    (``out=`` records no gradient, and autocast casts no ``out=`` call's inputs)."""
     import torch
 
-    return _eager() and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+    if not _eager() or torch.is_autocast_enabled(_device_type(tensors)):
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
 
 def _eager():
-    """Whether torch runs ops eagerly: not under ``torch.compile`` (its exporters
-    included) or TorchScript tracing, which take neither data pointers nor writes into
-    strided views (``out=``) without breaking the graph; inductor fuses the copies there."""
+    """Whether torch runs ops eagerly on plain tensors: not under ``torch.compile`` (its
+    exporters included), TorchScript tracing or ``torch.func`` transforms, which take
+    neither data pointers nor writes into strided views (``out=``): dynamo breaks its
+    graph on them (inductor fuses the copies there anyway), functorch's wrapper tensors
+    have no storage."""
     import torch
 
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    return not torch._C._are_functorch_transforms_active()
+
+
+def _device_type(tensors):
+    return next((t.device.type for t in tensors if t is not None), "cpu")
 
 
 def _rows(x, start, stop, width=None):

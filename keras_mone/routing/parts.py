@@ -190,7 +190,8 @@ class NestedExperts(TokenRouting):
         """The groups (and gates) as slices of one gather of all tokens in ``order``:
         two gathers instead of two per expert (torch, where each op costs host time).
         The gather is token-major (``gather_token_major``), the layout the packed
-        blocks run in, so the first block's groups are views of it, not copies."""
+        blocks run in: when no token is dropped, the first block packs the groups
+        without a copy (``layers.packed_block.token_major``)."""
         tokens = gather_token_major(current, order)
         gates = gather_token_major(probs, order) if self.gated else None
         start = 0
