@@ -56,6 +56,7 @@ SWITCHES = {
     "library_gelu": {platform_forms.GELU_ENV: "library"},
     "patch_matmul": {platform_forms.PATCHES_ENV: "matmul"},
     "patch_conv": {platform_forms.PATCHES_ENV: "conv"},
+    "joint_norms": {platform_forms.NORMS_ENV: "joint"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV)
 """The switches a dense model reads (the others act on nested token groups only)."""

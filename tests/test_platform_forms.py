@@ -133,6 +133,7 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     ("GELU_ENV", "gelu_form", "library", r"\['library', 'rational'\]"),
     ("PATCHES_ENV", "patches_form", "conv", r"\['conv', 'matmul'\]"),
     ("ORDER_ENV", "order_form", "tied", r"\['tied', 'free'\]"),
+    ("NORMS_ENV", "norms_form", "grouped", r"\['grouped', 'joint'\]"),
 ])
 def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch, variable, form, cpu_default, listed):
     name = getattr(platform_forms, variable)
@@ -158,6 +159,35 @@ def test_free_order_changes_no_value(monkeypatch):
     assert np.array_equal(results["tied"][0], results["free"][0])
     for tied, free in zip(results["tied"][1], results["free"][1]):
         assert (tied is None and free is None) or np.array_equal(tied, free)
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("MoNEViTBackbone", dict(capacity=0.3)),
+    ("MoNEViTBackbone", dict(capacity=0.25, capacity_method="mod_greedy")),
+    ("MoNEViTBackbone", dict(capacity=0.5, use_class_token=True, class_token_to_full_expert=True, router_positions=(0, 1))),
+])
+def test_joint_layer_norms_equal_the_grouped_ones(monkeypatch, name, kwargs):
+    """``$KERAS_MONE_NORMS=joint``: one LayerNorm over a block's groups joined along the
+    tokens gives each token the statistics of its own features, as one per group does
+    (outputs and gradients within float32 rounding; the torch packed blocks are left
+    out, so the generic path runs on every backend)."""
+    from keras_mone.layers import block as block_module
+
+    monkeypatch.setattr(block_module, "packable", lambda *args, **kwargs: False)
+    model = getattr(models, name)(**TINY, **kwargs)
+    model.build((None, 32, 32, 3))
+    randomize_weights(model, seed=4)
+    x = images()
+    results = {}
+    for form in platform_forms.NORMS_FORMS:
+        monkeypatch.setenv(platform_forms.NORMS_ENV, form)
+        grads = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables)
+        results[form] = to_numpy(model(x)), grads
+    assert_f32_close(results["joint"][0], results["grouped"][0])
+    for joint, grouped in zip(results["joint"][1], results["grouped"][1]):
+        assert (joint is None) == (grouped is None)
+        if joint is not None:
+            np.testing.assert_allclose(joint, grouped, atol=1e-5 * max(1.0, float(np.abs(grouped).max())))
 
 
 @pytest.mark.parametrize("video", [False, True])

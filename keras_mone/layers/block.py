@@ -1,6 +1,8 @@
 """The transformer block of every ViT in keras_mone: attention, MLP and gate as parts."""
 
 import keras
+import numpy as np
+from keras import ops
 
 from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register, register_old_name
@@ -8,7 +10,7 @@ from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, pad_features
 from keras_mone.layers.packed_block import packable, packed_block
-from keras_mone.layers.platform_forms import mlp_form
+from keras_mone.layers.platform_forms import mlp_form, norms_form
 from keras_mone.layers.regularization import DropPath
 
 
@@ -123,7 +125,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             return outputs[0] if single else outputs
         gates = [None] * len(groups) if gates is None else gates
         attended = self.attention(
-            [self.norm1(g) for g in groups], widths=widths, training=training,
+            _normalized(self.norm1, groups), widths=widths, training=training,
             return_received_attention=return_received_attention,
         )
         if return_received_attention:
@@ -132,11 +134,12 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         mids = [g + a for g, a in zip(groups, attended)]
         fused = self._fused_mlp_halves(mids, widths, gates, training)
         updates, last = [], None
+        norms = _normalized(self.norm2, [z for z, done in zip(mids, fused) if done is None])
         for z, width, gate, done in zip(mids, widths, gates, fused):
             if done is not None:
                 updates.append(None)
                 continue
-            normed = self.norm2(z)
+            normed = norms.pop(0)
             if last is not None:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
                 normed = after(normed, last)  # (tied after the norm: no copy of the residual z)
             update = self.mlp(normed, width=width, pad_output=False, training=training)
@@ -189,6 +192,17 @@ register_old_name(ViTBlock, "MoNEBlock")  # configs of .keras files saved before
 
 MoNEBlock = ViTBlock
 """Deprecated alias of ``ViTBlock``, kept for one release."""
+
+
+def _normalized(norm, groups):
+    """``[norm(g) for g in groups]``; with ``$KERAS_MONE_NORMS=joint``
+    (``platform_forms.norms_form``) one call over the groups joined along the tokens, cut
+    again: the same per-token statistics, one LayerNorm in the program instead of one per group."""
+    if len(groups) < 2 or norms_form() == "grouped":
+        return [norm(g) for g in groups]
+    joint = norm(ops.concatenate(groups, axis=1))
+    ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
+    return [joint[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
 
 
 def _part(layer):

@@ -11,6 +11,7 @@ Unset, each takes the form measured fastest on the platform:
 * ``$KERAS_MONE_GELU`` (``gelu_form``): ``jax.nn.gelu`` or one rational pass;
 * ``$KERAS_MONE_PATCHES`` (``patches_form``): strided convolution or one matmul;
 * ``$KERAS_MONE_ORDER`` (``order_form``): jax's weight-slice ties on or off;
+* ``$KERAS_MONE_NORMS`` (``norms_form``): a block's LayerNorms per token group or over all;
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP or the Pallas kernels (opt-in).
 """
 
@@ -29,6 +30,8 @@ GELU_ENV = "KERAS_MONE_GELU"
 GELU_FORMS = ("library", "rational")
 PATCHES_ENV = "KERAS_MONE_PATCHES"
 PATCHES_FORMS = ("conv", "matmul")
+NORMS_ENV = "KERAS_MONE_NORMS"
+NORMS_FORMS = ("grouped", "joint")
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,19 +116,30 @@ def patches_form():
     return _env_form(PATCHES_ENV, PATCHES_FORMS, "matmul" if _jax_gpu() else "conv")
 
 
+def norms_form():
+    """``"grouped"`` or ``"joint"``: the generic block path (``layers.block.ViTBlock``) runs
+    each LayerNorm once per token group, or once over all groups joined along the tokens,
+    then cut again (the same per-token statistics). On an H200 a MoNE-ViT-B/16 forward
+    ran 153 LayerNorm reductions against dense's 27 (1.4 against 0.7 ms at batch 256,
+    BENCHMARKS.md); joined, XLA may make one reduction per LayerNorm. Not yet timed on a
+    GPU: ``$KERAS_MONE_NORMS`` when set, else grouped (the measured form everywhere).
+    torch's packed blocks (``layers.packed_block``) always run one."""
+    return _env_form(NORMS_ENV, NORMS_FORMS, "grouped")
+
+
 def _jax_gpu():
     return keras.backend.backend() == "jax" and accelerator() == "gpu"
 
 
-VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV)
+VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV)
 """Every switch above, in the order ``current_forms`` lists them."""
 
 
 def current_forms():
     """``{"attention_form": ..., "mlp_form": ..., "gelu_form": ..., "patches_form": ...,
-    "order_form": ...}``: the forms a call traced now takes (what bench reports record)."""
+    "order_form": ..., "norms_form": ...}``: the forms a call traced now takes (what bench reports record)."""
     return {"attention_form": attention_form(), "mlp_form": mlp_form(), "gelu_form": gelu_form(),
-            "patches_form": patches_form(), "order_form": order_form()}
+            "patches_form": patches_form(), "order_form": order_form(), "norms_form": norms_form()}
 
 
 def _env_form(variable, forms, default):
