@@ -134,12 +134,13 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         mids = [g + a for g, a in zip(groups, attended)]
         fused = self._fused_mlp_halves(mids, widths, gates, training)
         updates, last = [], None
-        norms = _normalized(self.norm2, [z for z, done in zip(mids, fused) if done is None])
+        # grouped: each group's LayerNorm right before its MLP, in the program's order (the CPU's HLO)
+        joint = _normalized(self.norm2, [z for z, done in zip(mids, fused) if done is None], grouped=False)
         for z, width, gate, done in zip(mids, widths, gates, fused):
             if done is not None:
                 updates.append(None)
                 continue
-            normed = norms.pop(0)
+            normed = self.norm2(z) if joint is None else joint.pop(0)
             if last is not None:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
                 normed = after(normed, last)  # (tied after the norm: no copy of the residual z)
             update = self.mlp(normed, width=width, pad_output=False, training=training)
@@ -194,12 +195,13 @@ MoNEBlock = ViTBlock
 """Deprecated alias of ``ViTBlock``, kept for one release."""
 
 
-def _normalized(norm, groups):
+def _normalized(norm, groups, grouped=True):
     """``[norm(g) for g in groups]``; with ``$KERAS_MONE_NORMS=joint``
     (``platform_forms.norms_form``) one call over the groups joined along the tokens, cut
-    again: the same per-token statistics, one LayerNorm in the program instead of one per group."""
+    again: the same per-token statistics, one LayerNorm in the program instead of one per
+    group. ``grouped=False``: ``None`` where the groups would be normalised one by one."""
     if len(groups) < 2 or norms_form() == "grouped":
-        return [norm(g) for g in groups]
+        return [norm(g) for g in groups] if grouped else None
     joint = norm(ops.concatenate(groups, axis=1))
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     return [joint[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
