@@ -125,7 +125,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             return outputs[0] if single else outputs
         gates = [None] * len(groups) if gates is None else gates
         attended = self.attention(
-            _normalized(self.norm1, groups), widths=widths, training=training,
+            _joined_norms(self.norm1, groups) or [self.norm1(g) for g in groups], widths=widths, training=training,
             return_received_attention=return_received_attention,
         )
         if return_received_attention:
@@ -135,7 +135,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         fused = self._fused_mlp_halves(mids, widths, gates, training)
         updates, last = [], None
         # grouped: each group's LayerNorm right before its MLP, in the program's order (the CPU's HLO)
-        joint = _normalized(self.norm2, [z for z, done in zip(mids, fused) if done is None], grouped=False)
+        joint = _joined_norms(self.norm2, [z for z, done in zip(mids, fused) if done is None])
         for z, width, gate, done in zip(mids, widths, gates, fused):
             if done is not None:
                 updates.append(None)
@@ -195,13 +195,13 @@ MoNEBlock = ViTBlock
 """Deprecated alias of ``ViTBlock``, kept for one release."""
 
 
-def _normalized(norm, groups, grouped=True):
-    """``[norm(g) for g in groups]``; with ``$KERAS_MONE_NORMS=joint``
-    (``platform_forms.norms_form``) one call over the groups joined along the tokens, cut
+def _joined_norms(norm, groups):
+    """With ``$KERAS_MONE_NORMS=joint`` (``platform_forms.norms_form``) and several groups,
+    ``[norm(g) for g in groups]`` as one call over the groups joined along the tokens, cut
     again: the same per-token statistics, one LayerNorm in the program instead of one per
-    group. ``grouped=False``: ``None`` where the groups would be normalised one by one."""
+    group. ``None`` where the groups are normalised one by one (the caller's loop)."""
     if len(groups) < 2 or norms_form() == "grouped":
-        return [norm(g) for g in groups] if grouped else None
+        return None
     joint = norm(ops.concatenate(groups, axis=1))
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     return [joint[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]

@@ -245,8 +245,9 @@ def inverse_permutation(permutation):
     return ops.cast(ops.einsum("bpn,p->bn", moved, positions), "int32")
 
 
-def _torch_gather_tokens(x, indices):
-    """``gather_tokens`` on torch: one ``index_select`` of the flattened rows.
+def _torch_gather_tokens(x, indices, token_major=False):
+    """``gather_tokens`` on torch: one ``index_select`` of the flattened rows
+    (``token_major``: laid out ``(k, batch, ...)``, see ``gather_token_major``).
 
     ``ops.take`` adds an int64 cast and a wrap-around of negative indices
     (four more kernels per gather); token indices are never negative.
@@ -254,9 +255,12 @@ def _torch_gather_tokens(x, indices):
     import torch
 
     offsets = _arange(x.shape[0], indices, "int32", scale=x.shape[1])
-    rows = (indices + offsets[:, None]).reshape(-1)
+    rows = indices + offsets[:, None]
+    shape = tuple(indices.shape)
+    if token_major:
+        rows, shape = rows.transpose(0, 1), shape[::-1]
     features = tuple(x.shape[2:])
-    return torch.index_select(x.reshape((-1,) + features), 0, rows).reshape(tuple(indices.shape) + features)
+    return torch.index_select(x.reshape((-1,) + features), 0, rows.reshape(-1)).reshape(shape + features)
 
 
 def gather_token_major(x, indices):
@@ -266,13 +270,7 @@ def gather_token_major(x, indices):
     The layout of a packed block (``layers.packed_block``): groups cut from it
     as ``(batch, k_j, ...)`` views (``gathered[start:stop].transpose(0, 1)``)
     reach the first block without a transposing copy."""
-    import torch
-
-    offsets = _arange(x.shape[0], indices, "int32", scale=x.shape[1])
-    rows = (indices + offsets[:, None]).transpose(0, 1).reshape(-1)
-    features = tuple(x.shape[2:])
-    gathered = torch.index_select(x.reshape((-1,) + features), 0, rows)
-    return gathered.reshape((indices.shape[1], indices.shape[0]) + features)
+    return _torch_gather_tokens(x, indices, token_major=True)
 
 
 def _torch():
