@@ -144,18 +144,25 @@ def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch,
         getattr(platform_forms, form)()
 
 
-def test_free_order_changes_no_value(monkeypatch):
-    """The ties add an exact zero (``after``): without them a MoNE model's outputs and
-    gradients are bit-identical."""
-    model = models.MoNEViTBackbone(**TINY, capacity=0.5)
+def _outputs_and_gradients_by_form(monkeypatch, model, switch):
+    """``{form: (outputs, gradients)}`` of ``model`` (built here, random weights) on
+    ``images()`` under each form of ``platform_forms.<switch>_ENV``: the gradients of the
+    mean squared output with respect to every trainable weight."""
     model.build((None, 32, 32, 3))
     randomize_weights(model, seed=4)
     x = images()
     results = {}
-    for form in platform_forms.ORDER_FORMS:
-        monkeypatch.setenv(platform_forms.ORDER_ENV, form)
+    for form in getattr(platform_forms, f"{switch}_FORMS"):
+        monkeypatch.setenv(getattr(platform_forms, f"{switch}_ENV"), form)
         grads = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables)
         results[form] = to_numpy(model(x)), grads
+    return results
+
+
+def test_free_order_changes_no_value(monkeypatch):
+    """The ties add an exact zero (``after``): without them a MoNE model's outputs and
+    gradients are bit-identical."""
+    results = _outputs_and_gradients_by_form(monkeypatch, models.MoNEViTBackbone(**TINY, capacity=0.5), "ORDER")
     assert np.array_equal(results["tied"][0], results["free"][0])
     for tied, free in zip(results["tied"][1], results["free"][1]):
         assert (tied is None and free is None) or np.array_equal(tied, free)
@@ -174,15 +181,7 @@ def test_joint_layer_norms_equal_the_grouped_ones(monkeypatch, name, kwargs):
     from keras_mone.layers import block as block_module
 
     monkeypatch.setattr(block_module, "packable", lambda *args, **kwargs: False)
-    model = getattr(models, name)(**TINY, **kwargs)
-    model.build((None, 32, 32, 3))
-    randomize_weights(model, seed=4)
-    x = images()
-    results = {}
-    for form in platform_forms.NORMS_FORMS:
-        monkeypatch.setenv(platform_forms.NORMS_ENV, form)
-        grads = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables)
-        results[form] = to_numpy(model(x)), grads
+    results = _outputs_and_gradients_by_form(monkeypatch, getattr(models, name)(**TINY, **kwargs), "NORMS")
     assert_f32_close(results["joint"][0], results["grouped"][0])
     for joint, grouped in zip(results["joint"][1], results["grouped"][1]):
         assert (joint is None) == (grouped is None)
