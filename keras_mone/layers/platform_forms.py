@@ -13,8 +13,12 @@ Unset, each takes the form measured fastest on the platform:
 * ``$KERAS_MONE_ORDER`` (``order_form``): jax's weight-slice ties on or off;
 * ``$KERAS_MONE_NORMS`` (``norms_form``): a block's LayerNorms per token group or over all;
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP or the Pallas kernels (opt-in).
+
+``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
+compiled here for a device this machine lacks (``bench.gpu_program``).
 """
 
+import contextlib
 import functools
 import os
 
@@ -34,10 +38,32 @@ NORMS_ENV = "KERAS_MONE_NORMS"
 NORMS_FORMS = ("grouped", "joint")
 
 
-@functools.lru_cache(maxsize=None)
+_TARGET = []
+"""The platforms ``compiling_for`` set, innermost last."""
+
+
 def accelerator(backend=None):
-    """``"gpu"``, ``"tpu"`` or ``"cpu"``: where ``backend`` (default: Keras') places new tensors."""
-    backend = backend or keras.backend.backend()
+    """``"gpu"``, ``"tpu"`` or ``"cpu"``: where ``backend`` (default: Keras') places new
+    tensors, or the platform of an enclosing ``compiling_for``."""
+    return _TARGET[-1] if _TARGET else _detected_accelerator(backend or keras.backend.backend())
+
+
+@contextlib.contextmanager
+def compiling_for(platform):
+    """Traces inside take ``platform``'s forms (``"gpu"``, ``"tpu"`` or ``"cpu"``), whatever
+    this machine has: for a program lowered and compiled here for another device
+    (``bench.gpu_program`` compiles for an H100 or H200 without one)."""
+    if platform not in ("gpu", "tpu", "cpu"):
+        raise ValueError(f"`platform` must be one of ['gpu', 'tpu', 'cpu'], got {platform!r}.")
+    _TARGET.append(platform)
+    try:
+        yield
+    finally:
+        _TARGET.pop()
+
+
+@functools.lru_cache(maxsize=None)
+def _detected_accelerator(backend):
     if backend == "jax":
         import jax
 

@@ -1,0 +1,135 @@
+"""The GPU program of each form, compiled for an H100/H200 on a machine without a GPU (issue 40).
+
+For each form (``bench/gpu_forms.py``'s names: ``present``, ``joint_norms``, ``free``, ...)
+the dense and the MoNE classifier's forwards are compiled by XLA for the card
+(``keras_mone.bench.gpu_program``) and their optimised programs read: kernels by kind,
+bytes read and written, GEMM and attention FLOPs, and the roofline bound
+``sum(max(FLOPs / peak, bytes / bandwidth))``. No device time is spent; nothing is
+timed: the figures say what the card is given, and where a form's kernels and bytes go.
+
+    pip install "jax[cuda12]==$(python -c 'import jax; print(jax.__version__)')"  # no GPU needed
+    KERAS_BACKEND=jax python bench/gpu_program.py --batch-size 256 --forms present,joint_norms
+    KERAS_BACKEND=jax python bench/gpu_program.py --family vivit --capacity 0.4 --batch-size 1 \
+        --precision float32 --cublas-gemms
+
+``--cublas-gemms`` gives every GEMM to cuBLAS: without a device XLA cannot autotune its
+Triton GEMMs, and for some float32 shapes (ViViT's) its untuned choice fails to compile.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the plugin's check calls cuInit
+if "--cublas-gemms" in sys.argv:  # read when jax creates its backends, so before any compile
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false").strip()
+
+import argparse  # noqa: E402
+import gzip  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+
+from gpu_forms import form_environment, form_settings  # noqa: E402
+from keras_mone.analysis import flop_ratio  # noqa: E402
+from keras_mone.bench import gpu_program  # noqa: E402
+from keras_mone.bench.device import precision_policy  # noqa: E402
+from keras_mone.bench.models import _build, _model_specs  # noqa: E402
+
+KINDS = ("gemm", "attention", "fusion", "reduce", "copy", "other")
+
+
+def run(args):
+    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    for form in forms:
+        form_settings(form)  # fails early on a bad name
+    device = gpu_program.compile_only_device(args.card)
+    specs = _model_specs(args.variant, [args.capacity], args.image_size, {}, args.family)
+    (_, dense_preset, dense_kwargs), (_, mone_preset, mone_kwargs) = specs
+    with precision_policy(args.precision):
+        dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
+    dtype = "bfloat16" if "bfloat16" in args.precision else "float32"
+    rows, tops = [], {}
+    for form in forms:
+        for label, model in (("dense", dense), ("MoNE", mone)):
+            with precision_policy(args.precision), form_environment(form):
+                started = time.perf_counter()
+                compiled = gpu_program.compiled_forward(model, args.batch_size, device)
+                seconds = time.perf_counter() - started
+            text = compiled.as_text()
+            kernels = gpu_program.program_kernels(text)
+            rows.append((form, label, gpu_program.program_summary(kernels, args.card, dtype), seconds))
+            tops[f"{label} {form}"] = gpu_program.kernel_counts(kernels, args.top)
+            if args.output:
+                os.makedirs(args.output, exist_ok=True)
+                name = f"{label}_{form}".replace("+", "_")
+                with gzip.open(os.path.join(args.output, f"hlo_{name}.txt.gz"), "wt") as f:
+                    f.write(text)
+            print(f"[gpu_program] {label} {form}: {len(kernels)} kernels, compiled in {seconds:.0f} s",
+                  file=sys.stderr, flush=True)
+    return report(args, rows, tops, flop_ratio(dense.backbone, mone.backbone))
+
+
+def report(args, rows, tops, ratio):
+    card = gpu_program.CARDS[args.card]
+    lines = [
+        f"`{' '.join(['KERAS_BACKEND=jax python bench/gpu_program.py'] + sys.argv[1:])}`",
+        "",
+        f"Compiled for {card['name']} ({card['bandwidth'] / 1e12:.2f} TB/s) without one; jax {jax.__version__}, "
+        f"keras {keras.__version__}; {args.family} {args.variant} {args.image_size}px, batch {args.batch_size}, "
+        f"MoNE e_c {args.capacity:g} (FLOP ratio {ratio:.2f}), {args.precision}; {time.strftime('%Y-%m-%d')}. "
+        "Roofline: each kernel at max(FLOPs / peak, bytes / bandwidth), a lower bound (no launch gaps, "
+        "narrow GEMMs at full rate); autotuning is off without a device, so "
+        + ("every GEMM is cuBLAS's (`--cublas-gemms`)." if args.cublas_gemms
+           else "GEMMs are XLA's Triton fusions where the card may pick cuBLAS."),
+        "",
+        "| form | model | kernels | " + " | ".join(KINDS) + " | GB moved | GEMM+attention TFLOP | roofline ms |",
+        "|---" * (6 + len(KINDS)) + "|",
+    ]
+    by_form = {}
+    for form, label, summary, _ in rows:
+        by_form.setdefault(form, {})[label] = summary
+        kinds = " | ".join(str(summary["by_kind"].get(kind, 0)) for kind in KINDS)
+        lines.append(f"| {form} | {label} | {summary['kernels']} | {kinds} | {summary['bytes'] / 1e9:.2f} | "
+                     f"{summary['flops'] / 1e12:.3f} | {summary['roofline_ms']:.2f} |")
+    lines += ["", "| form | dense / MoNE: kernels | bytes | roofline |", "|---|---|---|---|"]
+    for form, pair in by_form.items():
+        if len(pair) == 2:
+            dense, mone = pair["dense"], pair["MoNE"]
+            lines.append(f"| {form} | {dense['kernels'] / mone['kernels']:.2f}x | {dense['bytes'] / mone['bytes']:.2f}x | "
+                         f"**{dense['roofline_ms'] / mone['roofline_ms']:.2f}x** |")
+    for label, top in tops.items():
+        lines += ["", f"Kernels of {label} (launches, GB read and written):", "",
+                  "| kernel | kind | launches | GB |", "|---|---|---|---|"]
+        lines += [f"| `{name[:80]}` | {kind} | {count} | {moved / 1e9:.2f} |" for name, kind, count, moved in top]
+    text = "\n".join(lines) + "\n"
+    if args.output:
+        with open(os.path.join(args.output, "gpu_program.md"), "w") as f:
+            f.write(text)
+    return text
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--card", default="h200", choices=sorted(gpu_program.CARDS))
+    parser.add_argument("--family", default="vit", choices=("vit", "vivit"))
+    parser.add_argument("--variant", default="B/16")
+    parser.add_argument("--image-size", type=int, default=None, help="default 224 (vit), 256 (vivit)")
+    parser.add_argument("--capacity", type=float, default=0.3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--forms", default="present,joint_norms")
+    parser.add_argument("--cublas-gemms", action="store_true",
+                        help="XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (float32 ViViT needs it here)")
+    parser.add_argument("--top", type=int, default=8, help="kernel names listed per program")
+    parser.add_argument("--output", default=None, help="folder for the report and each program's HLO")
+    args = parser.parse_args(argv)
+    if args.image_size is None:
+        args.image_size = 256 if args.family == "vivit" else 224
+    return args
+
+
+if __name__ == "__main__":
+    if keras.backend.backend() != "jax":
+        sys.exit("bench/gpu_program.py compiles jax programs: run it with KERAS_BACKEND=jax.")
+    print(run(parse()))

@@ -1,0 +1,158 @@
+"""Reading an optimised GPU program (``keras_mone.bench.gpu_program``): kernels, bytes and
+FLOPs, on hand-written HLO in the form XLA's GPU compiler prints and on programs jax
+compiles here. Compiling for an H100/H200 needs jax's CUDA plugin, which CI lacks; the
+last test runs where it is installed."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+from conftest import BACKEND, TINY
+
+from keras_mone.bench import gpu_program
+
+# One block's worth of XLA GPU output, shortened: a Triton GEMM fusion, the q/k/v split
+# (a fusion that only slices its parameter, through a bitcast), cuDNN attention, a
+# command buffer holding a reduction, and instructions that launch nothing.
+PROGRAM = """HloModule jit_forward, is_scheduled=true
+
+%gemm_fusion_dot.1_computation (parameter_0: bf16[512,64], parameter_1: bf16[64,192]) -> bf16[512,192] {
+  %parameter_0 = bf16[512,64]{1,0} parameter(0)
+  %parameter_1 = bf16[64,192]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[512,192]{1,0} dot(%parameter_0, %parameter_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_slice (param_0: bf16[512,192]) -> bf16[512,64] {
+  %param_0 = bf16[512,192]{1,0} parameter(0)
+  %bitcast.1 = bf16[2,256,192]{2,1,0} bitcast(%param_0)
+  %slice.1 = bf16[2,256,64]{2,1,0} slice(%bitcast.1), slice={[0:2], [0:256], [0:64]}
+  ROOT %bitcast.2 = bf16[512,64]{1,0} bitcast(%slice.1)
+}
+
+%fused_reduce (param_0.1: bf16[512,64]) -> f32[512] {
+  %param_0.1 = bf16[512,64]{1,0} parameter(0)
+  %convert.1 = f32[512,64]{1,0} convert(%param_0.1)
+  %constant.1 = f32[] constant(0)
+  ROOT %reduce.1 = f32[512]{0} reduce(%convert.1, %constant.1), dimensions={1}, to_apply=%add
+}
+
+%command_buffer (p: bf16[512,64]) -> f32[512] {
+  %p = bf16[512,64]{1,0} parameter(0)
+  ROOT %input_reduce_fusion.3 = f32[512]{0} fusion(%p), kind=kInput, calls=%fused_reduce
+}
+
+ENTRY %main.9 (x: bf16[512,64], w: bf16[64,192]) -> f32[512] {
+  %x = bf16[512,64]{1,0} parameter(0), sharding={replicated}
+  %w = bf16[64,192]{1,0} parameter(1)
+  %gemm_fusion_dot.1 = bf16[512,192]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion_dot.1_computation
+  %loop_slice_fusion.2 = bf16[512,64]{1,0} fusion(%gemm_fusion_dot.1), kind=kLoop, calls=%fused_slice
+  %bitcast.3 = bf16[2,256,1,64]{3,2,1,0} bitcast(%loop_slice_fusion.2)
+  %attention.4 = (bf16[2,256,1,64]{3,2,1,0}, u8[0]{0}) custom-call(%bitcast.3, %bitcast.3, %bitcast.3), custom_call_target="__cudnn$fmhaSoftmax"
+  %get-tuple-element.5 = bf16[2,256,1,64]{3,2,1,0} get-tuple-element(%attention.4), index=0
+  %bitcast.6 = bf16[512,64]{1,0} bitcast(%get-tuple-element.5)
+  ROOT %call.7 = f32[512]{0} call(%bitcast.6), to_apply=%command_buffer
+}
+"""
+
+
+def test_every_launch_of_a_gpu_program_is_read_with_its_bytes_and_flops():
+    kernels = gpu_program.program_kernels(PROGRAM)
+    assert [(k.name, k.kind) for k in kernels] == [
+        ("gemm_fusion_dot", "gemm"), ("loop_slice_fusion", "copy"), ("__cudnn$fmhaSoftmax", "attention"),
+        ("input_reduce_fusion", "reduce"),  # inside the command buffer
+    ]
+    gemm, split, attention, reduction = kernels
+    assert gemm.flops == 2 * 512 * 192 * 64
+    assert gemm.bytes == 2 * (512 * 64 + 64 * 192 + 512 * 192)
+    # the split reads the third of the GEMM's output it keeps, not all of it
+    assert split.bytes == 2 * (512 * 64 + 512 * 64)
+    assert attention.flops == 4 * 2 * 1 * 256 * 256 * 64  # q k^T and weights @ v: 2 x 2 B H N N d
+    assert attention.bytes == 2 * 4 * 512 * 64  # three operands and the output
+    assert reduction.bytes == 2 * 512 * 64 + 4 * 512 and reduction.flops == 0
+
+
+def test_the_summary_is_a_roofline_over_the_kernels():
+    kernels = gpu_program.program_kernels(PROGRAM)
+    summary = gpu_program.program_summary(kernels, "h200", "bfloat16")
+    assert summary["kernels"] == 4
+    assert summary["by_kind"] == {"gemm": 1, "copy": 1, "attention": 1, "reduce": 1}
+    assert summary["bytes"] == sum(k.bytes for k in kernels)
+    expected = sum(max(k.flops / 989e12, k.bytes / 4.8e12) for k in kernels) * 1e3
+    assert summary["roofline_ms"] == pytest.approx(expected, rel=1e-12)
+    assert gpu_program.kernel_counts(kernels)[0][2] == 1
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="No ENTRY computation"):
+        gpu_program.program_kernels("HloModule empty\n")
+    with pytest.raises(ValueError, match=r"`card` must be one of \['h100', 'h200'\], got 'a100'"):
+        gpu_program.target_config("a100")
+    assert "core_count: 132" in gpu_program.target_config("h100")
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="reads an XLA program jax compiles")
+def test_the_flops_read_from_a_compiled_program_are_the_models_matmul_flops():
+    # An independent check of the reader on a real optimised program (this CPU's): a
+    # one-block dense ViT's dots, wherever XLA put them, add up to its MACs x 2.
+    import jax
+
+    from keras_mone import models
+    from keras_mone.analysis import flops as count_macs
+
+    model = models.ViTBackbone(**{**TINY, "depth": 1})
+    model.build((None, 32, 32, 3))
+    x = np.zeros((2, 32, 32, 3), "float32")
+
+    def forward(weights, x):
+        return model.stateless_call(weights, [], x, training=False)[0]
+
+    text = jax.jit(forward).lower([v.value for v in model.trainable_variables], x).compile().as_text()
+    read = sum(k.flops for k in gpu_program.program_kernels(text))
+    macs = count_macs(model)  # per example; the patch embedding is a convolution on the CPU, not a dot
+    assert read == 2 * 2 * (macs.total - macs.breakdown["patch_embedding"]), macs.breakdown
+
+
+def test_compiling_for_a_gpu_gives_the_gpus_forms_and_then_the_machines_again(monkeypatch):
+    from keras_mone.layers import platform_forms
+
+    for name in platform_forms.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    here = platform_forms.current_forms()
+    with platform_forms.compiling_for("gpu"):
+        assert platform_forms.accelerator() == "gpu"
+        assert platform_forms.attention_form() == "fused"
+        jax_gpu = BACKEND == "jax"
+        assert platform_forms.gelu_form() == ("rational" if jax_gpu else "library")
+        assert platform_forms.patches_form() == ("matmul" if jax_gpu else "conv")
+    assert platform_forms.accelerator() == "cpu" and platform_forms.current_forms() == here
+    with pytest.raises(ValueError, match=r"`platform` must be one of \['gpu', 'tpu', 'cpu'\], got 'cuda'"):
+        with platform_forms.compiling_for("cuda"):
+            pass
+
+
+def _cuda_plugin_installed():
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        return False
+
+
+@pytest.mark.skipif(BACKEND != "jax" or not _cuda_plugin_installed(),
+                    reason="needs jax's CUDA plugin (pip install 'jax[cuda12]'), which CI lacks")
+def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
+    # A fresh process: XLA reads XLA_FLAGS (--cublas-gemms) once, when jax starts.
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "bench" / "gpu_program.py"), "--batch-size", "8", "--forms", "present",
+         "--cublas-gemms", "--top", "40", "--output", str(tmp_path)],
+        env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (tmp_path / "gpu_program.md").read_text()
+    assert "| present | dense |" in report and "| present | MoNE |" in report
+    assert "__cudnn$fmhaSoftmax" in report  # bfloat16 attention goes to cuDNN, as on the card
+    assert list(tmp_path.glob("hlo_MoNE_present.txt.gz"))
