@@ -54,11 +54,14 @@ def run(args):
         for label, model in (("dense", dense), ("MoNE", mone)):
             with precision_policy(args.precision), form_environment(form):
                 started = time.perf_counter()
-                compiled = gpu_program.compiled_forward(model, args.batch_size, device)
+                compile_step = gpu_program.compiled_train_step if args.train else gpu_program.compiled_forward
+                compiled = compile_step(model, args.batch_size, device)
                 seconds = time.perf_counter() - started
             text = compiled.as_text()
             kernels = gpu_program.program_kernels(text)
-            rows.append((form, label, gpu_program.program_summary(kernels, args.card, dtype), seconds))
+            summary = gpu_program.program_summary(kernels, args.card, dtype)
+            summary["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+            rows.append((form, label, summary, seconds))
             tops[f"{label} {form}"] = gpu_program.kernel_counts(kernels, args.top)
             if args.output:
                 os.makedirs(args.output, exist_ok=True)
@@ -76,28 +79,32 @@ def report(args, rows, tops, ratio):
         f"`{' '.join(['KERAS_BACKEND=jax python bench/gpu_program.py'] + sys.argv[1:])}`",
         "",
         f"Compiled for {card['name']} ({card['bandwidth'] / 1e12:.2f} TB/s) without one; jax {jax.__version__}, "
-        f"keras {keras.__version__}; {args.family} {args.variant} {args.image_size}px, batch {args.batch_size}, "
+        f"keras {keras.__version__}; {args.family} {args.variant} {args.image_size}px, "
+        f"{'training step (AdamW)' if args.train else 'forward'}, batch {args.batch_size}, "
         f"MoNE e_c {args.capacity:g} (FLOP ratio {ratio:.2f}), {args.precision}; {time.strftime('%Y-%m-%d')}. "
         "Roofline: each kernel at max(FLOPs / peak, bytes / bandwidth), a lower bound (no launch gaps, "
         "narrow GEMMs at full rate); autotuning is off without a device, so "
         + ("every GEMM is cuBLAS's (`--cublas-gemms`)." if args.cublas_gemms
            else "GEMMs are XLA's Triton fusions where the card may pick cuBLAS."),
         "",
-        "| form | model | kernels | " + " | ".join(KINDS) + " | GB moved | GEMM+attention TFLOP | roofline ms |",
-        "|---" * (6 + len(KINDS)) + "|",
+        "| form | model | kernels | " + " | ".join(KINDS) + " | GB moved | GEMM+attention TFLOP | roofline ms "
+        "| temporaries MiB |",
+        "|---" * (7 + len(KINDS)) + "|",
     ]
     by_form = {}
     for form, label, summary, _ in rows:
         by_form.setdefault(form, {})[label] = summary
         kinds = " | ".join(str(summary["by_kind"].get(kind, 0)) for kind in KINDS)
         lines.append(f"| {form} | {label} | {summary['kernels']} | {kinds} | {summary['bytes'] / 1e9:.2f} | "
-                     f"{summary['flops'] / 1e12:.3f} | {summary['roofline_ms']:.2f} |")
-    lines += ["", "| form | dense / MoNE: kernels | bytes | roofline |", "|---|---|---|---|"]
+                     f"{summary['flops'] / 1e12:.3f} | {summary['roofline_ms']:.2f} | "
+                     f"{summary['temp_bytes'] / 2**20:.1f} |")
+    lines += ["", "| form | dense / MoNE: kernels | bytes | roofline | temporaries |", "|---|---|---|---|---|"]
     for form, pair in by_form.items():
         if len(pair) == 2:
             dense, mone = pair["dense"], pair["MoNE"]
             lines.append(f"| {form} | {dense['kernels'] / mone['kernels']:.2f}x | {dense['bytes'] / mone['bytes']:.2f}x | "
-                         f"**{dense['roofline_ms'] / mone['roofline_ms']:.2f}x** |")
+                         f"**{dense['roofline_ms'] / mone['roofline_ms']:.2f}x** | "
+                         f"{dense['temp_bytes'] / mone['temp_bytes']:.2f}x |")
     for label, top in tops.items():
         lines += ["", f"Kernels of {label} (launches, GB read and written):", "",
                   "| kernel | kind | launches | GB |", "|---|---|---|---|"]
@@ -119,6 +126,7 @@ def parse(argv=None):
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--precision", default="mixed_bfloat16")
     parser.add_argument("--forms", default="present,joint_norms")
+    parser.add_argument("--train", action="store_true", help="the training step (AdamW), not the forward")
     parser.add_argument("--cublas-gemms", action="store_true",
                         help="XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (float32 ViViT needs it here)")
     parser.add_argument("--top", type=int, default=8, help="kernel names listed per program")

@@ -216,7 +216,10 @@ def train_step(model, x, y):
     return _Step(lambda step: np.asarray(function((x, y))["loss"]))
 
 
-def _jax_train(model, x, y):
+def jax_train_function(model):
+    """``(step, optimizer)``: jax's pure training step of ``model`` (forward, cross-entropy,
+    backward, AdamW 1e-4), ``step(trainable, non_trainable, optimizer_state, x, y) ->
+    (trainable, non_trainable, optimizer_state, loss)``, and the built optimizer."""
     import jax
 
     optimizer = keras.optimizers.AdamW(1e-4)
@@ -231,6 +234,11 @@ def _jax_train(model, x, y):
         trainable, state = optimizer.stateless_apply(state, grads, trainable)
         return trainable, other, state, value
 
+    return step, optimizer
+
+
+def _jax_train(model, x, y):
+    step, optimizer = jax_train_function(model)
     copies = _jax_copies(model.trainable_variables, model.non_trainable_variables, optimizer.variables)
     return _jax_program(step, (*copies, x, y), carried=3, donate=(0, 1, 2))
 

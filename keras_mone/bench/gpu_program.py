@@ -12,7 +12,8 @@ Needs jax's CUDA plugin (``pip install "jax[cuda12]"``, no GPU needed), loaded w
 call ``cuInit``); ``bench/gpu_program.py`` sets it.
 
 * ``compile_only_device(card)``: a jax device of that card, for ``jax.jit(...).lower``.
-* ``compiled_forward(model, batch_size, device)``: the model's forward, compiled for it.
+* ``compiled_forward(model, batch_size, device)``: the model's forward, compiled for it;
+  ``compiled_train_step``: its training step (AdamW).
 * ``program_kernels(hlo_text)``: the kernels of an optimised GPU program.
 * ``program_summary(kernels, card, dtype)``: counts, bytes, FLOPs and a roofline time.
 """
@@ -129,6 +130,31 @@ def compiled_forward(model, batch_size, device):
         lowered = jax.jit(forward).lower(
             abstract(v.value for v in model.trainable_variables),
             abstract(v.value for v in model.non_trainable_variables), x)
+    return lowered.compile()
+
+
+def compiled_train_step(model, batch_size, device):
+    """``model``'s training step (``bench.device.jax_train_function``: forward, loss,
+    backward, AdamW) on a ``batch_size`` batch, compiled for ``device`` under the GPU's
+    forms, its weights and optimizer state donated as in ``keras-mone bench``."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+
+    from keras_mone.bench.device import jax_train_function
+
+    placed = SingleDeviceSharding(device)
+    step, optimizer = jax_train_function(model)
+
+    def abstract(variables):
+        return [jax.ShapeDtypeStruct(v.value.shape, v.value.dtype, sharding=placed) for v in variables]
+
+    x = jax.ShapeDtypeStruct((batch_size, *model.backbone.input_shape_per_example), jnp.float32, sharding=placed)
+    y = jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=placed)
+    with cuda_forms():
+        lowered = jax.jit(step, donate_argnums=(0, 1, 2)).lower(
+            abstract(model.trainable_variables), abstract(model.non_trainable_variables),
+            abstract(optimizer.variables), x, y)
     return lowered.compile()
 
 
@@ -299,7 +325,8 @@ def program_kernels(hlo_text):
                 read = _bytes_read(computations[called.group(1)], read)
                 flops = _dot_flops(computations[called.group(1)])
             elif op == "custom-call" and "fmha" in label.lower():
-                flops = _attention_flops(operand_shapes)
+                # the backward kernel recomputes q k^T and makes dQ, dK, dV, dP: 5 products, not 2
+                flops = _attention_flops(operand_shapes) * (2.5 if "backward" in label.lower() else 1)
             elif op == "custom-call" and "cublas" in label.lower():
                 flops = _cublas_flops(line, shape, operand_shapes)
             elif op == "dot":
