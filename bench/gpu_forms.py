@@ -13,6 +13,8 @@ call is traced, so one process compiles every form of the same two models:
     library_gelu   $KERAS_MONE_GELU=library: jax.nn.gelu (the CPU's form)
     patch_matmul   $KERAS_MONE_PATCHES=matmul: the patch embedding as one matmul
     patch_conv     $KERAS_MONE_PATCHES=conv: Keras' strided convolution (the CPU's form)
+    joint_norms    $KERAS_MONE_NORMS=joint: a block's LayerNorms over its groups joined
+    packed         $KERAS_MONE_LAYOUT=packed: a block's groups in one token-major tensor
 
 joined with "+" (``free+fused_mlp``). Per batch size the dense and the MoNE classifier
 are built once (random weights, one precision); each form's forward on a batch already
@@ -57,6 +59,7 @@ SWITCHES = {
     "patch_matmul": {platform_forms.PATCHES_ENV: "matmul"},
     "patch_conv": {platform_forms.PATCHES_ENV: "conv"},
     "joint_norms": {platform_forms.NORMS_ENV: "joint"},
+    "packed": {platform_forms.LAYOUT_ENV: "packed"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV)
 """The switches a dense model reads (the others act on nested token groups only)."""

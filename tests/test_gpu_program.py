@@ -71,6 +71,35 @@ def test_every_launch_of_a_gpu_program_is_read_with_its_bytes_and_flops():
     assert reduction.bytes == 2 * 512 * 64 + 4 * 512 and reduction.flops == 0
 
 
+CONCATENATED = """HloModule jit_mlp, is_scheduled=true
+
+%fused_slice (param_0: bf16[300,64], param_1: bf16[100,64], param_2: bf16[64]) -> bf16[100,64] {
+  %param_0 = bf16[300,64]{1,0} parameter(0)
+  %param_1 = bf16[100,64]{1,0} parameter(1)
+  %param_2 = bf16[64]{0} parameter(2)
+  %concatenate.1 = bf16[400,64]{1,0} concatenate(%param_0, %param_1), dimensions={0}
+  %broadcast.1 = bf16[400,64]{1,0} broadcast(%param_2), dimensions={1}
+  %add.1 = bf16[400,64]{1,0} add(%concatenate.1, %broadcast.1)
+  %tanh.1 = bf16[400,64]{1,0} tanh(%add.1)
+  ROOT %slice.1 = bf16[100,64]{1,0} slice(%tanh.1), slice={[300:400], [0:64]}
+}
+
+ENTRY %main (a: bf16[300,64], b: bf16[100,64], c: bf16[64]) -> bf16[100,64] {
+  %a = bf16[300,64]{1,0} parameter(0)
+  %b = bf16[100,64]{1,0} parameter(1)
+  %c = bf16[64]{0} parameter(2)
+  ROOT %loop_slice_fusion = bf16[100,64]{1,0} fusion(%a, %b, %c), kind=kLoop, calls=%fused_slice
+}
+"""
+
+
+def test_a_fusion_reads_only_the_part_of_a_concatenation_its_output_needs():
+    # The packed MLP's GELU: the groups' products joined, activated, cut again per group.
+    # Each cut reads its own group's rows (and the bias), not the other groups'.
+    (kernel,) = gpu_program.program_kernels(CONCATENATED)
+    assert kernel.bytes == 2 * (100 * 64 + 64) + 2 * 100 * 64
+
+
 def test_the_summary_is_a_roofline_over_the_kernels():
     kernels = gpu_program.program_kernels(PROGRAM)
     summary = gpu_program.program_summary(kernels, "h200", "bfloat16")

@@ -189,6 +189,53 @@ def test_joint_layer_norms_equal_the_grouped_ones(monkeypatch, name, kwargs):
             np.testing.assert_allclose(joint, grouped, atol=1e-5 * max(1.0, float(np.abs(grouped).max())))
 
 
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="no packed path on tensorflow (its own test below)")
+@pytest.mark.parametrize("name, kwargs", [
+    ("ViTBackbone", {}),
+    ("MoNEViTBackbone", dict(capacity=0.3)),
+    ("MoNEViTBackbone", dict(capacity=0.25, capacity_method="mod_greedy")),
+    ("MoNEViTBackbone", dict(capacity=0.5, use_class_token=True, class_token_to_full_expert=True, router_positions=(0, 1))),
+])
+def test_packed_token_groups_equal_the_grouped_ones(monkeypatch, name, kwargs):
+    """``$KERAS_MONE_LAYOUT=packed`` (``layers.packed_block``, torch's default, opt-in on
+    jax): a block's groups as row ranges of one token-major tensor give each token the
+    generic path's operations in its order (outputs and gradients within float32
+    rounding). On jax the packed block takes ``keras.ops`` where torch takes its own."""
+    from keras_mone.layers import packed_block
+
+    calls = []
+    monkeypatch.setattr(packed_block, "token_major", _counted(packed_block.token_major, calls))
+    results = _outputs_and_gradients_by_form(monkeypatch, getattr(models, name)(**TINY, **kwargs), "LAYOUT")
+    assert calls, "the packed form never ran the packed block"
+    assert_f32_close(results["packed"][0], results["grouped"][0])
+    for packed, grouped in zip(results["packed"][1], results["grouped"][1]):
+        assert (packed is None) == (grouped is None)
+        if packed is not None:
+            np.testing.assert_allclose(packed, grouped, atol=1e-5 * max(1.0, float(np.abs(grouped).max())))
+
+
+def _counted(function, calls):
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def test_the_layout_default_follows_the_backend_and_tensorflow_has_no_packed_path(monkeypatch):
+    monkeypatch.delenv(platform_forms.LAYOUT_ENV, raising=False)
+    assert platform_forms.layout_form() == ("packed" if BACKEND == "torch" else "grouped")
+    monkeypatch.setenv(platform_forms.LAYOUT_ENV, "packed")
+    if BACKEND == "tensorflow":
+        with pytest.raises(ValueError, match=r"\$KERAS_MONE_LAYOUT='packed' runs on jax and torch"):
+            platform_forms.layout_form()
+    else:
+        assert platform_forms.layout_form() == "packed"
+    monkeypatch.setenv(platform_forms.LAYOUT_ENV, "rows")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_LAYOUT must be one of \['grouped', 'packed'\] or unset"):
+        platform_forms.layout_form()
+
+
 @pytest.mark.parametrize("video", [False, True])
 def test_patches_by_matmul_equal_the_strided_convolution(monkeypatch, video):
     from keras_mone.layers.patch_embedding import PatchEmbedding

@@ -171,7 +171,8 @@ _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 
 Kernel = collections.namedtuple("Kernel", "name op kind bytes flops shape")
 """One launch: its name without the numeric suffix (as a profile names it), HLO op, kind
-(``kernel_profile.KINDS``), bytes it reads and writes (each operand whole, once),
+(``kernel_profile.KINDS``), bytes it reads and writes (each operand once, whole except
+what only slices take or, in an elementwise loop fusion, past one element per output),
 FLOPs of its matmuls (GEMMs and cuDNN attention; elementwise work not counted) and
 output shape text."""
 
@@ -184,6 +185,11 @@ def _shape_bytes(shape_text):
             elements *= int(d)
         total += elements * _BYTES.get(dtype, 4)
     return total
+
+
+def _element_bytes(shape_text):
+    match = _ARRAY.search(shape_text)
+    return _BYTES.get(match.group(1), 4) if match else 4
 
 
 def _dims(shape_text):
@@ -239,36 +245,94 @@ def _dot_flops(lines):
     return flops
 
 
-def _bytes_read(lines, operand_bytes):
-    """Bytes a fusion reads of each operand: a parameter that only slices take (through
-    bitcasts) is read as far as the slices go (a token group's rows, a weight's columns)."""
-    parsed = _parsed(lines)
-    users = collections.defaultdict(list)
-    for name, shape, op, operands, _ in parsed:
-        for operand in operands:
-            users[operand].append((name, shape, op))
+_ELEMENTWISE = {
+    "abs", "add", "and", "ceil", "clamp", "compare", "convert", "copy", "cosine", "divide", "erf", "exponential",
+    "exponential-minus-one", "floor", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate",
+    "not", "or", "power", "round-nearest-even", "rsqrt", "select", "sign", "sine", "sqrt", "subtract", "tanh", "xor",
+}
+_REARRANGING = {"bitcast", "reshape", "transpose", "copy"}
 
-    def sliced_bytes(name):  # None where some use reads more than a slice
-        total = 0
-        for user, shape, op in users[name]:
-            if op in ("slice", "dynamic-slice"):
-                total += _shape_bytes(shape)
-            elif op in ("bitcast", "reshape"):
-                inner = sliced_bytes(user)
-                if inner is None:
-                    return None
-                total += inner
-            else:
-                return None
-        return total if users[name] else None
+
+def _bytes_read(lines, operand_bytes):
+    """Bytes a fusion reads of each operand: what its output needs, traced back from the
+    root through slices (a token group's rows, a weight's columns), concatenations (each
+    operand's own part) and elementwise ops as index boxes, through bitcasts, reshapes
+    and transposes as element counts; any other use reads its operand whole."""
+    parsed = _parsed(lines)
+    dims = {name: _dims(shape) for name, shape, *_ in parsed}
+    need = {}  # name -> ("box", [(lo, hi), ...]) or ("count", elements)
+
+    def volume(region, name):
+        if region[0] == "count":
+            return region[1]
+        total = 1
+        for lo, hi in region[1]:
+            total *= max(hi - lo, 0)
+        return total
+
+    def mark(name, region):
+        if name not in dims:
+            return
+        old = need.get(name)
+        if old is not None and old[0] == region[0] == "box":
+            region = ("box", [(min(a, c), max(b, d)) for (a, b), (c, d) in zip(old[1], region[1])])
+        elif old is not None:
+            full = 1
+            for d in dims[name]:
+                full *= d
+            region = ("count", min(full, volume(old, name) + volume(region, name)))
+        need[name] = region
+
+    def whole(name):
+        return ("box", [(0, d) for d in dims.get(name, [])])
+
+    for name, shape, op, operands, line in reversed(parsed):
+        if line.lstrip().startswith("ROOT"):
+            if op == "tuple":
+                for operand in operands:
+                    mark(operand, whole(operand))
+                continue
+            mark(name, whole(name))
+        region = need.get(name)
+        if region is None or op == "parameter":
+            continue
+        if op == "slice" and region[0] == "box" and operands:
+            spans = re.findall(r"\[(\d+):(\d+)(?::(\d+))?\]", line.split("slice={", 1)[-1].split("}", 1)[0])
+            if len(spans) == len(region[1]) and all(step in ("", "1") for _, _, step in spans):
+                mark(operands[0], ("box", [(int(a) + lo, int(a) + hi) for (a, _, _), (lo, hi) in zip(spans, region[1])]))
+                continue
+        if op in ("slice", "dynamic-slice") and operands:  # reads no more elements than it writes
+            mark(operands[0], ("count", volume(region, name)))
+            continue
+        if op == "concatenate" and region[0] == "box":
+            axis = int(re.search(r"dimensions=\{(\d+)\}", line).group(1))
+            offset = 0
+            for operand in operands:
+                size = dims[operand][axis]
+                lo, hi = max(region[1][axis][0] - offset, 0), min(region[1][axis][1] - offset, size)
+                if lo < hi:
+                    box = list(region[1])
+                    box[axis] = (lo, hi)
+                    mark(operand, ("box", box))
+                offset += size
+            continue
+        if op in _ELEMENTWISE:
+            for operand in operands:
+                mark(operand, region if dims.get(operand) == dims[name] else whole(operand))
+            continue
+        if op in _REARRANGING and operands:
+            mark(operands[0], ("count", volume(region, name)))
+            continue
+        for operand in operands:
+            mark(operand, whole(operand))
 
     read = list(operand_bytes)
-    for name, _, op, _, line in parsed:
+    for name, shape, op, _, line in parsed:
         number = re.search(r"parameter\((\d+)\)", line) if op == "parameter" else None
         if number and int(number.group(1)) < len(read):
-            sliced = sliced_bytes(name)
-            if sliced is not None:
-                read[int(number.group(1))] = min(read[int(number.group(1))], sliced)
+            index = int(number.group(1))
+            region = need.get(name)
+            read[index] = 0 if region is None else min(read[index], volume(region, name) * _element_bytes(shape))
     return read
 
 

@@ -1,4 +1,4 @@
-"""``ViTBlock`` on torch with its token groups packed into one token-major row tensor.
+"""``ViTBlock`` with its token groups packed into one token-major row tensor (torch; jax opt-in).
 
 Eager torch pays on the host for every op (Keras' dispatch, then a kernel
 launch), and a MoNE block that runs each token group through its own
@@ -19,11 +19,19 @@ cache (``fuse_groups``). Sub-layers are read, not called: the only layer calls a
 the two LayerNorms.
 
 Each token sees the operations of the generic path (``ViTBlock.call``) in the
-same order, so outputs agree to float32 rounding. Used on torch when the block
+same order, so outputs agree to float32 rounding. Used (``packable``) when the block
 has its default parts, a gate of ``None`` or "mone", no active dropout and no
-request for received attention (``packable``); everything else takes the
-generic path. Layout work (reshapes, transposes, slices, concatenations,
-products) uses torch's tensor methods: Keras' dispatch of each costs more host
+request for received attention, on torch and on jax with ``$KERAS_MONE_LAYOUT=packed``
+(``platform_forms.layout_form``); everything else takes the generic path.
+
+On jax the point is XLA's GPU program: a group's rows are one contiguous range, which
+XLA reads inside a GEMM, where batch-major groups are strided and each cut is a copy
+kernel; and one LayerNorm, one residual add per block instead of one per group
+(an H200's program: BENCHMARKS.md). There q, k and v stay tokens-second for
+``keras.ops.dot_product_attention``; torch gets them heads first for SDPA.
+
+Layout work (reshapes, transposes, slices, concatenations, products) uses torch's
+tensor methods: Keras' dispatch of each costs more host
 time than the op itself (host time of a MoNE forward -28% against
 ``keras.ops``, tiny deep model).
 """
@@ -35,18 +43,18 @@ from keras_mone.layers.activations import gelu
 from keras_mone.layers.attention import MoNEAttention
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
-from keras_mone.layers.platform_forms import fused_attention
+from keras_mone.layers.platform_forms import accelerator, fused_attention, layout_form
 
 
 def packable(block, groups, gates, training=None, return_received_attention=False):
     """Whether ``block`` may run ``groups`` packed (see the module docstring)."""
-    if keras.backend.backend() != "torch" or return_received_attention:
+    if return_received_attention or layout_form() != "packed":
         return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
         return False
     if block.gate not in (None, "mone") or any(g.shape[1] == 0 for g in groups):
         return False
-    if groups[0].device.type == "meta":  # Keras' shape inference on torch: the generic path, same shapes
+    if _torch() and groups[0].device.type == "meta":  # Keras' shape inference on torch: the generic path
         return False
     rates = (block.attention.dropout.rate, block.mlp.dropout.rate, block.drop_path.rate)
     if training and any(rates):
@@ -65,7 +73,7 @@ def packed_block(block, groups, widths, gates, training=None):
     if gates is not None and gates[0] is not None:
         update = block._gate.scale_mlp(update, token_major(gates).reshape(-1), block.alpha)
     outputs = (z + update).reshape(sum(sizes), -1, block.hidden_dim)
-    return [outputs[start:stop].transpose(0, 1) for start, stop in _spans(sizes)]
+    return [_swap_first_two(outputs[start:stop]) for start, stop in _spans(sizes)]
 
 
 def token_major(groups):
@@ -76,8 +84,8 @@ def token_major(groups):
     token) are that tensor, reshaped: no copy. Elsewhere, and under
     ``torch.inference_mode`` (whose views keep no ``_base``), one concatenation.
     """
-    views = [g.transpose(0, 1) for g in groups]
-    packed = _viewed_whole(views) if _eager() else None
+    views = [_swap_first_two(g) for g in groups]
+    packed = _viewed_whole(views) if _torch() and _eager() else None
     if packed is None:
         packed = _stack(views)
     return packed.reshape((-1,) + tuple(views[0].shape[2:]))
@@ -101,7 +109,7 @@ def fuse_groups(x):
     """Whether the MLP's GELU runs once over all groups' rows (off the CPU: fewer
     kernel launches) or once per group right after its GEMM (on the CPU,
     where its rows are then still in cache; see ``_mlp``)."""
-    return x.device.type != "cpu"
+    return x.device.type != "cpu" if _torch() else accelerator() != "cpu"
 
 
 def _attention(attention, normed, spans, widths, sizes):
@@ -110,15 +118,17 @@ def _attention(attention, normed, spans, widths, sizes):
     qkv_layer, out_layer = attention.qkv, attention.out
     kernel = ops.cast(qkv_layer.kernel, qkv_layer.compute_dtype)
     bias = None if qkv_layer.bias is None else ops.cast(qkv_layer.bias, qkv_layer.compute_dtype)
+    heads_first = _torch()  # torch's SDPA takes (batch, heads, tokens, head_dim); Keras' (batch, tokens, ...)
     parts = []
     for (start, stop), width, size in zip(spans, widths, sizes):
         projected = _project(_rows(normed, start, stop, width), kernel[:width], bias)
-        # (k, batch, 3, heads, head_dim) -> (3, batch, heads, k, head_dim)
-        parts.append(projected.reshape(size, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4))
-    qkv = _cat(parts, 3)  # one copy, contiguous heads-first (also for a single group)
-    # SDPA on the heads-first (batch, heads, tokens, head_dim) views; out (tokens, batch, heads, head_dim)
-    attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True)
-    attended = attended.permute(2, 0, 1, 3).reshape(-1, dim)
+        # (k, batch, 3, heads, head_dim) -> (3, batch, heads, k, head_dim) or (3, batch, k, heads, head_dim)
+        axes = (2, 1, 3, 0, 4) if heads_first else (2, 1, 0, 3, 4)
+        parts.append(_permute(projected.reshape(size, -1, 3, heads, dim // heads), axes))
+    qkv = _cat(parts, 3 if heads_first else 2)  # one copy (also for a single group)
+    attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=heads_first)
+    # -> (tokens, batch, heads, head_dim): token-major rows again
+    attended = _permute(attended, (2, 0, 1, 3) if heads_first else (1, 0, 2, 3)).reshape(-1, dim)
     return _nested_out(out_layer, [_rows(attended, start, stop) for start, stop in spans], widths, dim)
 
 
@@ -192,7 +202,10 @@ def _nested_out(layer, inputs, widths, dim):
 def _project(x, kernel, bias, out=None):
     """``x @ kernel (+ bias)``, with a bias as one GEMM (torch's ``addmm``: the bias
     is the GEMM's ``C``): one kernel launch instead of a matmul and an add;
-    written into ``out`` when given (no autograd)."""
+    written into ``out`` when given (no autograd). On jax a matmul and an add (XLA fuses)."""
+    if not _torch():
+        product = ops.matmul(x, kernel)
+        return product if bias is None else product + bias
     import torch
 
     if out is None:
@@ -204,6 +217,8 @@ def _eager_without_grad(*tensors):
     """Whether ops on ``tensors`` (``None`` entries ignored) run eagerly (``_eager``),
     with no autograd recording them and no autocast: where ``out=`` writes may be used
     (``out=`` records no gradient, and autocast casts no ``out=`` call's inputs)."""
+    if not _torch():
+        return False
     import torch
 
     if not _eager() or torch.is_autocast_enabled(_device_type(tensors)):
@@ -241,9 +256,24 @@ def _stack(parts):
 
 
 def _cat(parts, axis):
+    if not _torch():
+        return ops.concatenate(parts, axis=axis)
     import torch
 
     return torch.cat(parts, axis)
+
+
+def _permute(x, axes):
+    """``x`` with its axes in the order ``axes`` (torch's tensor method: no Keras dispatch)."""
+    return x.permute(*axes) if _torch() else ops.transpose(x, axes)
+
+
+def _swap_first_two(x):
+    return _permute(x, (1, 0) + tuple(range(2, len(x.shape))))
+
+
+def _torch():
+    return keras.backend.backend() == "torch"
 
 
 def _spans(sizes):

@@ -12,6 +12,8 @@ Unset, each takes the form measured fastest on the platform:
 * ``$KERAS_MONE_PATCHES`` (``patches_form``): strided convolution or one matmul;
 * ``$KERAS_MONE_ORDER`` (``order_form``): jax's weight-slice ties on or off;
 * ``$KERAS_MONE_NORMS`` (``norms_form``): a block's LayerNorms per token group or over all;
+* ``$KERAS_MONE_LAYOUT`` (``layout_form``): a block's token groups as tensors of their own
+  or packed into one token-major tensor (``layers.packed_block``);
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP or the Pallas kernels (opt-in).
 
 ``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
@@ -36,6 +38,8 @@ PATCHES_ENV = "KERAS_MONE_PATCHES"
 PATCHES_FORMS = ("conv", "matmul")
 NORMS_ENV = "KERAS_MONE_NORMS"
 NORMS_FORMS = ("grouped", "joint")
+LAYOUT_ENV = "KERAS_MONE_LAYOUT"
+LAYOUT_FORMS = ("grouped", "packed")
 
 
 _TARGET = []
@@ -153,19 +157,37 @@ def norms_form():
     return _env_form(NORMS_ENV, NORMS_FORMS, "grouped")
 
 
+def layout_form():
+    """``"grouped"`` or ``"packed"``: whether ``ViTBlock`` runs its token groups as
+    ``(batch, k_j, D)`` tensors of their own or packed into one token-major tensor, each
+    group a contiguous run of rows (``layers.packed_block``; blocks it can take).
+    ``$KERAS_MONE_LAYOUT`` when set, else packed on torch (eager torch pays per op:
+    issue 40) and grouped on jax (packed is opt-in: compiled for an H200 it has fewer
+    kernels and moves fewer bytes, BENCHMARKS.md, but is not yet timed on a card) and
+    tensorflow (which has no packed path)."""
+    backend = keras.backend.backend()
+    chosen = _env_form(LAYOUT_ENV, LAYOUT_FORMS, "packed" if backend == "torch" else "grouped")
+    if chosen == "packed" and backend == "tensorflow":
+        raise ValueError(f"${LAYOUT_ENV}='packed' runs on jax and torch; the tensorflow backend takes 'grouped' "
+                         "(or leave it unset).")
+    return chosen
+
+
 def _jax_gpu():
     return keras.backend.backend() == "jax" and accelerator() == "gpu"
 
 
-VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV)
+VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV, LAYOUT_ENV)
 """Every switch above, in the order ``current_forms`` lists them."""
 
 
 def current_forms():
     """``{"attention_form": ..., "mlp_form": ..., "gelu_form": ..., "patches_form": ...,
-    "order_form": ..., "norms_form": ...}``: the forms a call traced now takes (what bench reports record)."""
+    "order_form": ..., "norms_form": ..., "layout_form": ...}``: the forms a call traced now
+    takes (what bench reports record)."""
     return {"attention_form": attention_form(), "mlp_form": mlp_form(), "gelu_form": gelu_form(),
-            "patches_form": patches_form(), "order_form": order_form(), "norms_form": norms_form()}
+            "patches_form": patches_form(), "order_form": order_form(), "norms_form": norms_form(),
+            "layout_form": layout_form()}
 
 
 def _env_form(variable, forms, default):
