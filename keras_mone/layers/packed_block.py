@@ -50,6 +50,8 @@ def packable(block, groups, gates, training=None, return_received_attention=Fals
     """Whether ``block`` may run ``groups`` packed (see the module docstring)."""
     if return_received_attention or layout_form() != "packed":
         return False
+    if not _torch() and len(groups) < 2:  # jax: one group gains nothing, and the token-major transposes cost
+        return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
         return False
     if block.gate not in (None, "mone") or any(g.shape[1] == 0 for g in groups):

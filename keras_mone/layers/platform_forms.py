@@ -151,9 +151,10 @@ def norms_form():
     each LayerNorm once per token group, or once over all groups joined along the tokens,
     then cut again (the same per-token statistics). On an H200 a MoNE-ViT-B/16 forward
     ran 153 LayerNorm reductions against dense's 27 (1.4 against 0.7 ms at batch 256,
-    BENCHMARKS.md); joined, XLA may make one reduction per LayerNorm. Not yet timed on a
-    GPU: ``$KERAS_MONE_NORMS`` when set, else grouped (the measured form everywhere).
-    torch's packed blocks (``layers.packed_block``) always run one."""
+    BENCHMARKS.md); joined, XLA makes 62, but compiled for an H200 the program moves 9%
+    more bytes (each join is a copy; ``bench/gpu_program.py``). Not timed on a GPU:
+    ``$KERAS_MONE_NORMS`` when set, else grouped (the measured form everywhere). Packed
+    blocks (``layout_form``) run one LayerNorm over all groups anyway."""
     return _env_form(NORMS_ENV, NORMS_FORMS, "grouped")
 
 
