@@ -182,7 +182,7 @@ forms_done=0
 FORMS="${FORMS:-present,library_gelu+patch_conv,packed,joint_norms,fused_mlp}"
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
 forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,library_gelu+patch_conv}" --timm
-forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,packed}"
+forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present}"
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present}"
@@ -198,7 +198,7 @@ tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/kernel_tiles.md" 2>/dev
 KERAS_MONE_MLP_TILES="${KERAS_MONE_MLP_TILES:-$tuned}" forms forms_vit_bf16_tuned --batch-sizes 256 \
     --forms "present,fused_mlp"
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
-    --forms "${FORMS_VIVIT:-present,packed}" --profile
+    --forms "${FORMS_VIVIT:-present}" --profile
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
