@@ -102,7 +102,8 @@ def report(args, rows, tops, ratio):
     for form, pair in by_form.items():
         if len(pair) == 2:
             dense, mone = pair["dense"], pair["MoNE"]
-            lines.append(f"| {form} | {dense['kernels'] / mone['kernels']:.2f}x | {dense['bytes'] / mone['bytes']:.2f}x | "
+            lines.append(f"| {form} | {dense['kernels'] / mone['kernels']:.2f}x | "
+                         f"{dense['bytes'] / mone['bytes']:.2f}x | "
                          f"**{dense['roofline_ms'] / mone['roofline_ms']:.2f}x** | "
                          f"{dense['temp_bytes'] / mone['temp_bytes']:.2f}x |")
     for label, top in tops.items():

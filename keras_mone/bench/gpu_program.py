@@ -4,8 +4,8 @@ XLA compiles for a CUDA device it is only described (its SM count, memory bandwi
 compute capability: ``CARDS``), through jax's compile-only devices. The optimised
 program is the one the card would run, up to autotuning: its kernels, what each reads
 and writes, the GEMMs' FLOPs. So forms can be compared kernel by kernel without device
-time, and checked against a profile taken on the card (BENCHMARKS.md: the counts of an
-H200 trace of MoNE-ViT-B/16 are reproduced here kernel kind by kernel kind).
+time, and checked against a profile taken on the card (BENCHMARKS.md: an H200 trace of
+MoNE-ViT-B/16 counted the same LayerNorm reductions, cuts and residual fusions).
 
 Needs jax's CUDA plugin (``pip install "jax[cuda12]"``, no GPU needed), loaded with
 ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` where no GPU is visible (its version check would
@@ -299,7 +299,8 @@ def _bytes_read(lines, operand_bytes):
         if op == "slice" and region[0] == "box" and operands:
             spans = re.findall(r"\[(\d+):(\d+)(?::(\d+))?\]", line.split("slice={", 1)[-1].split("}", 1)[0])
             if len(spans) == len(region[1]) and all(step in ("", "1") for _, _, step in spans):
-                mark(operands[0], ("box", [(int(a) + lo, int(a) + hi) for (a, _, _), (lo, hi) in zip(spans, region[1])]))
+                box = [(int(start) + lo, int(start) + hi) for (start, _, _), (lo, hi) in zip(spans, region[1])]
+                mark(operands[0], ("box", box))
                 continue
         if op in ("slice", "dynamic-slice") and operands:  # reads no more elements than it writes
             mark(operands[0], ("count", volume(region, name)))
