@@ -32,7 +32,7 @@ import keras  # noqa: E402
 
 from gpu_forms import form_environment, form_settings  # noqa: E402
 from keras_mone.analysis import flop_ratio  # noqa: E402
-from keras_mone.bench import gpu_program  # noqa: E402
+from keras_mone.bench import gpu_program, hlo_kernels  # noqa: E402
 from keras_mone.bench.device import precision_policy  # noqa: E402
 from keras_mone.bench.models import _build, _model_specs  # noqa: E402
 
@@ -58,11 +58,11 @@ def run(args):
                 compiled = compile_step(model, args.batch_size, device)
                 seconds = time.perf_counter() - started
             text = compiled.as_text()
-            kernels = gpu_program.program_kernels(text)
+            kernels = hlo_kernels.program_kernels(text)
             summary = gpu_program.program_summary(kernels, args.card, dtype)
             summary["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
             rows.append((form, label, summary, seconds))
-            tops[f"{label} {form}"] = gpu_program.kernel_counts(kernels, args.top)
+            tops[f"{label} {form}"] = hlo_kernels.kernel_counts(kernels, args.top)
             if args.output:
                 os.makedirs(args.output, exist_ok=True)
                 name = f"{label}_{form}".replace("+", "_")

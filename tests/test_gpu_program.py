@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import BACKEND, TINY
 
-from keras_mone.bench import gpu_program
+from keras_mone.bench import gpu_program, hlo_kernels
 
 # One block's worth of XLA GPU output, shortened: a Triton GEMM fusion, the q/k/v split
 # (a fusion that only slices its parameter, through a bitcast), cuDNN attention, a
@@ -56,7 +56,7 @@ ENTRY %main.9 (x: bf16[512,64], w: bf16[64,192]) -> f32[512] {
 
 
 def test_every_launch_of_a_gpu_program_is_read_with_its_bytes_and_flops():
-    kernels = gpu_program.program_kernels(PROGRAM)
+    kernels = hlo_kernels.program_kernels(PROGRAM)
     assert [(k.name, k.kind) for k in kernels] == [
         ("gemm_fusion_dot", "gemm"), ("loop_slice_fusion", "copy"), ("__cudnn$fmhaSoftmax", "attention"),
         ("input_reduce_fusion", "reduce"),  # inside the command buffer
@@ -96,24 +96,24 @@ ENTRY %main (a: bf16[300,64], b: bf16[100,64], c: bf16[64]) -> bf16[100,64] {
 def test_a_fusion_reads_only_the_part_of_a_concatenation_its_output_needs():
     # The packed MLP's GELU: the groups' products joined, activated, cut again per group.
     # Each cut reads its own group's rows (and the bias), not the other groups'.
-    (kernel,) = gpu_program.program_kernels(CONCATENATED)
+    (kernel,) = hlo_kernels.program_kernels(CONCATENATED)
     assert kernel.bytes == 2 * (100 * 64 + 64) + 2 * 100 * 64
 
 
 def test_the_summary_is_a_roofline_over_the_kernels():
-    kernels = gpu_program.program_kernels(PROGRAM)
+    kernels = hlo_kernels.program_kernels(PROGRAM)
     summary = gpu_program.program_summary(kernels, "h200", "bfloat16")
     assert summary["kernels"] == 4
     assert summary["by_kind"] == {"gemm": 1, "copy": 1, "attention": 1, "reduce": 1}
     assert summary["bytes"] == sum(k.bytes for k in kernels)
     expected = sum(max(k.flops / 989e12, k.bytes / 4.8e12) for k in kernels) * 1e3
     assert summary["roofline_ms"] == pytest.approx(expected, rel=1e-12)
-    assert gpu_program.kernel_counts(kernels)[0][2] == 1
+    assert hlo_kernels.kernel_counts(kernels)[0][2] == 1
 
 
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="No ENTRY computation"):
-        gpu_program.program_kernels("HloModule empty\n")
+        hlo_kernels.program_kernels("HloModule empty\n")
     with pytest.raises(ValueError, match=r"`card` must be one of \['h100', 'h200'\], got 'a100'"):
         gpu_program.target_config("a100")
     assert "core_count: 132" in gpu_program.target_config("h100")
@@ -136,7 +136,7 @@ def test_the_flops_read_from_a_compiled_program_are_the_models_matmul_flops():
         return model.stateless_call(weights, [], x, training=False)[0]
 
     text = jax.jit(forward).lower([v.value for v in model.trainable_variables], x).compile().as_text()
-    read = sum(k.flops for k in gpu_program.program_kernels(text))
+    read = sum(k.flops for k in hlo_kernels.program_kernels(text))
     macs = count_macs(model)  # per example; the patch embedding is a convolution on the CPU, not a dot
     assert read == 2 * 2 * (macs.total - macs.breakdown["patch_embedding"]), macs.breakdown
 

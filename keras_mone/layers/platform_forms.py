@@ -220,4 +220,24 @@ def fused_attention(query, key, value, heads_first=False):
     if heads_first:
         query, key, value = (keras.ops.transpose(x, (0, 2, 1, 3)) for x in (query, key, value))
         return keras.ops.transpose(fused_attention(query, key, value), (0, 2, 1, 3))
+    if _compiling_for_a_gpu_elsewhere() and str(query.dtype) in ("bfloat16", "float16"):
+        return _cudnn_attention(query, key, value)
     return keras.ops.dot_product_attention(query, key, value)
+
+
+def _compiling_for_a_gpu_elsewhere():
+    """Whether a jax trace is for a GPU (``compiling_for``) that this machine lacks."""
+    return bool(_TARGET) and _TARGET[-1] == "gpu" and _jax_gpu() and _detected_accelerator("jax") != "gpu"
+
+
+def _cudnn_attention(query, key, value):
+    """What Keras runs for half-precision attention on an Ampere or later GPU: cuDNN's
+    flash attention (``jax.nn.dot_product_attention(implementation="cudnn")``), else
+    XLA's. Keras asks the attached device which to take; a program compiled here for
+    a GPU this machine lacks gets the card's choice from the inputs instead."""
+    import jax
+
+    try:
+        return jax.nn.dot_product_attention(query, key, value, implementation="cudnn")
+    except Exception:  # shapes cuDNN does not take: Keras falls back to XLA's form too
+        return jax.nn.dot_product_attention(query, key, value, implementation="xla")

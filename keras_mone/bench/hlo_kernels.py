@@ -1,0 +1,273 @@
+"""The kernels of an optimised XLA GPU program, read from its text (``compiled.as_text()``).
+
+``program_kernels(hlo_text)`` lists every launch of the entry computation (fusions,
+cuBLAS and cuDNN custom calls, copies; command buffers opened) with its kind
+(``kernel_profile.KINDS``), the bytes it reads and writes and the FLOPs of its matmuls.
+Bytes are traced back from each fusion's root: a slice, a concatenation's operand or an
+elementwise op reads only the index box its output needs, a bitcast or transpose as
+many elements. ``bench.gpu_program`` compiles the programs this reads.
+"""
+
+import collections
+import re
+
+from keras_mone.bench.kernel_profile import kind_of
+
+# ---------------------------------------------------------------------------
+_FREE = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "opt-barrier", "after-all",
+         "partition-id", "replica-id", "copy-done", "add-dependency"}
+"""Ops that launch no kernel (layout-only views, tuple plumbing)."""
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s4": 1, "u4": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2,
+          "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][a-z\-]*)\((.*)$")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+
+Kernel = collections.namedtuple("Kernel", "name op kind bytes flops shape")
+"""One launch: its name without the numeric suffix (as a profile names it), HLO op, kind
+(``kernel_profile.KINDS``), bytes it reads and writes (each operand once, whole except
+what only slices take or, in an elementwise loop fusion, past one element per output),
+FLOPs of its matmuls (GEMMs and cuDNN attention; elementwise work not counted) and
+output shape text."""
+
+
+def _shape_bytes(shape_text):
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape_text):
+        elements = 1
+        for d in filter(None, dims.split(",")):
+            elements *= int(d)
+        total += elements * _BYTES.get(dtype, 4)
+    return total
+
+
+def _element_bytes(shape_text):
+    match = _ARRAY.search(shape_text)
+    return _BYTES.get(match.group(1), 4) if match else 4
+
+
+def _dims(shape_text):
+    match = _ARRAY.search(shape_text)
+    return [int(d) for d in filter(None, match.group(2).split(","))] if match else []
+
+
+def _computations(hlo_text):
+    """``{name: [instruction lines]}`` and the entry computation's name."""
+    computations, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        header = re.match(r"^(ENTRY )?%([\w.\-]+) .*\{\s*$", line)
+        if header:
+            current = header.group(2)
+            computations[current] = []
+            entry = current if header.group(1) else entry
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            computations[current].append(line)
+    if entry is None:
+        raise ValueError("No ENTRY computation in the HLO text: pass an optimised module's `as_text()`.")
+    return computations, entry
+
+
+def _parsed(lines):
+    """``[(name, shape, op, operands, line)]`` of a computation's instructions."""
+    parsed = []
+    for line in lines:
+        match = _INSTRUCTION.match(line)
+        if match:
+            name, shape, op, rest = match.groups()
+            operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
+            parsed.append((name, shape, op, operands, line))
+    return parsed
+
+
+def _dot_flops(lines):
+    """FLOPs of the dots in a fused computation: 2 x output elements x contracted size."""
+    shapes, flops = {}, 0
+    for name, shape, op, operands, line in _parsed(lines):
+        shapes[name] = shape
+        if op == "dot" and operands:
+            lhs = _dims(shapes.get(operands[0], ""))
+            contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
+            k = 1
+            for d in filter(None, (contracting.group(1) if contracting else "").split(",")):
+                k *= lhs[int(d)] if int(d) < len(lhs) else 1
+            out = 1
+            for d in _dims(shape):
+                out *= d
+            flops += 2 * out * k
+    return flops
+
+
+_ELEMENTWISE = {
+    "abs", "add", "and", "ceil", "clamp", "compare", "convert", "copy", "cosine", "divide", "erf", "exponential",
+    "exponential-minus-one", "floor", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate",
+    "not", "or", "power", "round-nearest-even", "rsqrt", "select", "sign", "sine", "sqrt", "subtract", "tanh", "xor",
+}
+_REARRANGING = {"bitcast", "reshape", "transpose", "copy"}
+
+
+class _Needs:
+    """The part of each value a fusion's output needs: ``("box", [(lo, hi), ...])`` (an
+    index box) or ``("count", elements)`` (past a reshape, where boxes lose their meaning)."""
+
+    def __init__(self, parsed):
+        self.dims = {name: _dims(shape) for name, shape, *_ in parsed}
+        self.regions = {}
+
+    def whole(self, name):
+        return ("box", [(0, d) for d in self.dims.get(name, [])])
+
+    @staticmethod
+    def volume(region):
+        if region[0] == "count":
+            return region[1]
+        total = 1
+        for lo, hi in region[1]:
+            total *= max(hi - lo, 0)
+        return total
+
+    def mark(self, name, region):
+        if name not in self.dims:
+            return
+        old = self.regions.get(name)
+        if old is not None and old[0] == region[0] == "box":  # two boxes: the box around both
+            region = ("box", [(min(a, c), max(b, d)) for (a, b), (c, d) in zip(old[1], region[1])])
+        elif old is not None:
+            region = ("count", min(self.volume(self.whole(name)), self.volume(old) + self.volume(region)))
+        self.regions[name] = region
+
+
+def _bytes_read(lines, operand_bytes):
+    """Bytes a fusion reads of each operand: what its output needs, traced back from the
+    root through slices (a token group's rows, a weight's columns), concatenations (each
+    operand's own part) and elementwise ops as index boxes, through bitcasts, reshapes
+    and transposes as element counts; any other use reads its operand whole."""
+    parsed = _parsed(lines)
+    needs = _Needs(parsed)
+    for name, shape, op, operands, line in reversed(parsed):
+        if line.lstrip().startswith("ROOT"):
+            for output in (operands if op == "tuple" else [name]):
+                needs.mark(output, needs.whole(output))
+            if op == "tuple":
+                continue
+        region = needs.regions.get(name)
+        if region is not None and op != "parameter":
+            _pass_back(needs, name, op, operands, line, region)
+    read = list(operand_bytes)
+    for name, shape, op, _, line in parsed:
+        number = re.search(r"parameter\((\d+)\)", line) if op == "parameter" else None
+        if number and int(number.group(1)) < len(read):
+            index, region = int(number.group(1)), needs.regions.get(name)
+            read[index] = 0 if region is None else min(read[index], needs.volume(region) * _element_bytes(shape))
+    return read
+
+
+def _pass_back(needs, name, op, operands, line, region):
+    """Marks what ``name``'s operands must supply for its ``region``."""
+    if op == "slice" and region[0] == "box" and operands:
+        spans = re.findall(r"\[(\d+):(\d+)(?::(\d+))?\]", line.split("slice={", 1)[-1].split("}", 1)[0])
+        if len(spans) == len(region[1]) and all(step in ("", "1") for _, _, step in spans):
+            shifted = [(int(start) + lo, int(start) + hi) for (start, _, _), (lo, hi) in zip(spans, region[1])]
+            needs.mark(operands[0], ("box", shifted))
+            return
+    if op in ("slice", "dynamic-slice") and operands:  # reads no more elements than it writes
+        needs.mark(operands[0], ("count", needs.volume(region)))
+    elif op == "concatenate" and region[0] == "box":
+        axis, offset = int(re.search(r"dimensions=\{(\d+)\}", line).group(1)), 0
+        for operand in operands:
+            size = needs.dims[operand][axis]
+            lo, hi = max(region[1][axis][0] - offset, 0), min(region[1][axis][1] - offset, size)
+            if lo < hi:
+                needs.mark(operand, ("box", region[1][:axis] + [(lo, hi)] + region[1][axis + 1:]))
+            offset += size
+    elif op in _ELEMENTWISE:
+        for operand in operands:
+            same = needs.dims.get(operand) == needs.dims[name]
+            needs.mark(operand, region if same else needs.whole(operand))
+    elif op in _REARRANGING and operands:
+        needs.mark(operands[0], ("count", needs.volume(region)))
+    else:
+        for operand in operands:
+            needs.mark(operand, needs.whole(operand))
+
+
+def _cublas_flops(line, shape, operand_shapes):
+    """A cuBLAS GEMM (its first output; the second is a workspace): 2 x output x contracted size."""
+    contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', line)
+    if not contracting or not operand_shapes:
+        return 0
+    lhs, k = _dims(operand_shapes[0]), 1
+    for d in re.findall(r"\d+", contracting.group(1)):
+        k *= lhs[int(d)] if int(d) < len(lhs) else 1
+    out = 1
+    for d in _dims(shape):
+        out *= d
+    return 2 * out * k
+
+
+def _attention_flops(operand_shapes):
+    """cuDNN fused attention: q k^T and the weighted sum of v, 2 x 2 x B H Nq Nk d."""
+    if len(operand_shapes) < 3:
+        return 0
+    q, k = _dims(operand_shapes[0]), _dims(operand_shapes[1])
+    if len(q) != 4 or len(k) != 4:
+        return 0
+    batch, queries, heads, head_dim = q  # (B, N, H, d), the layout jax passes
+    return 4 * batch * heads * queries * k[1] * head_dim
+
+
+def program_kernels(hlo_text):
+    """``[Kernel]`` of an optimised GPU program (``compiled.as_text()``), in launch order:
+    every instruction of the entry computation that runs on the device (fusions, custom
+    calls such as cuBLAS and cuDNN, copies); ``call``s (command buffers) are opened."""
+    computations, entry = _computations(hlo_text)
+    kernels = []
+
+    def visit(computation):
+        shapes = {}
+        for name, shape, op, operands, line in _parsed(computations[computation]):
+            shapes[name] = shape
+            if op in _FREE:
+                continue
+            called = re.search(r"(?:calls|to_apply)=%([\w.\-]+)", line)
+            if op == "call" and called and called.group(1) in computations:
+                visit(called.group(1))
+                continue
+            label = re.sub(r"\.\d+$", "", name)
+            target = re.search(r'custom_call_target="([^"]+)"', line)
+            if op == "custom-call" and target:
+                label = target.group(1)
+            operand_shapes = [shapes.get(o, "") for o in operands]
+            read = [_shape_bytes(s) for s in operand_shapes]
+            flops = 0
+            if op == "fusion" and called and called.group(1) in computations:
+                read = _bytes_read(computations[called.group(1)], read)
+                flops = _dot_flops(computations[called.group(1)])
+            elif op == "custom-call" and "fmha" in label.lower():
+                # the backward kernel recomputes q k^T and makes dQ, dK, dV, dP: 5 products, not 2
+                flops = _attention_flops(operand_shapes) * (2.5 if "backward" in label.lower() else 1)
+            elif op == "custom-call" and "cublas" in label.lower():
+                flops = _cublas_flops(line, shape, operand_shapes)
+            elif op == "dot":
+                flops = _dot_flops([line])
+            moved = _shape_bytes(shape) + sum(read)
+            kernels.append(Kernel(label, op, _kind(label, op), moved, flops, shape.split("{")[0]))
+
+    visit(entry)
+    return kernels
+
+
+def _kind(label, op):
+    if "fmha" in label.lower() or "cudnn" in label.lower():
+        return "attention"
+    return kind_of(label, op)
+
+
+def kernel_counts(kernels, top=None):
+    """``[(name, kind, launches, bytes)]`` by kernel name, most launched first."""
+    launches, moved, kinds = collections.Counter(), collections.Counter(), {}
+    for kernel in kernels:
+        launches[kernel.name] += 1
+        moved[kernel.name] += kernel.bytes
+        kinds[kernel.name] = kernel.kind
+    return [(name, kinds[name], count, moved[name]) for name, count in launches.most_common(top)]
