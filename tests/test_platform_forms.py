@@ -79,6 +79,21 @@ def test_fused_attention_in_either_layout_equals_the_explicit_form(monkeypatch, 
     assert_f32_close(fused, _attention(monkeypatch, "explicit", qkv), ulps=64)
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="compiling for a GPU elsewhere is jax's (bench.gpu_program)")
+def test_half_precision_attention_compiled_for_a_gpu_elsewhere_is_still_attention(monkeypatch):
+    # Under compiling_for("gpu") on a machine without one, bf16 attention asks for
+    # cuDNN's kernel as Keras would on the card; here, where the CPU cannot lower it,
+    # XLA's form runs, as Keras falls back: the same softmax(q k^T / sqrt(d)) v.
+    import jax.numpy as jnp
+
+    qkv = np.random.default_rng(3).normal(size=(2, 6, 3, 4, 8)).astype("float32")
+    q, k, v = (jnp.asarray(qkv[:, :, i], jnp.bfloat16) for i in range(3))
+    with platform_forms.compiling_for("gpu"):
+        attended = platform_forms.fused_attention(q, k, v)
+    assert attended.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(attended, "float32"), _attention(monkeypatch, "explicit", qkv), atol=3e-2)
+
+
 def _graphs_and_breaks(fn, *args):
     import torch
 
