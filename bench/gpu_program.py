@@ -48,7 +48,7 @@ def run(args):
     (_, dense_preset, dense_kwargs), (_, mone_preset, mone_kwargs) = specs
     with precision_policy(args.precision):
         dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
-    dtype = "bfloat16" if "bfloat16" in args.precision else "float32"
+    dtype = next((d for d in ("bfloat16", "float16") if d in args.precision), "float32")  # the matmuls' dtype
     rows, tops = [], {}
     for form in forms:
         for label, model in (("dense", dense), ("MoNE", mone)):

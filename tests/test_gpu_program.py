@@ -47,7 +47,8 @@ ENTRY %main.9 (x: bf16[512,64], w: bf16[64,192]) -> f32[512] {
   %gemm_fusion_dot.1 = bf16[512,192]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion_dot.1_computation
   %loop_slice_fusion.2 = bf16[512,64]{1,0} fusion(%gemm_fusion_dot.1), kind=kLoop, calls=%fused_slice
   %bitcast.3 = bf16[2,256,1,64]{3,2,1,0} bitcast(%loop_slice_fusion.2)
-  %attention.4 = (bf16[2,256,1,64]{3,2,1,0}, u8[0]{0}) custom-call(%bitcast.3, %bitcast.3, %bitcast.3), custom_call_target="__cudnn$fmhaSoftmax"
+  %attention.4 = (bf16[2,256,1,64]{3,2,1,0}, u8[0]{0}) custom-call(%bitcast.3, %bitcast.3, %bitcast.3), """ \
+    """custom_call_target="__cudnn$fmhaSoftmax"
   %get-tuple-element.5 = bf16[2,256,1,64]{3,2,1,0} get-tuple-element(%attention.4), index=0
   %bitcast.6 = bf16[512,64]{1,0} bitcast(%get-tuple-element.5)
   ROOT %call.7 = f32[512]{0} call(%bitcast.6), to_apply=%command_buffer
@@ -100,6 +101,40 @@ def test_a_fusion_reads_only_the_part_of_a_concatenation_its_output_needs():
     assert kernel.bytes == 2 * (100 * 64 + 64) + 2 * 100 * 64
 
 
+CUBLAS_AND_CUTS = """HloModule jit_cuts, is_scheduled=true
+
+%fused_cuts (param_0: f32[100,64], param_1: s32[]) -> (f32[10,64], f32[10,64], f32[5,64]) {
+  %param_0 = f32[100,64]{1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %slice.1 = f32[10,64]{1,0} slice(%param_0), slice={[0:10], [0:64]}
+  %slice.2 = f32[10,64]{1,0} slice(%param_0), slice={[90:100], [0:64]}
+  %constant.1 = s32[] constant(0)
+  %dynamic-slice.1 = f32[5,64]{1,0} dynamic-slice(%param_0, %param_1, %constant.1), dynamic_slice_sizes={5,64}
+  ROOT %tuple.1 = (f32[10,64]{1,0}, f32[10,64]{1,0}, f32[5,64]{1,0}) tuple(%slice.1, %slice.2, %dynamic-slice.1)
+}
+
+ENTRY %main (a: f32[100,64], i: s32[], w: f32[64,32]) -> f32[100,32] {
+  %a = f32[100,64]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %w = f32[64,32]{1,0} parameter(2)
+  %input_slice_fusion = (f32[10,64]{1,0}, f32[10,64]{1,0}, f32[5,64]{1,0}) fusion(%a, %i), kind=kLoop, calls=%fused_cuts
+  %dot.1 = f32[100,32]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %gemm.1 = (f32[100,32]{1,0}, s8[33554432]{0}) custom-call(%a, %w), custom_call_target="__cublas$gemm", """ \
+    """backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"]}}}
+  ROOT %get-tuple-element.1 = f32[100,32]{1,0} get-tuple-element(%gemm.1), index=0
+}
+"""
+
+
+def test_cuts_unfused_dots_and_cublas_gemms_are_read_as_they_run():
+    cuts, dot, gemm = hlo_kernels.program_kernels(CUBLAS_AND_CUTS)
+    # two disjoint cuts of 10 rows and a dynamic one of 5 read 25 rows (and the index), not all 100
+    assert cuts.bytes == 4 * (25 * 64) + 4 + 4 * (25 * 64)
+    assert dot.flops == gemm.flops == 2 * 100 * 32 * 64  # an unfused dot and cuBLAS: 2 x output x K
+    # cuBLAS's 32 MiB workspace (the tuple's second output) is scratch, not traffic
+    assert gemm.bytes == 4 * (100 * 64 + 64 * 32 + 100 * 32) and gemm.kind == "gemm"
+
+
 def test_the_summary_is_a_roofline_over_the_kernels():
     kernels = hlo_kernels.program_kernels(PROGRAM)
     summary = gpu_program.program_summary(kernels, "h200", "bfloat16")
@@ -116,6 +151,10 @@ def test_bad_input_is_named():
         hlo_kernels.program_kernels("HloModule empty\n")
     with pytest.raises(ValueError, match=r"`card` must be one of \['h100', 'h200'\], got 'a100'"):
         gpu_program.target_config("a100")
+    with pytest.raises(ValueError, match=r"`dtype` must be one of \['bfloat16', 'float16', 'float32'\], got 'int8'"):
+        gpu_program.program_summary([], "h200", "int8")
+    with pytest.raises(TypeError, match="Compiles keras_mone backbones and task models"):
+        gpu_program.compiled_forward(object(), 1, None)
     assert "core_count: 132" in gpu_program.target_config("h100")
 
 

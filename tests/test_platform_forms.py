@@ -86,10 +86,21 @@ def test_half_precision_attention_compiled_for_a_gpu_elsewhere_is_still_attentio
     # XLA's form runs, as Keras falls back: the same softmax(q k^T / sqrt(d)) v.
     import jax.numpy as jnp
 
+    import jax
+
+    asked = []
+    library = jax.nn.dot_product_attention
+
+    def recorded(*args, implementation=None, **kwargs):
+        asked.append(implementation)
+        return library(*args, implementation=implementation, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
     qkv = np.random.default_rng(3).normal(size=(2, 6, 3, 4, 8)).astype("float32")
     q, k, v = (jnp.asarray(qkv[:, :, i], jnp.bfloat16) for i in range(3))
-    with platform_forms.compiling_for("gpu"):
+    with platform_forms.compiling_for("gpu"), pytest.warns(UserWarning, match="cuDNN attention does not take"):
         attended = platform_forms.fused_attention(q, k, v)
+    assert asked == ["cudnn", "xla"], asked  # the card's choice first, then Keras' fallback
     assert attended.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(attended, "float32"), _attention(monkeypatch, "explicit", qkv), atol=3e-2)
 
@@ -229,6 +240,24 @@ def test_packed_token_groups_equal_the_grouped_ones(monkeypatch, name, kwargs, g
         assert (packed is None) == (grouped is None)
         if packed is not None:
             np.testing.assert_allclose(packed, grouped, atol=1e-5 * max(1.0, float(np.abs(grouped).max())))
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="no packed path on tensorflow")
+def test_packed_token_groups_in_mixed_bfloat16_with_a_gate_equal_the_grouped_ones(monkeypatch):
+    # bf16 compute and MoNE's gate (alpha > 0): the same function up to bf16 rounding,
+    # whose order differs; 4 bf16 steps (2^-8 each) of the largest output bound it.
+    from keras_mone.bench.device import precision_policy
+
+    with precision_policy("mixed_bfloat16"):
+        model = models.MoNEViTBackbone(**TINY, capacity=0.3, alpha_init=0.5)
+        model.build((None, 32, 32, 3))
+    randomize_weights(model, seed=4)
+    outputs = {}
+    for form in platform_forms.LAYOUT_FORMS:
+        monkeypatch.setenv(platform_forms.LAYOUT_ENV, form)
+        outputs[form] = to_numpy(keras.ops.cast(model(images()), "float32"))
+    largest = float(np.abs(outputs["grouped"]).max())
+    np.testing.assert_allclose(outputs["packed"], outputs["grouped"], atol=4 * 2**-8 * largest)
 
 
 def _counted(function, calls):

@@ -85,6 +85,7 @@ def compile_only_device(card="h200"):
 def compiled_forward(model, batch_size, device):
     """``model``'s inference forward on a ``batch_size`` batch (float32 inputs), lowered and
     compiled for ``device`` under the GPU's forms; weights are abstract (no values needed)."""
+    example = _example_shape(model)  # fails early, naming what it takes
     import jax
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
@@ -98,7 +99,7 @@ def compiled_forward(model, batch_size, device):
         output = model.stateless_call(trainable, non_trainable, x, training=False)[0]
         return output["logits"] if isinstance(output, dict) else output
 
-    x = jax.ShapeDtypeStruct((batch_size, *model.backbone.input_shape_per_example), jnp.float32, sharding=placed)
+    x = jax.ShapeDtypeStruct((batch_size, *example), jnp.float32, sharding=placed)
     with platform_forms.compiling_for("gpu"):
         lowered = jax.jit(forward).lower(
             abstract(v.value for v in model.trainable_variables),
@@ -110,6 +111,7 @@ def compiled_train_step(model, batch_size, device):
     """``model``'s training step (``bench.device.jax_train_function``: forward, loss,
     backward, AdamW) on a ``batch_size`` batch, compiled for ``device`` under the GPU's
     forms, its weights and optimizer state donated as in ``keras-mone bench``."""
+    example = _example_shape(model)  # fails early, naming what it takes
     import jax
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
@@ -122,7 +124,7 @@ def compiled_train_step(model, batch_size, device):
     def abstract(variables):
         return [jax.ShapeDtypeStruct(v.value.shape, v.value.dtype, sharding=placed) for v in variables]
 
-    x = jax.ShapeDtypeStruct((batch_size, *model.backbone.input_shape_per_example), jnp.float32, sharding=placed)
+    x = jax.ShapeDtypeStruct((batch_size, *example), jnp.float32, sharding=placed)
     y = jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=placed)
     with platform_forms.compiling_for("gpu"):
         lowered = jax.jit(step, donate_argnums=(0, 1, 2)).lower(
@@ -134,8 +136,13 @@ def compiled_train_step(model, batch_size, device):
 def program_summary(kernels, card="h200", dtype="bfloat16"):
     """``{"kernels", "by_kind": {kind: count}, "bytes", "flops", "roofline_ms",
     "roofline_by_kind": {kind: ms}}``: each kernel at ``max(FLOPs / peak, bytes /
-    bandwidth)`` on ``card``. A bound, not a forecast: it leaves out launch gaps and
-    narrow GEMMs' lower efficiency and counts each operand whole."""
+    bandwidth)`` on ``card`` for matmuls in ``dtype``. An estimate meant as a lower bound,
+    not a forecast: it leaves out launch gaps, narrow GEMMs' lower efficiency and
+    elementwise arithmetic; it is as good as the byte counts (``hlo_kernels``), which
+    count no L2 hits and read some ops' operands whole."""
+    target_config(card)  # validates the card
+    if dtype not in PEAK_FLOPS:
+        raise ValueError(f"`dtype` must be one of {sorted(PEAK_FLOPS)}, got {dtype!r}.")
     peak, bandwidth = PEAK_FLOPS[dtype], CARDS[card]["bandwidth"]
     by_kind, time_by_kind = collections.Counter(), collections.Counter()
     for kernel in kernels:
@@ -149,3 +156,13 @@ def program_summary(kernels, card="h200", dtype="bfloat16"):
         "roofline_ms": sum(time_by_kind.values()),
         "roofline_by_kind": dict(time_by_kind.most_common()),
     }
+
+
+def _example_shape(model):
+    """One example's input shape: the backbone's (``input_shape_per_example``) of a
+    keras_mone backbone or task model."""
+    backbone = getattr(model, "backbone", model)
+    if not hasattr(backbone, "input_shape_per_example"):
+        raise TypeError(f"Compiles keras_mone backbones and task models (an `input_shape_per_example`); "
+                        f"got a {type(model).__name__}.")
+    return backbone.input_shape_per_example

@@ -24,10 +24,10 @@ _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 
 Kernel = collections.namedtuple("Kernel", "name op kind bytes flops shape")
 """One launch: its name without the numeric suffix (as a profile names it), HLO op, kind
-(``kernel_profile.KINDS``), bytes it reads and writes (each operand once, whole except
-what only slices take or, in an elementwise loop fusion, past one element per output),
-FLOPs of its matmuls (GEMMs and cuDNN attention; elementwise work not counted) and
-output shape text."""
+(``kernel_profile.KINDS``), bytes it reads and writes (each operand once, as far as the
+output needs it: ``_bytes_read``; a custom call's scratch output not counted), FLOPs of
+its matmuls (GEMMs and cuDNN attention; elementwise work not counted) and output shape
+text without layouts."""
 
 
 def _shape_bytes(shape_text):
@@ -107,8 +107,10 @@ _REARRANGING = {"bitcast", "reshape", "transpose", "copy"}
 
 
 class _Needs:
-    """The part of each value a fusion's output needs: ``("box", [(lo, hi), ...])`` (an
-    index box) or ``("count", elements)`` (past a reshape, where boxes lose their meaning)."""
+    """The parts of each value a fusion's output needs: each part ``("box", [(lo, hi), ...])``
+    (an index box) or ``("count", elements)`` (past a reshape, where boxes lose their
+    meaning). A value's parts are summed, at most the whole value: two cuts of one tensor
+    read both, overlapping cuts may be counted twice up to that cap."""
 
     def __init__(self, parsed):
         self.dims = {name: _dims(shape) for name, shape, *_ in parsed}
@@ -129,12 +131,13 @@ class _Needs:
     def mark(self, name, region):
         if name not in self.dims:
             return
-        old = self.regions.get(name)
-        if old is not None and old[0] == region[0] == "box":  # two boxes: the box around both
-            region = ("box", [(min(a, c), max(b, d)) for (a, b), (c, d) in zip(old[1], region[1])])
-        elif old is not None:
-            region = ("count", min(self.volume(self.whole(name)), self.volume(old) + self.volume(region)))
-        self.regions[name] = region
+        parts = self.regions.setdefault(name, [])
+        if region[0] == "count" or region not in parts:  # the same box twice is read once
+            parts.append(region)
+
+    def elements(self, name):
+        """Elements of ``name`` its users need (at most all of it)."""
+        return min(self.volume(self.whole(name)), sum(self.volume(r) for r in self.regions.get(name, [])))
 
 
 def _bytes_read(lines, operand_bytes):
@@ -150,15 +153,15 @@ def _bytes_read(lines, operand_bytes):
                 needs.mark(output, needs.whole(output))
             if op == "tuple":
                 continue
-        region = needs.regions.get(name)
-        if region is not None and op != "parameter":
-            _pass_back(needs, name, op, operands, line, region)
+        if op != "parameter":
+            for region in needs.regions.get(name, []):
+                _pass_back(needs, name, op, operands, line, region)
     read = list(operand_bytes)
     for name, shape, op, _, line in parsed:
         number = re.search(r"parameter\((\d+)\)", line) if op == "parameter" else None
         if number and int(number.group(1)) < len(read):
-            index, region = int(number.group(1)), needs.regions.get(name)
-            read[index] = 0 if region is None else min(read[index], needs.volume(region) * _element_bytes(shape))
+            index = int(number.group(1))
+            read[index] = min(read[index], needs.elements(name) * _element_bytes(shape))
     return read
 
 
@@ -172,6 +175,8 @@ def _pass_back(needs, name, op, operands, line, region):
             return
     if op in ("slice", "dynamic-slice") and operands:  # reads no more elements than it writes
         needs.mark(operands[0], ("count", needs.volume(region)))
+        for index in operands[1:]:  # a dynamic slice's start indices
+            needs.mark(index, needs.whole(index))
     elif op == "concatenate" and region[0] == "box":
         axis, offset = int(re.search(r"dimensions=\{(\d+)\}", line).group(1)), 0
         for operand in operands:
@@ -249,17 +254,23 @@ def program_kernels(hlo_text):
             elif op == "custom-call" and "cublas" in label.lower():
                 flops = _cublas_flops(line, shape, operand_shapes)
             elif op == "dot":
-                flops = _dot_flops([line])
-            moved = _shape_bytes(shape) + sum(read)
-            kernels.append(Kernel(label, op, _kind(label, op), moved, flops, shape.split("{")[0]))
+                flops = _dot_flops([f"%{o} = {s} parameter(0)" for o, s in zip(operands, operand_shapes)] + [line])
+            written = _shape_bytes(shape)
+            if op == "custom-call" and shape.startswith("("):  # cuBLAS and cuDNN: (result, scratch workspace)
+                written = _shape_bytes(_ARRAY.search(shape).group(0))
+            kernels.append(Kernel(label, op, _kind(label, op), written + sum(read), flops,
+                                  re.sub(r"\{[^}]*\}", "", shape)))
 
     visit(entry)
     return kernels
 
 
 def _kind(label, op):
-    if "fmha" in label.lower() or "cudnn" in label.lower():
+    text = label.lower()
+    if "fmha" in text:
         return "attention"
+    if "cudnn" in text and "conv" in text:
+        return "convolution"
     return kind_of(label, op)
 
 

@@ -27,8 +27,10 @@ request for received attention, on torch and on jax with ``$KERAS_MONE_LAYOUT=pa
 On jax the point is XLA's GPU program: a group's rows are one contiguous range, which
 XLA reads inside a GEMM, where batch-major groups are strided and each cut is a copy
 kernel; and one LayerNorm, one residual add per block instead of one per group
-(an H200's program: BENCHMARKS.md). There q, k and v stay tokens-second for
-``keras.ops.dot_product_attention``; torch gets them heads first for SDPA.
+(an H200's program: BENCHMARKS.md). There attention is the generic path's
+(``multi_head_attention``, in the platform's form); torch gets q, k and v heads first
+for SDPA. jax packs only blocks of several groups, not with the Pallas MLP kernels, and
+without the CPU's weight-slice ties (``platform_forms.order_form``): it is a GPU form.
 
 Layout work (reshapes, transposes, slices, concatenations, products) uses torch's
 tensor methods: Keras' dispatch of each costs more host
@@ -40,17 +42,19 @@ import keras
 from keras import ops
 
 from keras_mone.layers.activations import gelu
-from keras_mone.layers.attention import MoNEAttention
+from keras_mone.layers.attention import MoNEAttention, multi_head_attention
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
-from keras_mone.layers.platform_forms import accelerator, fused_attention, layout_form
+from keras_mone.layers.platform_forms import accelerator, fused_attention, layout_form, mlp_form
 
 
 def packable(block, groups, gates, training=None, return_received_attention=False):
     """Whether ``block`` may run ``groups`` packed (see the module docstring)."""
     if return_received_attention or layout_form() != "packed":
         return False
-    if not _torch() and len(groups) < 2:  # jax: one group gains nothing, and the token-major transposes cost
+    if not _torch() and (len(groups) < 2 or mlp_form() == "fused"):
+        # jax: one group gains nothing from the token-major transposes; the Pallas MLP
+        # kernels (KERAS_MONE_MLP=fused) belong to the grouped path
         return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
         return False
@@ -120,17 +124,18 @@ def _attention(attention, normed, spans, widths, sizes):
     qkv_layer, out_layer = attention.qkv, attention.out
     kernel = ops.cast(qkv_layer.kernel, qkv_layer.compute_dtype)
     bias = None if qkv_layer.bias is None else ops.cast(qkv_layer.bias, qkv_layer.compute_dtype)
-    heads_first = _torch()  # torch's SDPA takes (batch, heads, tokens, head_dim); Keras' (batch, tokens, ...)
     parts = []
     for (start, stop), width, size in zip(spans, widths, sizes):
         projected = _project(_rows(normed, start, stop, width), kernel[:width], bias)
-        # (k, batch, 3, heads, head_dim) -> (3, batch, heads, k, head_dim) or (3, batch, k, heads, head_dim)
-        axes = (2, 1, 3, 0, 4) if heads_first else (2, 1, 0, 3, 4)
+        # (k, batch, 3, heads, head_dim) -> torch: (3, batch, heads, k, head_dim); jax: (batch, k, 3, heads, head_dim)
+        axes = (2, 1, 3, 0, 4) if _torch() else (1, 0, 2, 3, 4)
         parts.append(_permute(projected.reshape(size, -1, 3, heads, dim // heads), axes))
-    qkv = _cat(parts, 3 if heads_first else 2)  # one copy (also for a single group)
-    attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=heads_first)
-    # -> (tokens, batch, heads, head_dim): token-major rows again
-    attended = _permute(attended, (2, 0, 1, 3) if heads_first else (1, 0, 2, 3)).reshape(-1, dim)
+    if _torch():  # SDPA on heads-first (batch, heads, tokens, head_dim) views of one copy
+        qkv = _cat(parts, 3)
+        attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3)
+    else:  # the generic path's attention, in the platform's form: (batch, tokens, heads, head_dim)
+        attended = _permute(multi_head_attention(parts), (1, 0, 2, 3))
+    attended = attended.reshape(-1, dim)  # (tokens, batch, heads, head_dim): token-major rows again
     return _nested_out(out_layer, [_rows(attended, start, stop) for start, stop in spans], widths, dim)
 
 

@@ -23,6 +23,7 @@ compiled here for a device this machine lacks (``bench.gpu_program``).
 import contextlib
 import functools
 import os
+import warnings
 
 import keras
 
@@ -43,7 +44,8 @@ LAYOUT_FORMS = ("grouped", "packed")
 
 
 _TARGET = []
-"""The platforms ``compiling_for`` set, innermost last."""
+"""The platforms ``compiling_for`` set, innermost last (one per process: tracing is not
+threaded here)."""
 
 
 def accelerator(backend=None):
@@ -163,9 +165,9 @@ def layout_form():
     ``(batch, k_j, D)`` tensors of their own or packed into one token-major tensor, each
     group a contiguous run of rows (``layers.packed_block``; blocks it can take).
     ``$KERAS_MONE_LAYOUT`` when set, else packed on torch (eager torch pays per op:
-    issue 40) and grouped on jax (packed is opt-in: compiled for an H200 it has fewer
-    kernels and moves fewer bytes, BENCHMARKS.md, but is not yet timed on a card) and
-    tensorflow (which has no packed path)."""
+    issue 40) and grouped on jax (packed is opt-in: compiled for an H200, MoNE-ViT-B/16's
+    forward has 30% fewer kernels but moves 12% more bytes, BENCHMARKS.md; not yet timed
+    on a card) and tensorflow (which has no packed path)."""
     backend = keras.backend.backend()
     chosen = _env_form(LAYOUT_ENV, LAYOUT_FORMS, "packed" if backend == "torch" else "grouped")
     if chosen == "packed" and backend == "tensorflow":
@@ -239,5 +241,7 @@ def _cudnn_attention(query, key, value):
 
     try:
         return jax.nn.dot_product_attention(query, key, value, implementation="cudnn")
-    except Exception:  # shapes cuDNN does not take: Keras falls back to XLA's form too
+    except Exception as error:  # what cuDNN does not take: Keras falls back to XLA's form too
+        warnings.warn(f"Compiling for a GPU: cuDNN attention does not take these inputs "
+                      f"({type(error).__name__}: {str(error)[:200]}); XLA's attention instead.", stacklevel=2)
         return jax.nn.dot_product_attention(query, key, value, implementation="xla")
