@@ -208,11 +208,7 @@ def test_joint_layer_norms_equal_the_grouped_ones(monkeypatch, name, kwargs):
 
     monkeypatch.setattr(block_module, "packable", lambda *args, **kwargs: False)
     results = _outputs_and_gradients_by_form(monkeypatch, getattr(models, name)(**TINY, **kwargs), "NORMS")
-    assert_f32_close(results["joint"][0], results["grouped"][0])
-    for joint, grouped in zip(results["joint"][1], results["grouped"][1]):
-        assert (joint is None) == (grouped is None)
-        if joint is not None:
-            np.testing.assert_allclose(joint, grouped, atol=1e-5 * max(1.0, float(np.abs(grouped).max())))
+    _assert_forms_agree(results, "joint", "grouped")
 
 
 @pytest.mark.skipif(BACKEND == "tensorflow", reason="no packed path on tensorflow (its own test below)")
@@ -235,11 +231,7 @@ def test_packed_token_groups_equal_the_grouped_ones(monkeypatch, name, kwargs, g
     monkeypatch.setattr(packed_block, "token_major", _counted(packed_block.token_major, calls))
     results = _outputs_and_gradients_by_form(monkeypatch, getattr(models, name)(**TINY, **kwargs), "LAYOUT")
     assert bool(calls) == (BACKEND == "torch" or groups > 1), len(calls)
-    assert_f32_close(results["packed"][0], results["grouped"][0])
-    for packed, grouped in zip(results["packed"][1], results["grouped"][1]):
-        assert (packed is None) == (grouped is None)
-        if packed is not None:
-            np.testing.assert_allclose(packed, grouped, atol=1e-5 * max(1.0, float(np.abs(grouped).max())))
+    _assert_forms_agree(results, "packed", "grouped")
 
 
 @pytest.mark.skipif(BACKEND == "tensorflow", reason="no packed path on tensorflow")
@@ -258,6 +250,16 @@ def test_packed_token_groups_in_mixed_bfloat16_with_a_gate_equal_the_grouped_one
         outputs[form] = to_numpy(keras.ops.cast(model(images()), "float32"))
     largest = float(np.abs(outputs["grouped"]).max())
     np.testing.assert_allclose(outputs["packed"], outputs["grouped"], atol=4 * 2**-8 * largest)
+
+
+def _assert_forms_agree(results, form, reference):
+    """``form``'s outputs within float32 rounding of ``reference``'s, and every gradient
+    within 1e-5 of the largest of its reference (``_outputs_and_gradients_by_form``)."""
+    assert_f32_close(results[form][0], results[reference][0])
+    for got, expected in zip(results[form][1], results[reference][1]):
+        assert (got is None) == (expected is None)
+        if got is not None:
+            np.testing.assert_allclose(got, expected, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
 
 
 def _counted(function, calls):

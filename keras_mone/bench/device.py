@@ -175,9 +175,7 @@ def forward_step(model, x, compiled=False):
     ``compiled`` (torch only): wrap the call in ``torch.compile``."""
     backend = keras.backend.backend()
     if backend == "jax":
-        def forward(trainable, other, x):
-            return _logits(model.stateless_call(trainable, other, x, training=False)[0])
-
+        forward = jax_forward_function(model)
         return _jax_program(forward, (*_jax_copies(model.trainable_variables, model.non_trainable_variables), x))
     if backend == "torch":
         import torch
@@ -214,6 +212,15 @@ def train_step(model, x, y):
 
     function = tf.function(model.train_step, jit_compile=bool(model.jit_compile))
     return _Step(lambda step: np.asarray(function((x, y))["loss"]))
+
+
+def jax_forward_function(model):
+    """jax's pure inference forward of ``model``: ``forward(trainable, non_trainable, x) -> logits``."""
+
+    def forward(trainable, other, x):
+        return _logits(model.stateless_call(trainable, other, x, training=False)[0])
+
+    return forward
 
 
 def jax_train_function(model):

@@ -83,53 +83,45 @@ def compile_only_device(card="h200"):
 
 
 def compiled_forward(model, batch_size, device):
-    """``model``'s inference forward on a ``batch_size`` batch (float32 inputs), lowered and
-    compiled for ``device`` under the GPU's forms; weights are abstract (no values needed)."""
+    """``model``'s inference forward (``bench.device.jax_forward_function``) on a
+    ``batch_size`` batch (float32 inputs), compiled for ``device`` under the GPU's forms;
+    weights are abstract (no values needed)."""
+    from keras_mone.bench.device import jax_forward_function
+
     example = _example_shape(model)  # fails early, naming what it takes
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import SingleDeviceSharding
-
-    placed = SingleDeviceSharding(device)
-
-    def abstract(values):
-        return [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=placed) for v in values]
-
-    def forward(trainable, non_trainable, x):
-        output = model.stateless_call(trainable, non_trainable, x, training=False)[0]
-        return output["logits"] if isinstance(output, dict) else output
-
-    x = jax.ShapeDtypeStruct((batch_size, *example), jnp.float32, sharding=placed)
-    with platform_forms.compiling_for("gpu"):
-        lowered = jax.jit(forward).lower(
-            abstract(v.value for v in model.trainable_variables),
-            abstract(v.value for v in model.non_trainable_variables), x)
-    return lowered.compile()
+    variables = (model.trainable_variables, model.non_trainable_variables)
+    return _compiled(jax_forward_function(model), device, variables, [((batch_size, *example), "float32")])
 
 
 def compiled_train_step(model, batch_size, device):
     """``model``'s training step (``bench.device.jax_train_function``: forward, loss,
     backward, AdamW) on a ``batch_size`` batch, compiled for ``device`` under the GPU's
     forms, its weights and optimizer state donated as in ``keras-mone bench``."""
-    example = _example_shape(model)  # fails early, naming what it takes
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import SingleDeviceSharding
-
     from keras_mone.bench.device import jax_train_function
 
-    placed = SingleDeviceSharding(device)
+    example = _example_shape(model)  # fails early, naming what it takes
     step, optimizer = jax_train_function(model)
+    variables = (model.trainable_variables, model.non_trainable_variables, optimizer.variables)
+    inputs = [((batch_size, *example), "float32"), ((batch_size,), "int32")]
+    return _compiled(step, device, variables, inputs, donate=(0, 1, 2))
 
-    def abstract(variables):
-        return [jax.ShapeDtypeStruct(v.value.shape, v.value.dtype, sharding=placed) for v in variables]
 
-    x = jax.ShapeDtypeStruct((batch_size, *example), jnp.float32, sharding=placed)
-    y = jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=placed)
+def _compiled(function, device, variable_lists, inputs, donate=()):
+    """``jax.jit(function)`` traced under the GPU's forms on abstract arrays placed on
+    ``device`` (each variable list's values, then ``inputs``: ``(shape, dtype)`` pairs),
+    and compiled."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    placed = SingleDeviceSharding(device)
+
+    def abstract(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=placed)
+
+    arguments = [[abstract(v.value.shape, v.value.dtype) for v in variables] for variables in variable_lists]
+    arguments += [abstract(shape, dtype) for shape, dtype in inputs]
     with platform_forms.compiling_for("gpu"):
-        lowered = jax.jit(step, donate_argnums=(0, 1, 2)).lower(
-            abstract(model.trainable_variables), abstract(model.non_trainable_variables),
-            abstract(optimizer.variables), x, y)
+        lowered = jax.jit(function, donate_argnums=donate).lower(*arguments)
     return lowered.compile()
 
 

@@ -9,6 +9,7 @@ many elements. ``bench.gpu_program`` compiles the programs this reads.
 """
 
 import collections
+import math
 import re
 
 from keras_mone.bench.kernel_profile import kind_of
@@ -31,13 +32,8 @@ text without layouts."""
 
 
 def _shape_bytes(shape_text):
-    total = 0
-    for dtype, dims in _ARRAY.findall(shape_text):
-        elements = 1
-        for d in filter(None, dims.split(",")):
-            elements *= int(d)
-        total += elements * _BYTES.get(dtype, 4)
-    return total
+    return sum(math.prod(int(d) for d in filter(None, dims.split(","))) * _BYTES.get(dtype, 4)
+               for dtype, dims in _ARRAY.findall(shape_text))
 
 
 def _element_bytes(shape_text):
@@ -80,21 +76,26 @@ def _parsed(lines):
     return parsed
 
 
+def _matmul_flops(output_shape, lhs_shape, contracting):
+    """2 x output elements x contracted size; ``contracting``: the text listing the lhs
+    dimensions contracted (a dot's ``lhs_contracting_dims``, cuBLAS's backend config)."""
+    lhs = _dims(lhs_shape)
+    k = math.prod(lhs[d] for d in map(int, re.findall(r"\d+", contracting)) if d < len(lhs))
+    return 2 * math.prod(_dims(output_shape)) * k
+
+
+def _dot_contracting(line):
+    match = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
+    return match.group(1) if match else ""
+
+
 def _dot_flops(lines):
-    """FLOPs of the dots in a fused computation: 2 x output elements x contracted size."""
+    """FLOPs of the dots in a fused computation."""
     shapes, flops = {}, 0
     for name, shape, op, operands, line in _parsed(lines):
         shapes[name] = shape
         if op == "dot" and operands:
-            lhs = _dims(shapes.get(operands[0], ""))
-            contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
-            k = 1
-            for d in filter(None, (contracting.group(1) if contracting else "").split(",")):
-                k *= lhs[int(d)] if int(d) < len(lhs) else 1
-            out = 1
-            for d in _dims(shape):
-                out *= d
-            flops += 2 * out * k
+            flops += _matmul_flops(shape, shapes.get(operands[0], ""), _dot_contracting(line))
     return flops
 
 
@@ -121,12 +122,7 @@ class _Needs:
 
     @staticmethod
     def volume(region):
-        if region[0] == "count":
-            return region[1]
-        total = 1
-        for lo, hi in region[1]:
-            total *= max(hi - lo, 0)
-        return total
+        return region[1] if region[0] == "count" else math.prod(max(hi - lo, 0) for lo, hi in region[1])
 
     def mark(self, name, region):
         if name not in self.dims:
@@ -197,17 +193,11 @@ def _pass_back(needs, name, op, operands, line, region):
 
 
 def _cublas_flops(line, shape, operand_shapes):
-    """A cuBLAS GEMM (its first output; the second is a workspace): 2 x output x contracted size."""
+    """A cuBLAS GEMM (its first output; the second is a workspace)."""
     contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', line)
     if not contracting or not operand_shapes:
         return 0
-    lhs, k = _dims(operand_shapes[0]), 1
-    for d in re.findall(r"\d+", contracting.group(1)):
-        k *= lhs[int(d)] if int(d) < len(lhs) else 1
-    out = 1
-    for d in _dims(shape):
-        out *= d
-    return 2 * out * k
+    return _matmul_flops(shape, operand_shapes[0], contracting.group(1))
 
 
 def _attention_flops(operand_shapes):
@@ -254,7 +244,7 @@ def program_kernels(hlo_text):
             elif op == "custom-call" and "cublas" in label.lower():
                 flops = _cublas_flops(line, shape, operand_shapes)
             elif op == "dot":
-                flops = _dot_flops([f"%{o} = {s} parameter(0)" for o, s in zip(operands, operand_shapes)] + [line])
+                flops = _matmul_flops(shape, operand_shapes[0], _dot_contracting(line))
             written = _shape_bytes(shape)
             if op == "custom-call" and shape.startswith("("):  # cuBLAS and cuDNN: (result, scratch workspace)
                 written = _shape_bytes(_ARRAY.search(shape).group(0))
