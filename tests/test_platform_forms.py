@@ -336,3 +336,38 @@ def test_the_rational_gelu_keeps_bfloat16_inputs_exact_to_bfloat16_rounding(monk
     # two bf16 ulps: input and output rounding, and tensorflow's own GELU, which computes in bf16
     # (1.5 ulps at x = 1.2); the polynomial in bf16 was 2.5 ulps off at x = -10 and 2,500 at -1e4
     assert np.all(np.abs(got - exact) <= 2.0 ** -6 * np.maximum(1.0, np.abs(exact)))
+
+
+def test_routed_groups_are_written_once_on_jaxs_gpu_only(monkeypatch):
+    """``nested_dense.materialized``: on jax compiling for a GPU, the token groups a router
+    gathers pass one optimization barrier (each written once; XLA's fusions otherwise re-read
+    the gather in every consumer and keep the ungrouped tokens alive, issue 40); the values
+    are untouched. Elsewhere, and under ``$KERAS_MONE_ORDER=free``, nothing changes."""
+    from keras_mone.layers.nested_dense import materialized
+
+    monkeypatch.delenv(platform_forms.ORDER_ENV, raising=False)
+    groups = [keras.ops.ones((2, 3, 4)), keras.ops.zeros((2, 5, 4))]
+    assert materialized(groups) is groups  # this machine's CPU
+    if BACKEND != "jax":
+        with platform_forms.compiling_for("gpu"):
+            assert materialized(groups) is groups
+        return
+    import jax
+
+    def program(*tensors):
+        return jax.jit(lambda *t: materialized(list(t))).lower(*tensors).as_text()
+
+    with platform_forms.compiling_for("gpu"):
+        assert program(*groups).count("optimization_barrier") == 1
+        assert [to_numpy(g).tolist() for g in materialized(groups)] == [to_numpy(g).tolist() for g in groups]
+        monkeypatch.setenv(platform_forms.ORDER_ENV, "free")
+        assert "optimization_barrier" not in program(*groups)
+    monkeypatch.delenv(platform_forms.ORDER_ENV)
+    assert "optimization_barrier" not in program(*groups)
+    # a MoNE model: one barrier, after its one router
+    model = models.MoNEViTBackbone(**TINY, capacity=0.5)
+    model.build((None, 32, 32, 3))
+    variables = [v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]
+    with platform_forms.compiling_for("gpu"):
+        text = jax.jit(lambda t, n, x: model.stateless_call(t, n, x)[0]).lower(*variables, images()).as_text()
+    assert text.count("optimization_barrier") == 1

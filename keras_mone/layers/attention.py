@@ -82,9 +82,10 @@ class MoNEAttention(ConfigMixin, keras.layers.Layer):
         outputs = []
         start = 0
         for group, size, width in zip(groups, sizes, widths):
-            part = attended if len(sizes) == 1 else attended[:, start : start + size]
+            # the group's rows of ``attended``: on jax cut again in the backward pass, not kept for it
+            rows = None if len(sizes) == 1 else (start, start + size)
             start += size
-            projected = self.out(part, out_width=width, slice_after=slice_point(early=group, late=part))
+            projected = self.out(attended, out_width=width, rows=rows, slice_after=slice_point(early=group, late=None))
             outputs.append(self.dropout(projected, training=training))
         outputs = outputs[0] if single else outputs
         return (outputs, received) if return_received_attention else outputs

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from keras_mone.layers.config import ConfigMixin, register
-from keras_mone.layers.platform_forms import order_form
+from keras_mone.layers.platform_forms import accelerator, order_form
 
 
 @register
@@ -56,10 +56,13 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
                 name="bias", shape=(self.units,), initializer=self.bias_initializer
             )
 
-    def call(self, inputs, in_width=None, out_width=None, pad_output=True, slice_after=None):
+    def call(self, inputs, in_width=None, out_width=None, pad_output=True, slice_after=None, rows=None):
         """``slice_after`` (jax): a tensor the weight slice is cut after (default ``inputs``,
         see ``after``); pass one that is materialised anyway, e.g. the pre-activation
-        when ``inputs`` is an elementwise function of it."""
+        when ``inputs`` is an elementwise function of it. ``rows``: ``(start, stop)``,
+        project only those tokens of ``inputs`` (``(batch, tokens, features)``: a token
+        group's rows of a joined tensor); on jax the backward pass cuts them again from
+        ``inputs`` instead of keeping the cut (``sliced_matmul``)."""
         full_in, full_out = self.kernel.shape
         in_width = _check_width(in_width, full_in, "in_width")
         out_width = _check_width(out_width, full_out, "out_width")
@@ -68,10 +71,13 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
                 f"NestedDense '{self.name}' expects {in_width} or {full_in} input "
                 f"features, got {inputs.shape[-1]}."
             )
+        rows = _check_rows(rows, inputs)
+        if rows is not None and keras.backend.backend() != "jax":
+            inputs, rows = inputs[:, rows[0] : rows[1]], None
         if inputs.shape[-1] != in_width:
             inputs = inputs[..., :in_width]
-        if in_width != full_in or out_width != full_out:
-            outputs = sliced_matmul(inputs, self.kernel, in_width, out_width, self.compute_dtype, slice_after)
+        if in_width != full_in or out_width != full_out or rows is not None:
+            outputs = sliced_matmul(inputs, self.kernel, in_width, out_width, self.compute_dtype, slice_after, rows)
         else:
             outputs = ops.matmul(inputs, ops.cast(self.kernel, self.compute_dtype))
         if self.bias is not None:
@@ -84,13 +90,17 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
 
-    def compute_output_spec(self, inputs, in_width=None, out_width=None, pad_output=True, slice_after=None):
+    def compute_output_spec(self, inputs, in_width=None, out_width=None, pad_output=True, slice_after=None,
+                            rows=None):
         # (compute_output_shape may only take the input's shape: Keras' rule)
         width = self.units if (pad_output or out_width is None) else out_width
-        return keras.KerasTensor(tuple(inputs.shape[:-1]) + (width,), dtype=self.compute_dtype)
+        shape = tuple(inputs.shape[:-1])
+        if rows is not None:
+            shape = (shape[0], rows[1] - rows[0], *shape[2:])
+        return keras.KerasTensor(shape + (width,), dtype=self.compute_dtype)
 
 
-def sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None):
+def sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None, rows=None):
     """``inputs @ kernel[:in_width, :out_width]`` (``inputs`` already ``in_width`` wide).
 
     Both jax and tensorflow copy a column slice out of the kernel, and both
@@ -99,15 +109,19 @@ def sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None):
     in the backward pass instead of being kept for it:
 
     * jax (``_jax_sliced_matmul``): every slice, tied by default to
-      ``inputs`` (XLA fuses the copy into its consumer);
+      ``inputs`` (XLA fuses the copy into its consumer); with ``rows``
+      (``(start, stop)``, jax only) the product is ``inputs[:, start:stop] @ ...``
+      and the backward pass cuts those rows again too;
     * tensorflow (``_tf_sliced_matmul``): column slices only (a slice of
       leading rows is a view of the kernel), tied to ``slice_after`` if given;
       see ``slice_point`` for which tensor each backend wants.
     """
     backend = keras.backend.backend()
     if backend == "jax":
-        tie = inputs if slice_after is None else slice_after
-        return _jax_sliced_matmul(inputs, ops.convert_to_tensor(kernel), in_width, out_width, dtype, tie)
+        kernel = ops.convert_to_tensor(kernel)
+        return _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after, rows)
+    if rows is not None:
+        raise ValueError(f"`rows` is taken on jax only; on {backend} cut the rows before the product.")
     if backend == "tensorflow" and out_width < kernel.shape[1]:
         return _tf_sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after)
     return ops.matmul(inputs, ops.cast(kernel[:in_width, :out_width], dtype))
@@ -159,7 +173,7 @@ def _tf_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie):
     return product(tf.convert_to_tensor(inputs), kernel)
 
 
-def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie):
+def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie, rows):
     """The product with a hand-written backward pass (jax).
 
     Autodiff keeps the forward pass's slice for the input gradient, and XLA's
@@ -168,30 +182,46 @@ def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie):
     the backward pass keeps only the kernel (a weight, alive anyway) and cuts
     the slice again from it once the incoming gradient exists (``after``):
     ``dx = dy @ W[:d_in, :d_out]^T``, ``dW = Pad(x^T dy)`` (exactly autodiff's
-    result).
+    result). With ``rows`` the same holds for the rows ``x = inputs[:, start:stop]``:
+    the backward pass keeps ``inputs`` and cuts ``x`` again (attention's output,
+    kept by attention's backward pass anyway; its per-group cuts were one more
+    attention output per block in MoNE's training step, issue 40), and ``dinputs``
+    is ``dx`` padded with zeros along the tokens. ``tie`` defaults to ``x``.
     """
     import jax
 
     full_shape = kernel.shape
 
     def cut(kernel, tied_to):
+        if (in_width, out_width) == tuple(full_shape):  # the whole kernel (``rows`` only): nothing to cut
+            return kernel
         return after(kernel[:in_width, :out_width], tied_to)
+
+    def cut_rows(inputs):
+        return inputs if rows is None else inputs[:, rows[0] : rows[1]]
 
     @jax.custom_vjp
     def product(inputs, kernel, tie):
-        return ops.matmul(inputs, ops.cast(cut(kernel, tie), dtype))
+        part = cut_rows(inputs)
+        return ops.matmul(part, ops.cast(cut(kernel, part if tie is None else tie), dtype))
 
     def forward(inputs, kernel, tie):
         return product(inputs, kernel, tie), (inputs, kernel)
 
     def backward(saved, upstream):
         inputs, kernel = saved
-        grad_inputs = ops.matmul(upstream, ops.transpose(ops.cast(cut(kernel, upstream), upstream.dtype)))
-        rows = ops.reshape(inputs, (-1, in_width))
-        grad_slice = ops.matmul(ops.transpose(rows), ops.reshape(upstream, (-1, out_width)))
+        grad_part = ops.matmul(upstream, ops.transpose(ops.cast(cut(kernel, upstream), upstream.dtype)))
+        if rows is not None:  # a barrier: XLA would merge this cut with the forward pass's (CSE) and keep that
+            inputs, upstream = jax.lax.optimization_barrier((inputs, upstream))
+        part = ops.reshape(cut_rows(inputs), (-1, in_width))
+        grad_slice = ops.matmul(ops.transpose(part), ops.reshape(upstream, (-1, out_width)))
         padding = [[0, full_shape[0] - in_width], [0, full_shape[1] - out_width]]
+        grad_inputs = grad_part.astype(inputs.dtype)
+        if rows is not None:
+            token_padding = [[0, 0], [rows[0], inputs.shape[1] - rows[1]]] + [[0, 0]] * (len(inputs.shape) - 2)
+            grad_inputs = ops.pad(grad_inputs, token_padding)
         # ``tie`` only orders the forward pass: its cotangent is a symbolic zero (None)
-        return grad_inputs.astype(inputs.dtype), ops.pad(ops.cast(grad_slice, kernel.dtype), padding), None
+        return grad_inputs, ops.pad(ops.cast(grad_slice, kernel.dtype), padding), None
 
     product.defvjp(forward, backward)
     return product(inputs, kernel, tie)
@@ -207,12 +237,47 @@ def after(value, tensor):
     from ``tensor`` (the block's input) ties the copy to the block, so one
     block's slices are alive at a time; the add fuses into the copy. Also
     used to run a block's token groups one after the other (``ViTBlock``).
+    XLA's GPU pipeline folds the zero away (``0 * convert(pred)``), so there the
+    tie orders nothing; where an order must hold on a GPU, an optimization
+    barrier does it (``materialized``, ``_jax_sliced_matmul``'s ``rows``).
     """
     if keras.backend.backend() != "jax" or order_form() == "free":
         return value
     probe = ops.sum(ops.stop_gradient(ops.reshape(tensor, (-1,))[:1]))  # 0 if ``tensor`` is empty
     zero = ops.cast(ops.isnan(probe), value.dtype) * 0.0  # 0 * (0 or 1): finite whatever ``tensor`` holds
     return value + zero
+
+
+def materialized(tensors):
+    """``tensors``, each written to device memory once (jax on a GPU; unchanged elsewhere).
+
+    A token group gathered from the routed tokens is an input XLA's GPU fusions re-read
+    through the gather in each of their consumers (the group's LayerNorm, its residual
+    add), so the whole ungrouped tensor lives until the last of them: MoNE-ViT-B/16's
+    first block kept the patch embeddings (73.5 MiB at batch 256, bf16) through its
+    attention, the program's peak (issue 40). An optimization barrier writes each group
+    once, and the ungrouped tensor dies. Not done under ``$KERAS_MONE_ORDER=free``, nor
+    on the CPU (its measured program).
+    """
+    if keras.backend.backend() != "jax" or order_form() == "free" or accelerator() != "gpu" or not tensors:
+        return tensors
+    import jax
+
+    return type(tensors)(jax.lax.optimization_barrier(list(tensors)))
+
+
+def _check_rows(rows, inputs):
+    """``rows`` as a ``(start, stop)`` pair of ints within ``inputs``' tokens, or ``None``."""
+    if rows is None:
+        return None
+    tokens = inputs.shape[1] if len(inputs.shape) == 3 else None
+    pair = tuple(rows) if isinstance(rows, (tuple, list)) else ()
+    exact = len(pair) == 2 and all(isinstance(r, int) and not isinstance(r, bool) for r in pair)
+    start, stop = pair if exact else (None, None)
+    if tokens is None or not exact or not 0 <= start < stop <= tokens:
+        raise ValueError(f"`rows` must be (start, stop) with 0 <= start < stop <= tokens of a (batch, tokens, "
+                         f"features) input; got rows={rows!r} for an input of shape {tuple(inputs.shape)}.")
+    return start, stop
 
 
 def add_bias(outputs, bias):

@@ -119,8 +119,10 @@ def order_form():
     """``"tied"`` or ``"free"``: whether jax ties each nested weight slice and each token
     group's MLP to the tensor they follow (``layers.nested_dense.after``). The ties keep
     XLA's CPU scheduler from cutting every block's slices at the start and holding them
-    (issue 27: 315 MiB of temporaries for MoNE-ViT-B/16 against 46 MiB); on a GPU each
-    tie is a few extra small kernels and a fusion the scheduler may not make.
+    (issue 27: 315 MiB of temporaries for MoNE-ViT-B/16 against 46 MiB). XLA's GPU
+    pipeline folds the ties' exact zeros away (compiled for an H200, tied and free give
+    one program), so on a GPU "tied" also writes routed token groups once
+    (``nested_dense.materialized``: an optimization barrier that XLA keeps).
     ``$KERAS_MONE_ORDER`` when set, else tied (the measured CPU form)."""
     return _env_form(ORDER_ENV, ORDER_FORMS, "tied")
 

@@ -7,6 +7,7 @@ MoD and A-MoD encoders differ only in the part they hand it.
 
 from keras import ops
 
+from keras_mone.layers.nested_dense import materialized
 from keras_mone.routing.token_groups import to_original
 
 
@@ -62,7 +63,10 @@ def run_blocks(blocks, tokens, routing, training=None, return_intermediates=Fals
     state = routing.start(tokens)
     received = None
     for index, block in enumerate(blocks):
-        state = routing.before_block(index, state, received, record)
+        regrouped = routing.before_block(index, state, received, record)
+        if regrouped is not state:  # tokens gathered: each group written once (jax's GPU)
+            regrouped.groups = materialized(regrouped.groups)
+        state = regrouped
         wants_attention = routing.wants_received_attention(index)
         outputs = block(
             state.groups, widths=state.widths, gates=state.gates, training=training,
