@@ -9,10 +9,12 @@ timed: the figures say what the card is given, and where a form's kernels and by
 
     pip install "jax[cuda12]==$(python -c 'import jax; print(jax.__version__)')"  # no GPU needed
     KERAS_BACKEND=jax python bench/gpu_program.py --batch-size 256 --forms present,joint_norms
+    KERAS_BACKEND=jax python bench/gpu_program.py --train --batch-size 128 --forms present --memory
     KERAS_BACKEND=jax python bench/gpu_program.py --family vivit --capacity 0.4 --batch-size 1 \
         --precision float32 --cublas-gemms
 
-``--cublas-gemms`` gives every GEMM to cuBLAS: without a device XLA cannot autotune its
+``--memory`` adds what each program holds at its memory peak (``keras_mone.bench.hlo_memory``,
+read from XLA's dump of the compile). ``--cublas-gemms`` gives every GEMM to cuBLAS: without a device XLA cannot autotune its
 Triton GEMMs, and for some float32 shapes (ViViT's) its untuned choice fails to compile.
 """
 
@@ -25,6 +27,7 @@ if "--cublas-gemms" in sys.argv:  # read when jax creates its backends, so befor
 
 import argparse  # noqa: E402
 import gzip  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -32,7 +35,7 @@ import keras  # noqa: E402
 
 from gpu_forms import form_environment, form_settings  # noqa: E402
 from keras_mone.analysis import flop_ratio  # noqa: E402
-from keras_mone.bench import gpu_program, hlo_kernels  # noqa: E402
+from keras_mone.bench import gpu_program, hlo_kernels, hlo_memory  # noqa: E402
 from keras_mone.bench.device import precision_policy  # noqa: E402
 from keras_mone.bench.models import _build, _model_specs  # noqa: E402
 
@@ -49,18 +52,23 @@ def run(args):
     with precision_policy(args.precision):
         dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
     dtype = next((d for d in ("bfloat16", "float16") if d in args.precision), "float32")  # the matmuls' dtype
-    rows, tops = [], {}
+    rows, tops, peaks = [], {}, {}
     for form in forms:
         for label, model in (("dense", dense), ("MoNE", mone)):
             with precision_policy(args.precision), form_environment(form):
                 started = time.perf_counter()
                 compile_step = gpu_program.compiled_train_step if args.train else gpu_program.compiled_forward
-                compiled = compile_step(model, args.batch_size, device)
+                with tempfile.TemporaryDirectory() as folder:
+                    compiled = compile_step(model, args.batch_size, device, dump_to=folder if args.memory else None)
+                    memory = hlo_memory.program_memory(folder) if args.memory else None
                 seconds = time.perf_counter() - started
             text = compiled.as_text()
             kernels = hlo_kernels.program_kernels(text)
             summary = gpu_program.program_summary(kernels, args.card, dtype)
             summary["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+            if memory is not None:
+                summary["live_peak_bytes"] = memory.live_peak_bytes
+                peaks[f"{label} {form}"] = memory
             rows.append((form, label, summary, seconds))
             tops[f"{label} {form}"] = hlo_kernels.kernel_counts(kernels, args.top)
             if args.output:
@@ -70,10 +78,10 @@ def run(args):
                     f.write(text)
             print(f"[gpu_program] {label} {form}: {len(kernels)} kernels, compiled in {seconds:.0f} s",
                   file=sys.stderr, flush=True)
-    return report(args, rows, tops, flop_ratio(dense.backbone, mone.backbone))
+    return report(args, rows, tops, peaks, flop_ratio(dense.backbone, mone.backbone))
 
 
-def report(args, rows, tops, ratio):
+def report(args, rows, tops, peaks, ratio):
     card = gpu_program.CARDS[args.card]
     lines = [
         f"`{' '.join(['KERAS_BACKEND=jax python bench/gpu_program.py'] + sys.argv[1:])}`",
@@ -88,8 +96,8 @@ def report(args, rows, tops, ratio):
            else "GEMMs are XLA's Triton fusions where the card may pick cuBLAS."),
         "",
         "| form | model | kernels | " + " | ".join(KINDS) + " | GB moved | GEMM+attention TFLOP | roofline ms "
-        "| temporaries MiB |",
-        "|---" * (7 + len(KINDS)) + "|",
+        "| temporaries MiB |" + (" live peak MiB |" if peaks else ""),
+        "|---" * (7 + len(KINDS) + bool(peaks)) + "|",
     ]
     by_form = {}
     for form, label, summary, _ in rows:
@@ -97,7 +105,8 @@ def report(args, rows, tops, ratio):
         kinds = " | ".join(str(summary["by_kind"].get(kind, 0)) for kind in KINDS)
         lines.append(f"| {form} | {label} | {summary['kernels']} | {kinds} | {summary['bytes'] / 1e9:.2f} | "
                      f"{summary['flops'] / 1e12:.3f} | {summary['roofline_ms']:.2f} | "
-                     f"{summary['temp_bytes'] / 2**20:.1f} |")
+                     f"{summary['temp_bytes'] / 2**20:.1f} |"
+                     + (f" {summary['live_peak_bytes'] / 2**20:.1f} |" if peaks else ""))
     lines += ["", "| form | dense / MoNE: kernels | bytes | roofline | temporaries |", "|---|---|---|---|---|"]
     for form, pair in by_form.items():
         if len(pair) == 2:
@@ -110,6 +119,11 @@ def report(args, rows, tops, ratio):
         lines += ["", f"Kernels of {label} (launches, GB read and written):", "",
                   "| kernel | kind | launches | GB |", "|---|---|---|---|"]
         lines += [f"| `{name[:80]}` | {kind} | {count} | {moved / 1e9:.2f} |" for name, kind, count, moved in top]
+    for label, memory in peaks.items():
+        lines += ["", f"Live at the memory peak of {label} (at `{memory.peak_instruction}`; "
+                  f"{memory.live_peak_bytes / 2**20:.1f} MiB live, heap {memory.heap_bytes / 2**20:.1f} MiB):", "",
+                  "| MiB | shape | from |", "|---|---|---|"]
+        lines += [f"| {b.bytes / 2**20:.1f} | `{b.shape}` | `{b.op_name[-90:]}` |" for b in memory.at_peak[:args.top]]
     text = "\n".join(lines) + "\n"
     if args.output:
         with open(os.path.join(args.output, "gpu_program.md"), "w") as f:
@@ -130,7 +144,9 @@ def parse(argv=None):
     parser.add_argument("--train", action="store_true", help="the training step (AdamW), not the forward")
     parser.add_argument("--cublas-gemms", action="store_true",
                         help="XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (float32 ViViT needs it here)")
-    parser.add_argument("--top", type=int, default=8, help="kernel names listed per program")
+    parser.add_argument("--memory", action="store_true",
+                        help="also what is live at each program's memory peak (bench.hlo_memory, from XLA's dump)")
+    parser.add_argument("--top", type=int, default=8, help="kernel names (and peak buffers) listed per program")
     parser.add_argument("--output", default=None, help="folder for the report and each program's HLO")
     args = parser.parse_args(argv)
     if args.image_size is None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import BACKEND, TINY
 
-from keras_mone.bench import gpu_program, hlo_kernels
+from keras_mone.bench import gpu_program, hlo_kernels, hlo_memory
 
 # One block's worth of XLA GPU output, shortened: a Triton GEMM fusion, the q/k/v split
 # (a fusion that only slices its parameter, through a bitcast), cuDNN attention, a
@@ -180,6 +180,40 @@ def test_the_flops_read_from_a_compiled_program_are_the_models_matmul_flops():
     assert read == 2 * 2 * (macs.total - macs.breakdown["patch_embedding"]), macs.breakdown
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="reads an XLA program jax compiles")
+def test_the_memory_peak_read_from_xlas_dump(tmp_path):
+    # Two (256, 256) float32 products are both live at the third (256 KiB each);
+    # XLA's heap holds at least what is live at once, and nothing is read from an empty folder.
+    import jax
+    import jax.numpy as jnp
+
+    def two_products(x, w1, w2):
+        return (x @ w1) @ (x @ w2).T
+
+    arrays = [jnp.ones((256, 256), "float32")] * 3
+    with hlo_memory.compiled_afresh():
+        compiled = jax.jit(two_products).lower(*arrays).compile(compiler_options=hlo_memory.dump_options(str(tmp_path)))
+    memory = hlo_memory.program_memory(str(tmp_path))
+    assert memory.live_peak_bytes >= 2 * 256 * 256 * 4
+    assert memory.heap_bytes >= memory.live_peak_bytes
+    assert memory.heap_bytes == compiled.memory_analysis().temp_size_in_bytes
+    products = [b for b in memory.at_peak if b.shape.startswith("f32[256,256]")]
+    assert len(products) >= 2 and any("dot_general" in b.op_name for b in products)
+    assert sum(b.bytes for b in memory.at_peak) >= memory.live_peak_bytes
+    with pytest.raises(ValueError, match="`folder` must hold XLA's dump of exactly one compiled program"):
+        hlo_memory.program_memory(str(tmp_path / "empty"))
+
+
+def test_a_buffer_reused_in_place_counts_once_at_the_peak():
+    # XLA's live ranges include both ends: an elementwise result written into its operand's
+    # buffer starts where the operand ends. The union of heap intervals counts it once.
+    values = {"a": (0, 100, "f32[25]"), "b": (0, 100, "f32[25]"), "c": (100, 40, "f32[10]")}
+    schedule = (["a", "b", "c"], {"a": (0, 1), "b": (1, 2), "c": (1, 2)})
+    memory = hlo_memory._peak(140, values, schedule, {"b": "jit(f)/tanh"})
+    assert memory.live_peak_bytes == 140 and memory.peak_instruction == "b"
+    assert [(b.name, b.op_name) for b in memory.at_peak] == [("a", ""), ("b", "jit(f)/tanh"), ("c", "")]
+
+
 def test_compiling_for_a_gpu_gives_the_gpus_forms_and_then_the_machines_again(monkeypatch):
     from keras_mone.layers import platform_forms
 
@@ -217,10 +251,11 @@ def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
     root = pathlib.Path(__file__).resolve().parents[1]
     result = subprocess.run(
         [sys.executable, str(root / "bench" / "gpu_program.py"), "--batch-size", "8", "--forms", "present",
-         "--cublas-gemms", "--top", "40", "--output", str(tmp_path)],
+         "--cublas-gemms", "--top", "40", "--memory", "--output", str(tmp_path)],
         env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = (tmp_path / "gpu_program.md").read_text()
     assert "| present | dense |" in report and "| present | MoNE |" in report
     assert "__cudnn$fmhaSoftmax" in report  # bfloat16 attention goes to cuDNN, as on the card
     assert list(tmp_path.glob("hlo_MoNE_present.txt.gz"))
+    assert "Live at the memory peak of MoNE present" in report

@@ -23,6 +23,7 @@ attention in half precision included, as Keras picks it on the card.
 
 import collections
 
+from keras_mone.bench import hlo_memory
 from keras_mone.layers import platform_forms
 
 CARDS = {
@@ -82,34 +83,37 @@ def compile_only_device(card="h200"):
     return topology.devices[0]
 
 
-def compiled_forward(model, batch_size, device):
+def compiled_forward(model, batch_size, device, dump_to=None):
     """``model``'s inference forward (``bench.device.jax_forward_function``) on a
     ``batch_size`` batch (float32 inputs), compiled for ``device`` under the GPU's forms;
-    weights are abstract (no values needed)."""
+    weights are abstract (no values needed). ``dump_to``: a folder XLA dumps the compile
+    into (``bench.hlo_memory.program_memory`` reads it)."""
     from keras_mone.bench.device import jax_forward_function
 
     example = _example_shape(model)  # fails early, naming what it takes
     variables = (model.trainable_variables, model.non_trainable_variables)
-    return _compiled(jax_forward_function(model), device, variables, [((batch_size, *example), "float32")])
+    return _compiled(jax_forward_function(model), device, variables, [((batch_size, *example), "float32")],
+                     dump_to=dump_to)
 
 
-def compiled_train_step(model, batch_size, device):
+def compiled_train_step(model, batch_size, device, dump_to=None):
     """``model``'s training step (``bench.device.jax_train_function``: forward, loss,
     backward, AdamW) on a ``batch_size`` batch, compiled for ``device`` under the GPU's
-    forms, its weights and optimizer state donated as in ``keras-mone bench``."""
+    forms, its weights and optimizer state donated as in ``keras-mone bench``;
+    ``dump_to`` as in ``compiled_forward``."""
     from keras_mone.bench.device import jax_train_function
 
     example = _example_shape(model)  # fails early, naming what it takes
     step, optimizer = jax_train_function(model)
     variables = (model.trainable_variables, model.non_trainable_variables, optimizer.variables)
     inputs = [((batch_size, *example), "float32"), ((batch_size,), "int32")]
-    return _compiled(step, device, variables, inputs, donate=(0, 1, 2))
+    return _compiled(step, device, variables, inputs, donate=(0, 1, 2), dump_to=dump_to)
 
 
-def _compiled(function, device, variable_lists, inputs, donate=()):
+def _compiled(function, device, variable_lists, inputs, donate=(), dump_to=None):
     """``jax.jit(function)`` traced under the GPU's forms on abstract arrays placed on
     ``device`` (each variable list's values, then ``inputs``: ``(shape, dtype)`` pairs),
-    and compiled."""
+    and compiled (dumped into ``dump_to`` if given)."""
     import jax
     from jax.sharding import SingleDeviceSharding
 
@@ -122,7 +126,10 @@ def _compiled(function, device, variable_lists, inputs, donate=()):
     arguments += [abstract(shape, dtype) for shape, dtype in inputs]
     with platform_forms.compiling_for("gpu"):
         lowered = jax.jit(function, donate_argnums=donate).lower(*arguments)
-    return lowered.compile()
+    if dump_to is None:
+        return lowered.compile()
+    with hlo_memory.compiled_afresh():
+        return lowered.compile(compiler_options=hlo_memory.dump_options(dump_to))
 
 
 def program_summary(kernels, card="h200", dtype="bfloat16"):
