@@ -13,9 +13,10 @@ timed: the figures say what the card is given, and where a form's kernels and by
     KERAS_BACKEND=jax python bench/gpu_program.py --family vivit --capacity 0.4 --batch-size 1 \
         --precision float32 --cublas-gemms
 
-``--memory`` adds what each program holds at its memory peak (``keras_mone.bench.hlo_memory``,
-read from XLA's dump of the compile). ``--cublas-gemms`` gives every GEMM to cuBLAS: without a device XLA cannot autotune its
-Triton GEMMs, and for some float32 shapes (ViViT's) its untuned choice fails to compile.
+``--memory`` adds what each program holds at its memory peak (``keras_mone.bench.hlo_memory``:
+read from XLA's dump of the compile). ``--cublas-gemms`` gives every GEMM to cuBLAS: without
+a device XLA cannot autotune its Triton GEMMs, and for some float32 shapes (ViViT's) its
+untuned choice fails to compile.
 """
 
 import os

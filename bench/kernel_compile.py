@@ -59,7 +59,10 @@ def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None, whi
 
 
 def compile_stats(ir_text, num_warps, num_stages, capability=90):
-    """``{registers, spill_bytes, shared_bytes}`` of the IR compiled for ``sm_<capability>``."""
+    """``{registers, spill_bytes, shared_bytes, mma}`` of the IR compiled for ``sm_<capability>``;
+    ``mma``: the tensor-core instructions its dots became, ``"wgmma"`` (Hopper's warpgroup
+    MMA, which Triton takes for tiles of at least 64 rows) or ``"mma.sync"`` (the older
+    per-warp form), or ``"none"``."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -77,8 +80,11 @@ def compile_stats(ir_text, num_warps, num_stages, capability=90):
         report = subprocess.run(command, capture_output=True, text=True, check=True)
     text = report.stdout + report.stderr
     spills = re.search(r"(\d+) bytes spill stores", text)
+    ptx = compiled.asm["ptx"]
+    mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
     return {"registers": int(re.search(r"Used (\d+) registers", text).group(1)),
-            "spill_bytes": int(spills.group(1)) if spills else 0, "shared_bytes": compiled.metadata.shared}
+            "spill_bytes": int(spills.group(1)) if spills else 0, "shared_bytes": compiled.metadata.shared,
+            "mma": mma}
 
 
 def main():
@@ -92,21 +98,24 @@ def main():
     parser.add_argument("--warps", default="4,8")
     parser.add_argument("--stages", default="2,3")
     parser.add_argument("--block-hidden", default="", help="block_hidden values to try (default: default_blocks)")
+    parser.add_argument("--block-rows", default="", help="block_rows values to try (default: default_blocks)")
     args = parser.parse_args()
     print(f"{args.kernel} kernel compiled for sm_90 (D={args.dim}, H={args.hidden}, {args.dtype}; "
           f"python bench/kernel_compile.py --kernel {args.kernel} --dtype {args.dtype})\n")
-    print("| d | block_rows x block_hidden | warps | stages | registers | spilled bytes | shared KB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| d | block_rows x block_hidden | warps | stages | registers | spilled bytes | shared KB | MMA |")
+    print("|---|---|---|---|---|---|---|---|")
     for width in (int(w) for w in args.widths.split(",")):
         defaults = residual_kernel.residual_blocks if args.kernel == "residual" else kernel.default_blocks
-        rows, default_hidden = defaults(width, args.hidden, jnp.dtype(args.dtype).itemsize)
-        for block_hidden in [int(b) for b in args.block_hidden.split(",") if b] or [default_hidden]:
-            ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_hidden=block_hidden, which=args.kernel)
-            for warps in (int(w) for w in args.warps.split(",")):
-                for stages in (int(s) for s in args.stages.split(",")):
-                    s = compile_stats(ir_text, warps, stages)
-                    print(f"| {width} | {rows} x {block_hidden} | {warps} | {stages} | {s['registers']} | "
-                          f"{s['spill_bytes']} | {s['shared_bytes'] / 1024:.0f} |")
+        default_rows, default_hidden = defaults(width, args.hidden, jnp.dtype(args.dtype).itemsize)
+        for rows in [int(r) for r in args.block_rows.split(",") if r] or [default_rows]:
+            for block_hidden in [int(b) for b in args.block_hidden.split(",") if b] or [default_hidden]:
+                ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_rows=rows,
+                                    block_hidden=block_hidden, which=args.kernel)
+                for warps in (int(w) for w in args.warps.split(",")):
+                    for stages in (int(s) for s in args.stages.split(",")):
+                        s = compile_stats(ir_text, warps, stages)
+                        print(f"| {width} | {rows} x {block_hidden} | {warps} | {stages} | {s['registers']} | "
+                              f"{s['spill_bytes']} | {s['shared_bytes'] / 1024:.0f} | {s['mma']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ def _identity(value, tensor):
     return value
 
 
-def _autodiff_sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None):
+def _autodiff_sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_after=None, rows=None):
+    inputs = inputs if rows is None else inputs[:, rows[0] : rows[1]]  # autodiff keeps this cut too
     sliced = nested_dense.after(kernel[:in_width, :out_width], inputs)
     return keras.ops.matmul(inputs, keras.ops.cast(sliced, dtype))
 
@@ -63,8 +64,8 @@ def _autodiff_sliced_matmul(inputs, kernel, in_width, out_width, dtype, slice_af
 _sliced_matmul = nested_dense.sliced_matmul
 
 
-def _slice_after_inputs(inputs, kernel, in_width, out_width, dtype, slice_after=None):
-    return _sliced_matmul(inputs, kernel, in_width, out_width, dtype)
+def _slice_after_inputs(inputs, kernel, in_width, out_width, dtype, slice_after=None, rows=None):
+    return _sliced_matmul(inputs, kernel, in_width, out_width, dtype, rows=rows)
 
 
 def _erfc_gelu(x, approximate=False, training=False, nested=False):

@@ -38,7 +38,8 @@ from keras_mone.bench.measure import _current_rss_bytes, _reset_peak_rss, _vm_hw
 from keras_mone.layers import nested_dense
 
 
-def _untied_autodiff(inputs, kernel, in_width, out_width, dtype, slice_after=None):
+def _untied_autodiff(inputs, kernel, in_width, out_width, dtype, slice_after=None, rows=None):
+    inputs = inputs if rows is None else inputs[:, rows[0] : rows[1]]  # (tensorflow cuts rows before the call)
     return keras.ops.matmul(inputs, keras.ops.cast(kernel[:in_width, :out_width], dtype))
 
 

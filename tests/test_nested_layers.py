@@ -707,3 +707,30 @@ class TestNestedDenseRows:
         kept = [leaf.shape for leaf in jax.tree_util.tree_leaves(pullback) if hasattr(leaf, "shape")]
         assert (2, 7, D) in kept
         assert not [shape for shape in kept if len(shape) == 3 and shape[1] == 3], kept
+        # ...and in the compiled step the backward pass's cut sits behind a barrier, which keeps
+        # XLA's CSE from merging it with the forward pass's cut (and keeping that one instead)
+        def loss(x, kernel):
+            return jax.numpy.sum(project(x, kernel) ** 2)
+
+        step = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, kernel).as_text()
+        assert "optimization_barrier" in step
+        assert "optimization_barrier" not in jax.jit(loss).lower(x, kernel).as_text()
+
+    def test_rows_of_a_wider_input_keep_the_input_itself(self):
+        # in_width < the input's features: both cuts are made inside the product, and the
+        # backward pass keeps the input, not a (batch, tokens, in_width) copy of it
+        if BACKEND != "jax":
+            pytest.skip("the backward pass's residuals are jax's")
+        import jax
+
+        layer = built(layers.NestedDense(48), (None, None, D))
+        x = jax.numpy.asarray(rand(2, 7, D))
+
+        def project(x):
+            return layer.stateless_call([layer.kernel.value, layer.bias.value], [], x, in_width=8, rows=(2, 5))[0]
+
+        _, pullback = jax.vjp(project, x)
+        kept = [leaf.shape for leaf in jax.tree_util.tree_leaves(pullback) if hasattr(leaf, "shape")]
+        assert (2, 7, D) in kept and (2, 7, 8) not in kept and (2, 3, 8) not in kept, kept
+        np.testing.assert_allclose(np.asarray(project(x)), to_numpy(layer(rand(2, 7, D)[:, 2:5], in_width=8)),
+                                   rtol=0, atol=ATOL)

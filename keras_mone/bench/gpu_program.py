@@ -129,7 +129,7 @@ def _compiled(function, device, variable_lists, inputs, donate=(), dump_to=None)
     if dump_to is None:
         return lowered.compile()
     with hlo_memory.compiled_afresh():
-        return lowered.compile(compiler_options=hlo_memory.dump_options(dump_to))
+        return lowered.compile(compiler_options=hlo_memory.dump_options(dump_to, f"jit_{function.__name__}"))
 
 
 def program_summary(kernels, card="h200", dtype="bfloat16"):

@@ -29,11 +29,16 @@ alignment); ``live_peak_bytes``: the most bytes live at one instruction; the ins
 where that happens; ``at_peak``: the buffers live there, largest first."""
 
 
-def dump_options(folder):
+def dump_options(folder, module=None):
     """``compiler_options`` for ``Lowered.compile`` that make XLA dump what
-    ``program_memory`` reads into ``folder`` (compile under ``compiled_afresh``: a program
-    jax's persistent cache holds is loaded, not compiled, and nothing is dumped)."""
-    return {"xla_dump_to": folder, "xla_dump_hlo_as_text": True}
+    ``program_memory`` reads into ``folder``; ``module``: the program's name (``jit_<function
+    name>``), so that no other program compiled alongside it (a GPU's autotuning) is dumped
+    there. Compile under ``compiled_afresh``: a program jax's persistent cache holds is
+    loaded, not compiled, and nothing is dumped."""
+    options = {"xla_dump_to": folder, "xla_dump_hlo_as_text": True}
+    if module is not None:
+        options["xla_dump_hlo_module_re"] = re.escape(module)
+    return options
 
 
 @contextlib.contextmanager
@@ -56,7 +61,8 @@ def compiled_afresh():
 def program_memory(folder):
     """The ``ProgramMemory`` of the one program XLA dumped into ``folder`` (``dump_options``).
 
-    Raises ValueError when ``folder`` holds no dump of an optimised program, or several.
+    Raises ValueError when ``folder`` holds no dump of an optimised program, or several, or
+    a temporary the live ranges do not place (a dump format this reader does not know).
     """
     found = sorted(glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt")))
     if len(found) != 1:
@@ -73,15 +79,19 @@ def program_memory(folder):
 
 
 def _temporaries(assignment):
-    """``(heap bytes, {value name: (offset, bytes, shape)})`` of the preallocated temporaries."""
-    match = re.search(r"^allocation \d+: size (\d+), preallocated-temp:\n((?: value: .*\n)*)", assignment, re.M)
-    if match is None:
-        return 0, {}
-    values = {}
-    for name, size, offset, shape in re.findall(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)",
-                                                match.group(2)):
-        values[name] = (int(offset), int(size), shape)
-    return int(match.group(1)), values
+    """``(heap bytes, {value name: (place, bytes, shape)})`` of the preallocated temporaries;
+    a value's place is its offset in its allocation, allocations kept apart (XLA may make one
+    per memory space)."""
+    heap, values = 0, {}
+    allocations = re.finditer(r"^allocation (\d+): size (\d+), preallocated-temp:\n((?: value: .*\n)*)",
+                              assignment, re.M)
+    for allocation in allocations:
+        base = int(allocation.group(1)) << 48
+        heap += int(allocation.group(2))
+        for name, size, offset, shape in re.findall(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): (.+)",
+                                                    allocation.group(3)):
+            values[name] = (base + int(offset), int(size), shape.strip())
+    return heap, values
 
 
 def _ranges(live_ranges):
@@ -99,8 +109,9 @@ def _peak(heap_bytes, values, schedule, op_names):
     buffers = []
     for name, (offset, size, shape) in values.items():
         span = ranges.get(name) or ranges.get(name.split("{")[0])
-        if span is not None:
-            buffers.append((offset, Buffer(name, op_names.get(name.split("{")[0], ""), shape, size, *span)))
+        if span is None:
+            raise ValueError(f"XLA's live ranges do not place the temporary {name!r}: a dump this reader cannot read.")
+        buffers.append((offset, Buffer(name, op_names.get(name.split("{")[0], ""), shape, size, *span)))
     best, best_at = 0, None
     for moment in sorted({b.start for _, b in buffers}):  # the live bytes only grow where a buffer starts
         live = sorted((offset, offset + b.bytes) for offset, b in buffers if b.start <= moment <= b.end)

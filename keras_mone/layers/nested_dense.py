@@ -74,10 +74,11 @@ class NestedDense(ConfigMixin, keras.layers.Layer):
         rows = _check_rows(rows, inputs)
         if rows is not None and keras.backend.backend() != "jax":
             inputs, rows = inputs[:, rows[0] : rows[1]], None
-        if inputs.shape[-1] != in_width:
+        if inputs.shape[-1] != in_width and rows is None:  # (with ``rows``, both cuts are made together)
             inputs = inputs[..., :in_width]
         if in_width != full_in or out_width != full_out or rows is not None:
-            outputs = sliced_matmul(inputs, self.kernel, in_width, out_width, self.compute_dtype, slice_after, rows)
+            outputs = sliced_matmul(inputs, self.kernel, in_width, out_width, self.compute_dtype,
+                                    slice_after=slice_after, rows=rows)
         else:
             outputs = ops.matmul(inputs, ops.cast(self.kernel, self.compute_dtype))
         if self.bias is not None:
@@ -198,7 +199,9 @@ def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie, rows):
         return after(kernel[:in_width, :out_width], tied_to)
 
     def cut_rows(inputs):
-        return inputs if rows is None else inputs[:, rows[0] : rows[1]]
+        if rows is None:
+            return inputs
+        return inputs[:, rows[0] : rows[1], :in_width]  # (``inputs`` may be wider than ``in_width``)
 
     @jax.custom_vjp
     def product(inputs, kernel, tie):
@@ -217,9 +220,9 @@ def _jax_sliced_matmul(inputs, kernel, in_width, out_width, dtype, tie, rows):
         grad_slice = ops.matmul(ops.transpose(part), ops.reshape(upstream, (-1, out_width)))
         padding = [[0, full_shape[0] - in_width], [0, full_shape[1] - out_width]]
         grad_inputs = grad_part.astype(inputs.dtype)
-        if rows is not None:
-            token_padding = [[0, 0], [rows[0], inputs.shape[1] - rows[1]]] + [[0, 0]] * (len(inputs.shape) - 2)
-            grad_inputs = ops.pad(grad_inputs, token_padding)
+        if rows is not None:  # zeros for the other tokens and the features past ``in_width``
+            padding_rows = [[0, 0], [rows[0], inputs.shape[1] - rows[1]], [0, inputs.shape[2] - in_width]]
+            grad_inputs = ops.pad(grad_inputs, padding_rows)
         # ``tie`` only orders the forward pass: its cotangent is a symbolic zero (None)
         return grad_inputs, ops.pad(ops.cast(grad_slice, kernel.dtype), padding), None
 

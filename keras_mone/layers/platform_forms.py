@@ -120,9 +120,9 @@ def order_form():
     group's MLP to the tensor they follow (``layers.nested_dense.after``). The ties keep
     XLA's CPU scheduler from cutting every block's slices at the start and holding them
     (issue 27: 315 MiB of temporaries for MoNE-ViT-B/16 against 46 MiB). XLA's GPU
-    pipeline folds the ties' exact zeros away (compiled for an H200, tied and free give
-    one program), so on a GPU "tied" also writes routed token groups once
-    (``nested_dense.materialized``: an optimization barrier that XLA keeps).
+    pipeline folds the ties' exact zeros away (compiled for an H200, tied and free gave
+    one program), so on a GPU "tied" now means the routed token groups are written once
+    (``nested_dense.materialized``: an optimization barrier, which XLA keeps).
     ``$KERAS_MONE_ORDER`` when set, else tied (the measured CPU form)."""
     return _env_form(ORDER_ENV, ORDER_FORMS, "tied")
 

@@ -64,7 +64,7 @@ def run_blocks(blocks, tokens, routing, training=None, return_intermediates=Fals
     received = None
     for index, block in enumerate(blocks):
         regrouped = routing.before_block(index, state, received, record)
-        if regrouped is not state:  # tokens gathered: each group written once (jax's GPU)
+        if regrouped is not state:  # tokens regrouped: each group written once (jax's GPU)
             regrouped.groups = materialized(regrouped.groups)
         state = regrouped
         wants_attention = routing.wants_received_attention(index)
