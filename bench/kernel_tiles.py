@@ -29,7 +29,21 @@ from keras_mone.layers.mlp import _kernel_gelu
 GROUP_ROWS = {96: 256 * 84, 192: 256 * 61, 384: 256 * 37}
 """Rows of each nested group of MoNE-ViT-B/16 at e_c 0.3, batch 256 (196 tokens; optimised HLO, BENCHMARKS.md)."""
 GRID = "32,64,128:64,128:4,8:2,3"
-"""block_rows : block_hidden : num_warps : num_stages, each a comma-separated list."""
+"""block_rows : block_hidden : num_warps : num_stages, each a comma-separated list (``--grid``)."""
+
+SCREENED = {
+    96: [(64, 16, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 3), (64, 64, 8, 3), (128, 32, 8, 2),
+         (32, 64, 8, 2)],
+    192: [(64, 16, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 3), (64, 64, 8, 3), (128, 32, 8, 2),
+          (32, 64, 8, 2)],
+    384: [(32, 16, 8, 2), (32, 32, 8, 3), (64, 16, 8, 2), (64, 16, 8, 3), (64, 32, 8, 2)],
+}
+"""The tiles timed per width when ``--grid`` is not given: the block kernel compiled for sm_90
+here (``bench/kernel_compile.py --kernel residual --block-rows 32,64,128,256 --block-hidden
+16,32,64``, BENCHMARKS.md). With 8 warps, 64-row tiles become Hopper's warpgroup MMA (wgmma)
+without spilling (d = 384: 64 x 16 only; 64 x 64 needs 240 KB of shared memory, past the
+card's 227); 128 rows spill a little; 32 rows fall back to ``mma.sync`` (two programs fit an
+SM); 4 warps spill at 64 rows and more. The default tiles (``residual_blocks``) are timed too."""
 
 
 def median_ms(function, arguments, repeats):
@@ -59,8 +73,12 @@ def sweep(width, rows, args, interpret, log):
     results = [("plain (XLA)", median_ms(plain, arguments, args.repeats), "")]
     log(f"d={width}: plain {results[0][1]:.3f} ms")
     default = residual_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
-    grid = [tuple(int(v) for v in axis.split(",")) for axis in args.grid.split(":")]
-    for tiles in dict.fromkeys([default, *itertools.product(*grid)]):
+    if args.grid is None and width in SCREENED:
+        candidates = SCREENED[width]
+    else:
+        axes = (args.grid or GRID).split(":")
+        candidates = itertools.product(*[tuple(int(v) for v in axis.split(",")) for axis in axes])
+    for tiles in dict.fromkeys([default, *candidates]):
         kernel = jax.jit(lambda *a, t=tiles: fused_residual_mlp(
             *a, width, gelu, block_rows=t[0], block_hidden=t[1], num_warps=t[2], num_stages=t[3],
             interpret=interpret))
@@ -80,7 +98,8 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--hidden", type=int, default=3072)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--grid", default=GRID, help=f"rows:hidden:warps:stages lists (default {GRID})")
+    parser.add_argument("--grid", default=None,
+                        help=f"rows:hidden:warps:stages lists, e.g. {GRID} (default: SCREENED's tiles per width)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
     interpret = jax.default_backend() != "gpu"

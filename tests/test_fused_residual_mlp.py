@@ -192,3 +192,19 @@ def test_the_tile_sweep_script_runs(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| 16 | 32 | plain (XLA) |" in out and "| 16 | 32 | (16, 64, 4, 2) |" in out
     assert 'KERAS_MONE_MLP_TILES="16:' in out
+
+
+def test_the_tile_sweep_takes_the_screened_tiles_of_a_width_unless_given_a_grid(monkeypatch, capsys):
+    """Without ``--grid`` a width listed in ``SCREENED`` (tiles compiled for sm_90 without spills)
+    is swept over those tiles and its default only."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import kernel_tiles
+
+    monkeypatch.setattr(kernel_tiles, "SCREENED", {16: [(32, 64, 4, 2)]})
+    kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16"])
+    swept = [line.split("|")[3].strip() for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| 16 | 32 |")]
+    default = str(kernel_tiles.residual_blocks(16, 128, 2) + (8, 2))
+    assert swept == ["plain (XLA)", default, "(32, 64, 4, 2)"]
