@@ -373,3 +373,27 @@ def test_routed_groups_are_written_once_on_jaxs_gpu_only(monkeypatch):
     with platform_forms.compiling_for("gpu"):
         text = jax.jit(lambda t, n, x: model.stateless_call(t, n, x)[0]).lower(*variables, images()).as_text()
     assert text.count("optimization_barrier") == 1
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="reads the temporaries of the CPU program jax compiles")
+def test_the_cpus_mone_forward_keeps_no_query_sized_broadcast_of_the_attention_scale(monkeypatch, tmp_path):
+    """The queries are scaled per token group before they are joined: scaling the joined
+    queries made XLA's CPU materialise ``1/sqrt(head_dim)`` at the queries' shape and keep it
+    through every block (MoNE-ViT-B/16 at batch 8: 4.6 of 38.6 MiB; BENCHMARKS.md)."""
+    import jax
+
+    from keras_mone.bench import hlo_memory
+
+    monkeypatch.delenv(platform_forms.ATTENTION_ENV, raising=False)
+    model = models.MoNEViTBackbone(**{**TINY, "patch_size": 4}, capacity=0.3)
+    model.build((None, 32, 32, 3))
+    variables = [v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]
+    forward = jax.jit(lambda t, n, x: model.stateless_call(t, n, x)[0])
+    with hlo_memory.compiled_afresh():
+        forward.lower(*variables, images()).compile(compiler_options=hlo_memory.dump_options(str(tmp_path)))
+    memory = hlo_memory.program_memory(str(tmp_path))
+    heads, head_dim = TINY["num_heads"], TINY["hidden_dim"] // TINY["num_heads"]
+    query_shape = f"f32[{images().shape[0]},{heads},{(32 // 4) ** 2},{head_dim}]"  # no class token
+    at_peak = [(buffer.name, buffer.shape) for buffer in memory.at_peak]
+    assert any(shape.startswith(query_shape) for _, shape in at_peak), at_peak  # the joined q, k, v
+    assert not [b for b in at_peak if "broadcast" in b[0] and b[1].startswith(query_shape)], at_peak
