@@ -23,8 +23,9 @@
 #   2. jax   the same at batch 256, device input only, timm peer
 #   3. jax   ViT-B/16 e_c 0.3, batch 64, float32: training steps (device input; train_on_batch)
 #   4. torch ViT-B/16 e_c 0.3, batch 64, float32, eager: forward on device and host input, timm peer
-#  4b. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager and under torch.compile, timm peer
-#      (vit_b16_b256_torch_compile, 400 s)
+#  4b. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager, under torch.compile and under
+#      torch.compile(mode="reduce-overhead") (CUDA graphs), timm peer
+#      (vit_b16_b256_torch_compile, 540 s: inductor compiles each model twice)
 #   5. jax   ViViT-FE-B/16 32x256x256, e_c 0.4, batch 1, float32, device input
 #   6. jax   ViViT-FE-B/16 32x256x256, e_c 0.3, batch 8, float32 + mixed_bfloat16, device input
 #   7. jax   run 1 at e_c 0.3, mixed_bfloat16, device input, with the CPU's explicit attention
@@ -138,13 +139,13 @@ bench vit_b16_b256 jax "${B16[@]}" --capacities 0.3,0.5 --batch-size 256 \
     --precision float32,mixed_bfloat16 --no-train-step --no-host-input
 bench vit_b16_b64_train jax "${B16[@]}" --capacities 0.3 --batch-size 64 --precision float32 --no-timm
 torch_extra=()
-[ "${TORCH_COMPILE:-0}" = 1 ] && torch_extra=(--torch-compile)
+[ "${TORCH_COMPILE:-0}" = 1 ] && torch_extra=(--torch-compile default,reduce-overhead)
 bench vit_b16_b64_torch torch "${B16[@]}" --capacities 0.3 --batch-size 64 --precision float32 \
     --no-train-step "${torch_extra[@]}"
 # issue 40's torch target: batch 256, bf16, under torch.compile (inductor compiles each model for minutes)
-TIMEOUT_vit_b16_b256_torch_compile="${TIMEOUT_vit_b16_b256_torch_compile:-400}" bench vit_b16_b256_torch_compile \
+TIMEOUT_vit_b16_b256_torch_compile="${TIMEOUT_vit_b16_b256_torch_compile:-540}" bench vit_b16_b256_torch_compile \
     torch "${B16[@]}" --capacities 0.3 --batch-size 256 --precision mixed_bfloat16 --no-train-step --no-host-input \
-    --torch-compile
+    --torch-compile default,reduce-overhead
 bench vivit_b16_b1 jax "${VIVIT[@]}" --capacities 0.4 --batch-size 1 --precision float32
 bench vivit_b16_b8 jax "${VIVIT[@]}" --capacities 0.3 --batch-size 8 --precision float32,mixed_bfloat16
 # the CPU's attention form on the GPU: what the fused kernel (the GPU's default) gains, dense and MoNE alike

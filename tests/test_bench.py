@@ -167,9 +167,10 @@ def test_command_reproduces_the_settings(run):
         settings["batch_size"], settings["image_size"], settings["repeats"], settings["warmup"], settings["seed"]
     )
     assert (args.train_step, args.memory, args.peer) == (True, False, True)
-    assert (args.precision, args.device_input, args.host_input, args.routing_probes, args.timm, args.torch_compile) == (
-        "float32", True, True, True, True, False
+    assert (args.precision, args.device_input, args.host_input, args.routing_probes, args.timm) == (
+        "float32", True, True, True, True
     )
+    assert not args.torch_compile
     assert dict(benchmark.parse_model_override(o) for o in args.model_override) == OVERRIDES
     assert args.output == str(output)
 
@@ -263,6 +264,7 @@ def test_memory_probe_reports_allocations(capsys, mode):
         (dict(precisions=("float64",)), "precisions"),
         (dict(precisions=()), "precisions"),
         (dict(device_input=False, host_input=False), "input path"),
+        (dict(torch_compile="max-autotune"), "torch_compile"),
     ],
 )
 def test_invalid_arguments(kwargs, match):
@@ -487,12 +489,33 @@ def test_torch_compile_wraps_the_forward(monkeypatch):
     import torch
 
     compiled = []
-    monkeypatch.setattr(torch, "compile", lambda function: compiled.append(function) or function)
+    monkeypatch.setattr(torch, "compile", lambda function, **options: compiled.append(options) or function)
     model = bench_models._build("vit_ti16", {**TINY, "num_classes": 10})
     images, labels = bench_models._batch(model.backbone, 10, 2, 0)
     x, _ = bench_device.device_batch(images, labels)
-    output = bench_device.forward_step(model, x, compiled=True)()
-    assert len(compiled) == 1 and tuple(output.shape) == (2, 10)
+    for mode in (True, "default", "reduce-overhead"):
+        output = bench_device.forward_step(model, x, compiled=mode)()
+        assert tuple(output.shape) == (2, 10)
+    assert compiled == [{}, {}, {"mode": "reduce-overhead"}]
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile is the torch backend's")
+def test_each_torch_compile_mode_is_a_timed_path_of_the_report(monkeypatch):
+    import torch
+
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda function, **options: modes.append(options.get("mode")) or function)
+    result = benchmark.run_benchmark(
+        **TINY_RUN, host_input=False, routing_probes=False, peer=False, timm_peer=False, train_step=False,
+        torch_compile="default,reduce-overhead", verbose=False,
+    )
+    assert sorted(modes, key=str) == sorted([None, None, "reduce-overhead", "reduce-overhead"], key=str)  # 2 models
+    mone = next(r for r in result["models"] if r["kind"] != "dense")
+    for mode in ("device_forward", "compiled_forward", "cudagraph_forward"):
+        assert mone[mode]["median_s"] > 0 and mone[mode]["speedup"] > 0
+    report = benchmark.format_markdown(result)
+    assert "torch.compile + CUDA graphs" in report and '`torch.compile(mode="reduce-overhead")`' in report
+    assert "--torch-compile default,reduce-overhead" in result["command"]
 
 
 class _FakeJaxDevice:
@@ -548,4 +571,17 @@ def test_cli_device_options_round_trip():
     words = shlex.split(benchmark.reproduce_command(settings, "torch"))
     args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
     assert args.precision == "float32,mixed_bfloat16" and not args.host_input and not args.routing_probes
-    assert not args.timm and args.torch_compile and args.device_input and not args.peer
+    assert not args.timm and args.torch_compile == "default" and args.device_input and not args.peer
+    settings["torch_compile"] = ["default", "reduce-overhead"]
+    words = shlex.split(benchmark.reproduce_command(settings, "torch"))
+    args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
+    assert benchmark.torch_compile_modes(args.torch_compile) == ["default", "reduce-overhead"]
+
+
+def test_torch_compile_modes_are_checked_and_named():
+    assert benchmark.torch_compile_modes(False) == benchmark.torch_compile_modes("") == []
+    assert benchmark.torch_compile_modes(True) == ["default"]
+    assert benchmark.torch_compile_modes(" reduce-overhead,default,reduce-overhead") == ["reduce-overhead", "default"]
+    for bad in ("max-autotune", "default,cuda", ","):
+        with pytest.raises(ValueError, match=r"`torch_compile` must be True, False or modes of \['default', 'reduce-overhead'\]"):
+            benchmark.torch_compile_modes(bad)

@@ -256,8 +256,11 @@ def reproduce_command(settings, backend=None):
                       ("routing_probes", "--no-routing-probes"), ("timm_peer", "--no-timm")):
         if not settings.get(key, True):
             parts.append(flag)
-    if settings.get("torch_compile"):
+    modes = settings.get("torch_compile") or []
+    if modes == ["default"] or modes is True:
         parts.append("--torch-compile")
+    elif modes:
+        parts += ["--torch-compile", ",".join(modes)]
     if not settings["peer"]:
         parts.append("--no-peer")
     if settings.get("output_dir"):

@@ -8,6 +8,7 @@ import keras
 
 from keras_mone.analysis.flops import flops
 from keras_mone.bench.device import (
+    TORCH_COMPILE_PATHS,
     Measured,
     build_timm_peer,
     device_batch,
@@ -38,6 +39,7 @@ MODES = {
     "train": ("train", "{}"),
     "device_forward": ("forward", "device {}"),
     "compiled_forward": ("forward", "compiled {}"),
+    "cudagraph_forward": ("forward", "cudagraphs {}"),
     "device_train": ("train", "device {}"),
 }
 """Row timing fields: ``(phase, timing key pattern)``; plain keys are the host-input path."""
@@ -99,8 +101,9 @@ def _timed_calls(models, images, labels, s):
         x, y = device_batch(images, labels)
         for label in sorted(models, key=lambda name: flops(models[name]).total):
             steps = [("forward", "device", lambda m=models[label]: forward_step(m, x))]
-            if s["torch_compile"] and keras.backend.backend() == "torch":
-                steps.append(("forward", "compiled", lambda m=models[label]: forward_step(m, x, compiled=True)))
+            if keras.backend.backend() == "torch":
+                steps += [("forward", TORCH_COMPILE_PATHS[mode], lambda m=models[label], mode=mode: forward_step(m, x, compiled=mode))
+                          for mode in s["torch_compile"]]
             if s["train_step"]:
                 steps.append(("train", "device", lambda m=models[label]: device_train_step(m, x, y)))
             for phase, path, make in steps:

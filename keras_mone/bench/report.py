@@ -52,6 +52,7 @@ def plot_speedup_vs_flops(result, path):
     extent = [1.0]
     precisions = result["settings"].get("precisions") or ["float32"]
     styles = {"device_forward": ("o", "tab:blue"), "compiled_forward": ("^", "tab:purple"),
+              "cudagraph_forward": ("<", "tab:brown"),
               "forward": ("D", "tab:green"), "device_train": ("s", "tab:orange"), "train": ("v", "tab:red")}
     for mode, (marker, color) in styles.items():
         for precision, linestyle in zip(precisions, ("-", ":", "-.")):

@@ -4,6 +4,8 @@ path and precision, as in issue 40), the timing tables per path, and the timm pe
 MODE_TITLES = {
     "device_forward": ("**Forward pass**, device input", "forward, device input"),
     "compiled_forward": ("**Forward pass**, device input, `torch.compile`", "forward, device input, torch.compile"),
+    "cudagraph_forward": ("**Forward pass**, device input, `torch.compile(mode=\"reduce-overhead\")` (CUDA graphs)",
+                          "forward, device input, torch.compile + CUDA graphs"),
     "forward": ("**Forward pass**, host input (`predict_on_batch` on numpy)", "forward, host input"),
     "device_train": ("**Training step**, device input (forward, backward, AdamW)", "train step, device input"),
     "train": ("**Training step**, host input (`train_on_batch` on numpy: forward, backward, AdamW)",

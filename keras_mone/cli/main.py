@@ -182,8 +182,9 @@ def _add_bench(commands):
     bench.add_argument("--no-routing-probes", dest="routing_probes", action="store_false",
                        help="skip the router + EPR share probes")
     bench.add_argument("--no-timm", dest="timm", action="store_false", help="skip the timm (PyTorch) reference")
-    bench.add_argument("--torch-compile", action="store_true",
-                       help="torch backend: also time the forward under torch.compile")
+    bench.add_argument("--torch-compile", nargs="?", const="default", default="", metavar="MODES",
+                       help="torch backend: also time the forward under torch.compile, in its default mode or "
+                            "in the comma-separated MODES of default, reduce-overhead (CUDA graphs)")
     bench.add_argument(
         "--model-override", action="append", default=[], metavar="KEY=VALUE",
         help="extra from_preset argument for all models (repeatable), e.g. depth=2",
