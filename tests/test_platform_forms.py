@@ -366,13 +366,18 @@ def test_routed_groups_are_written_once_on_jaxs_gpu_only(monkeypatch):
     monkeypatch.delenv(platform_forms.ORDER_ENV)
     with platform_forms.compiling_for("cpu"):
         assert "optimization_barrier" not in program(*groups)
-    # a MoNE model: one barrier, after its one router
+    # a MoNE model: one barrier after its one router and one after each block (its groups'
+    # residuals); a dense model none
     model = models.MoNEViTBackbone(**TINY, capacity=0.5)
     model.build((None, 32, 32, 3))
-    variables = [v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]
-    with platform_forms.compiling_for("gpu"):
-        text = jax.jit(lambda t, n, x: model.stateless_call(t, n, x)[0]).lower(*variables, images()).as_text()
-    assert text.count("optimization_barrier") == 1
+    dense = models.ViTBackbone(**TINY)
+    dense.build((None, 32, 32, 3))
+    for backbone, barriers in ((model, 1 + TINY["depth"]), (dense, 0)):
+        variables = [v.value for v in backbone.trainable_variables], [v.value for v in backbone.non_trainable_variables]
+        for machine, expected in (("gpu", barriers), ("cpu", 0)):
+            forward = jax.jit(lambda t, n, x, b=backbone: b.stateless_call(t, n, x)[0])  # traced afresh
+            with platform_forms.compiling_for(machine):
+                assert forward.lower(*variables, images()).as_text().count("optimization_barrier") == expected
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="reads the temporaries of the CPU program jax compiles")

@@ -8,7 +8,7 @@ from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register, register_old_name
 from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
-from keras_mone.layers.nested_dense import after, pad_features
+from keras_mone.layers.nested_dense import after, materialized, pad_features
 from keras_mone.layers.packed_block import packable, packed_block
 from keras_mone.layers.platform_forms import mlp_form, norms_form
 from keras_mone.layers.regularization import DropPath
@@ -153,6 +153,10 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             done if done is not None else self._gate.scale_block(x, z + u, gate)
             for x, z, u, gate, done in zip(groups, mids, updates, gates, fused)
         ]
+        if len(outputs) > 1:
+            # jax on a GPU: each group's residual written once per block; XLA would otherwise
+            # keep it as its input plus pending updates, buffers that last blocks (issue 40)
+            outputs = materialized(outputs)
         outputs = outputs[0] if single else outputs
         return (outputs, received) if return_received_attention else outputs
 
