@@ -213,7 +213,7 @@ def test_temporaries_of_every_allocation_with_tuple_shapes():
         "allocation 1: size 96, preallocated-temp:\n"
         " value: <2 a @0> (size=64,offset=0): f32[16]{0}\n"
         " value: <3 t @0> (size=16,offset=64): (f32[2]{0}, f32[2]{0})\n"
-        "allocation 2: size 32, preallocated-temp:\n"
+        "allocation 2: size 32, color 2, preallocated-temp:\n"  # temporaries in their own memory space
         " value: <4 b @0> (size=32,offset=0): bf16[16]{0}\n"
     )
     heap, values = hlo_memory._temporaries(assignment)

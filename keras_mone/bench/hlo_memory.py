@@ -83,8 +83,9 @@ def _temporaries(assignment):
     a value's place is its offset in its allocation, allocations kept apart (XLA may make one
     per memory space)."""
     heap, values = 0, {}
-    allocations = re.finditer(r"^allocation (\d+): size (\d+), preallocated-temp:\n((?: value: .*\n)*)",
-                              assignment, re.M)
+    allocations = re.finditer(  # "color N, ": temporaries in a memory space of their own (an XLA flag)
+        r"^allocation (\d+): size (\d+),(?: color \d+,)? preallocated-temp:\n((?: value: .*\n)*)", assignment, re.M
+    )
     for allocation in allocations:
         base = int(allocation.group(1)) << 48
         heap += int(allocation.group(2))
