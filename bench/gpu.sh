@@ -180,7 +180,7 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
 }
 forms_reports=()
 forms_done=0
-FORMS="${FORMS:-present,library_gelu+patch_conv,packed,joint_norms,fused_mlp}"
+FORMS="${FORMS:-present,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"  # fused_mlp: forms_vit_bf16_tuned
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
 forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,library_gelu+patch_conv}" --timm
 forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present}"

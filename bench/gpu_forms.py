@@ -15,6 +15,9 @@ call is traced, so one process compiles every form of the same two models:
     patch_conv     $KERAS_MONE_PATCHES=conv: Keras' strided convolution (the CPU's form)
     joint_norms    $KERAS_MONE_NORMS=joint: a block's LayerNorms over its groups joined
     packed         $KERAS_MONE_LAYOUT=packed: a block's groups in one token-major tensor
+    half_block_residuals
+                   $KERAS_MONE_RESIDUALS=half_block: the groups' residuals also written after
+                   attention (XLA's heap as dense's; more traffic)
 
 joined with "+" (``free+fused_mlp``). Per batch size the dense and the MoNE classifier
 are built once (random weights, one precision); each form's forward on a batch already
@@ -60,6 +63,7 @@ SWITCHES = {
     "patch_conv": {platform_forms.PATCHES_ENV: "conv"},
     "joint_norms": {platform_forms.NORMS_ENV: "joint"},
     "packed": {platform_forms.LAYOUT_ENV: "packed"},
+    "half_block_residuals": {platform_forms.RESIDUALS_ENV: "half_block"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV)
 """The switches a dense model reads (the others act on nested token groups only)."""

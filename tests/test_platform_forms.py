@@ -160,6 +160,7 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     ("PATCHES_ENV", "patches_form", "conv", r"\['conv', 'matmul'\]"),
     ("ORDER_ENV", "order_form", "tied", r"\['tied', 'free'\]"),
     ("NORMS_ENV", "norms_form", "grouped", r"\['grouped', 'joint'\]"),
+    ("RESIDUALS_ENV", "residuals_form", "block", r"\['block', 'half_block'\]"),
 ])
 def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch, variable, form, cpu_default, listed):
     name = getattr(platform_forms, variable)
@@ -372,12 +373,21 @@ def test_routed_groups_are_written_once_on_jaxs_gpu_only(monkeypatch):
     model.build((None, 32, 32, 3))
     dense = models.ViTBackbone(**TINY)
     dense.build((None, 32, 32, 3))
-    for backbone, barriers in ((model, 1 + TINY["depth"]), (dense, 0)):
-        variables = [v.value for v in backbone.trainable_variables], [v.value for v in backbone.non_trainable_variables]
-        for machine, expected in (("gpu", barriers), ("cpu", 0)):
-            forward = jax.jit(lambda t, n, x, b=backbone: b.stateless_call(t, n, x)[0])  # traced afresh
-            with platform_forms.compiling_for(machine):
-                assert forward.lower(*variables, images()).as_text().count("optimization_barrier") == expected
+    # ($KERAS_MONE_RESIDUALS=half_block: one more after each block's attention)
+    outputs = {}
+    for residuals, per_block in (("block", 1), ("half_block", 2)):
+        monkeypatch.setenv(platform_forms.RESIDUALS_ENV, residuals)
+        for backbone, barriers in ((model, 1 + per_block * TINY["depth"]), (dense, 0)):
+            variables = ([v.value for v in backbone.trainable_variables],
+                         [v.value for v in backbone.non_trainable_variables])
+            for machine, expected in (("gpu", barriers), ("cpu", 0)):
+                forward = jax.jit(lambda t, n, x, b=backbone: b.stateless_call(t, n, x)[0])  # traced afresh
+                with platform_forms.compiling_for(machine):
+                    assert forward.lower(*variables, images()).as_text().count("optimization_barrier") == expected
+                    if backbone is model:
+                        outputs[residuals, machine] = to_numpy(forward(*variables, images()))
+    for machine in ("gpu", "cpu"):  # the barriers change no value
+        np.testing.assert_array_equal(outputs["half_block", machine], outputs["block", machine])
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="reads the temporaries of the CPU program jax compiles")

@@ -10,7 +10,7 @@ from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
 from keras_mone.layers.packed_block import packable, packed_block
-from keras_mone.layers.platform_forms import mlp_form, norms_form
+from keras_mone.layers.platform_forms import mlp_form, norms_form, residuals_form
 from keras_mone.layers.regularization import DropPath
 
 
@@ -132,6 +132,8 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             attended, received = attended
         attended = self.drop_path(attended, training=training)
         mids = [g + a for g, a in zip(groups, attended)]
+        if len(mids) > 1 and residuals_form() == "half_block":
+            mids = materialized(mids)  # (jax on a GPU only; see residuals_form)
         fused = self._fused_mlp_halves(mids, widths, gates, training)
         updates, last = [], None
         # grouped: each group's LayerNorm right before its MLP, in the program's order (the CPU's HLO)

@@ -14,6 +14,8 @@ Unset, each takes the form measured fastest on the platform:
 * ``$KERAS_MONE_NORMS`` (``norms_form``): a block's LayerNorms per token group or over all;
 * ``$KERAS_MONE_LAYOUT`` (``layout_form``): a block's token groups as tensors of their own
   or packed into one token-major tensor (``layers.packed_block``);
+* ``$KERAS_MONE_RESIDUALS`` (``residuals_form``): how often jax on a GPU writes the token
+  groups' residual streams (once per block, or after each half block);
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP or the Pallas kernels (opt-in).
 
 ``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
@@ -41,6 +43,8 @@ NORMS_ENV = "KERAS_MONE_NORMS"
 NORMS_FORMS = ("grouped", "joint")
 LAYOUT_ENV = "KERAS_MONE_LAYOUT"
 LAYOUT_FORMS = ("grouped", "packed")
+RESIDUALS_ENV = "KERAS_MONE_RESIDUALS"
+RESIDUALS_FORMS = ("block", "half_block")
 
 
 _TARGET = []
@@ -178,21 +182,32 @@ def layout_form():
     return chosen
 
 
+def residuals_form():
+    """``"block"`` or ``"half_block"``: where jax compiling for a GPU writes a block's token
+    groups' residual streams (``layers.nested_dense.materialized``, which does nothing
+    elsewhere): once per block, at its end, or also after its attention half. Compiled for an
+    H200, MoNE-ViT-B/16's forward (batch 256) keeps an XLA heap of 567.3 MiB with "block"
+    and 514.8 MiB with "half_block" (dense: 514.5), at the price of 48 more kernels and 1.16
+    GB more traffic (roofline bound 1.58x -> 1.54x, BENCHMARKS.md). Not timed on a card:
+    ``$KERAS_MONE_RESIDUALS`` when set, else block."""
+    return _env_form(RESIDUALS_ENV, RESIDUALS_FORMS, "block")
+
+
 def _jax_gpu():
     return keras.backend.backend() == "jax" and accelerator() == "gpu"
 
 
-VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV, LAYOUT_ENV)
+VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV, LAYOUT_ENV, RESIDUALS_ENV)
 """Every switch above, in the order ``current_forms`` lists them."""
 
 
 def current_forms():
     """``{"attention_form": ..., "mlp_form": ..., "gelu_form": ..., "patches_form": ...,
-    "order_form": ..., "norms_form": ..., "layout_form": ...}``: the forms a call traced now
-    takes (what bench reports record)."""
+    "order_form": ..., "norms_form": ..., "layout_form": ..., "residuals_form": ...}``: the
+    forms a call traced now takes (what bench reports record)."""
     return {"attention_form": attention_form(), "mlp_form": mlp_form(), "gelu_form": gelu_form(),
             "patches_form": patches_form(), "order_form": order_form(), "norms_form": norms_form(),
-            "layout_form": layout_form()}
+            "layout_form": layout_form(), "residuals_form": residuals_form()}
 
 
 def _env_form(variable, forms, default):
