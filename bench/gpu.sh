@@ -54,7 +54,7 @@
 # all), REPEATS (10), STEP_TIMEOUT (seconds per run, 150; TIMEOUT_<run> for one run, e.g.
 # TIMEOUT_forms_vit_bf16=200, TIMEOUT_kernel_check=60), FORMS / FORMS_F32 / FORMS_TRAIN /
 # FORMS_VIVIT (the forms of each sweep), FORMS_EXTRA (appended to every sweep), TORCH_COMPILE=1
-# (run 4 also under torch.compile: adds minutes of compilation), WHEELS, and
+# (run 4 also under torch.compile, default and reduce-overhead: adds minutes), WHEELS, and
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
 # EXTRA_ARGS, appended to every run (the last of a repeated option wins), e.g.
@@ -180,7 +180,9 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
 }
 forms_reports=()
 forms_done=0
-FORMS="${FORMS:-present,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"  # fused_mlp: forms_vit_bf16_tuned
+FORMS="${FORMS:-present,fused_residuals,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"
+# (fused_mlp: forms_vit_bf16_tuned; six forms take about 150 s on an H200)
+TIMEOUT_forms_vit_bf16="${TIMEOUT_forms_vit_bf16:-220}"
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
 forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,library_gelu+patch_conv}" --timm
 forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present}"

@@ -15,6 +15,9 @@ call is traced, so one process compiles every form of the same two models:
     patch_conv     $KERAS_MONE_PATCHES=conv: Keras' strided convolution (the CPU's form)
     joint_norms    $KERAS_MONE_NORMS=joint: a block's LayerNorms over its groups joined
     packed         $KERAS_MONE_LAYOUT=packed: a block's groups in one token-major tensor
+    fused_residuals
+                   $KERAS_MONE_RESIDUALS=fused: the groups' residuals never written apart
+                   (the program before the block barrier: less traffic, a larger heap)
     half_block_residuals
                    $KERAS_MONE_RESIDUALS=half_block: the groups' residuals also written after
                    attention (XLA's heap as dense's; more traffic)
@@ -63,6 +66,7 @@ SWITCHES = {
     "patch_conv": {platform_forms.PATCHES_ENV: "conv"},
     "joint_norms": {platform_forms.NORMS_ENV: "joint"},
     "packed": {platform_forms.LAYOUT_ENV: "packed"},
+    "fused_residuals": {platform_forms.RESIDUALS_ENV: "fused"},
     "half_block_residuals": {platform_forms.RESIDUALS_ENV: "half_block"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV)

@@ -503,8 +503,17 @@ def test_torch_compile_wraps_the_forward(monkeypatch):
 def test_each_torch_compile_mode_is_a_timed_path_of_the_report(monkeypatch):
     import torch
 
+    from torch._dynamo.utils import counters
+
     modes = []
-    monkeypatch.setattr(torch, "compile", lambda function, **options: modes.append(options.get("mode")) or function)
+
+    def fake_compile(function, **options):  # what inductor does on a CPU: no CUDA graphs, counted
+        modes.append(options.get("mode"))
+        if options.get("mode") == "reduce-overhead":
+            counters["inductor"]["cudagraph_skips"] += 1
+        return function
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
     result = benchmark.run_benchmark(
         **TINY_RUN, host_input=False, routing_probes=False, peer=False, timm_peer=False, train_step=False,
         torch_compile="default,reduce-overhead", verbose=False,
@@ -516,6 +525,7 @@ def test_each_torch_compile_mode_is_a_timed_path_of_the_report(monkeypatch):
     report = benchmark.format_markdown(result)
     assert "torch.compile + CUDA graphs" in report and '`torch.compile(mode="reduce-overhead")`' in report
     assert "--torch-compile default,reduce-overhead" in result["command"]
+    assert any("ran without CUDA graphs" in warning for warning in result["warnings"])  # none on a CPU
 
 
 class _FakeJaxDevice:
@@ -571,17 +581,27 @@ def test_cli_device_options_round_trip():
     words = shlex.split(benchmark.reproduce_command(settings, "torch"))
     args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
     assert args.precision == "float32,mixed_bfloat16" and not args.host_input and not args.routing_probes
-    assert not args.timm and args.torch_compile == "default" and args.device_input and not args.peer
-    settings["torch_compile"] = ["default", "reduce-overhead"]
-    words = shlex.split(benchmark.reproduce_command(settings, "torch"))
-    args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
-    assert benchmark.torch_compile_modes(args.torch_compile) == ["default", "reduce-overhead"]
+    assert not args.timm and args.torch_compile == ["default"] and args.device_input and not args.peer
+    for setting in (["default", "reduce-overhead"], "default,reduce-overhead"):
+        settings["torch_compile"] = setting
+        words = shlex.split(benchmark.reproduce_command(settings, "torch"))
+        args = build_parser().parse_args(words[words.index("keras-mone") + 1:])
+        assert args.torch_compile == ["default", "reduce-overhead"]
+    settings["torch_compile"] = "default"  # a hand-written setting: the default mode, as --torch-compile
+    assert benchmark.reproduce_command(settings, "torch").endswith("--torch-compile --no-peer")
 
 
-def test_torch_compile_modes_are_checked_and_named():
-    assert benchmark.torch_compile_modes(False) == benchmark.torch_compile_modes("") == []
-    assert benchmark.torch_compile_modes(True) == ["default"]
-    assert benchmark.torch_compile_modes(" reduce-overhead,default,reduce-overhead") == ["reduce-overhead", "default"]
-    for bad in ("max-autotune", "default,cuda", ","):
+def test_torch_compile_modes_are_checked_and_named(capsys):
+    from keras_mone.bench.torch_compile import compile_modes
+
+    assert compile_modes(False) == compile_modes("") == compile_modes(None) == compile_modes([]) == []
+    assert compile_modes(True) == compile_modes("default") == ["default"]
+    assert compile_modes(" reduce-overhead,default,reduce-overhead") == ["reduce-overhead", "default"]
+    assert compile_modes(("default", "reduce-overhead")) == ["default", "reduce-overhead"]
+    for bad in ("max-autotune", "default,cuda", ",", 1, {"default": 1}):
         with pytest.raises(ValueError, match=r"`torch_compile` must be True, False or modes of \['default', 'reduce-overhead'\]"):
-            benchmark.torch_compile_modes(bad)
+            compile_modes(bad)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--torch-compile", "max-autotune"])
+    assert "--torch-compile: takes comma-separated modes of ['default', 'reduce-overhead'], got 'max-autotune'" in (
+        capsys.readouterr().err)

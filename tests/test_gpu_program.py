@@ -223,6 +223,9 @@ def test_temporaries_of_every_allocation_with_tuple_shapes():
     assert memory.live_peak_bytes == 64 + 16 + 32  # a and b share offset 0, in different allocations
     with pytest.raises(ValueError, match="do not place the temporary 'b'"):
         hlo_memory._peak(heap, values, (["a"], {"a": (0, 1), "t": (0, 1)}), {})
+    unknown = assignment.replace("size 32, color 2, preallocated-temp", "size 32, colour 2, preallocated-temp")
+    with pytest.raises(ValueError, match="preallocated-temp allocation in a form this reader does not know"):
+        hlo_memory._temporaries(unknown)
 
 
 def test_a_buffer_reused_in_place_counts_once_at_the_peak():

@@ -47,7 +47,7 @@ import sys
 
 import keras
 
-from keras_mone.bench.device import TORCH_COMPILE_PATHS, check_precisions
+from keras_mone.bench.device import check_precisions
 from keras_mone.bench.measure import (  # noqa: F401  (_memory_child: the -m entry point below)
     _environment,
     _memory_child,
@@ -61,6 +61,7 @@ from keras_mone.bench.models import (  # noqa: F401  (_model_specs, mone_label: 
     mone_label,
 )
 from keras_mone.bench.precision import MODES, _add_rss_memory, _run_precision  # noqa: F401
+from keras_mone.bench.torch_compile import compile_modes
 from keras_mone.bench.report import (  # noqa: F401  (re-exported: the benchmark's public API)
     _jsonable,
     append_to_benchmarks,
@@ -116,7 +117,7 @@ def run_benchmark(
         timm_peer: time timm's ViT where torch and timm are importable.
         torch_compile: torch only: also time the forward under ``torch.compile``:
             ``True`` (its default mode, as Keras' ``jit_compile=True``) or modes of
-            ``bench_device.TORCH_COMPILE_PATHS``, e.g. ``("default",
+            ``bench.torch_compile.PATHS``, e.g. ``("default",
             "reduce-overhead")`` (the second replays the forward as a CUDA graph).
 
     Returns:
@@ -191,25 +192,8 @@ def _settings(variant, family, capacities, batch_size, image_size, repeats, warm
         model_overrides=dict(model_overrides or {}), memory_calls=memory_calls,
         precisions=check_precisions(precisions), device_input=bool(device_input), host_input=bool(host_input),
         routing_probes=bool(routing_probes), timm_peer=bool(timm_peer),
-        torch_compile=torch_compile_modes(torch_compile),
+        torch_compile=compile_modes(torch_compile),
     )
-
-
-def torch_compile_modes(torch_compile):
-    """The ``torch.compile`` modes of a ``torch_compile`` setting, as a list: ``False`` /
-    ``None`` / ``""`` -> none, ``True`` -> ``["default"]``, a mode or comma-separated modes -> those."""
-    if not torch_compile:
-        return []
-    if torch_compile is True:
-        return ["default"]
-    modes = torch_compile.split(",") if isinstance(torch_compile, str) else list(torch_compile)
-    modes = list(dict.fromkeys(str(mode).strip() for mode in modes if str(mode).strip()))
-    unknown = [mode for mode in modes if mode not in TORCH_COMPILE_PATHS]
-    if unknown or not modes:
-        raise ValueError(
-            f"`torch_compile` must be True, False or modes of {list(TORCH_COMPILE_PATHS)}, got {torch_compile!r}."
-        )
-    return modes
 
 
 def _main(argv):

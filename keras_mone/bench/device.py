@@ -33,11 +33,6 @@ import numpy as np
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-TORCH_COMPILE_PATHS = {"default": "compiled", "reduce-overhead": "cudagraphs"}
-"""``torch.compile`` modes the benchmark times, and the timing path of each: "default"
-(what Keras' ``jit_compile=True`` runs) and "reduce-overhead" (the compiled forward replayed
-as a CUDA graph on a GPU: one launch instead of a few per kernel; on the CPU, where there
-are no CUDA graphs, the same compiled forward)."""
 TIMM_MODEL = "vit_base_patch16_224"
 
 
@@ -178,7 +173,7 @@ def forward_step(model, x, compiled=False):
     """The forward pass of ``model`` on the device tensor ``x`` as a ``_Step``.
 
     ``compiled`` (torch only): wrap the call in ``torch.compile``; ``True`` or a mode of
-    ``TORCH_COMPILE_PATHS`` (``"reduce-overhead"``: CUDA graphs)."""
+    ``bench.torch_compile.PATHS`` (``"reduce-overhead"``: CUDA graphs)."""
     backend = keras.backend.backend()
     if backend == "jax":
         forward = jax_forward_function(model)
@@ -188,8 +183,9 @@ def forward_step(model, x, compiled=False):
 
         function = (lambda x: model(x, training=False))
         if compiled:
-            mode = None if compiled is True or compiled == "default" else compiled
-            function = torch.compile(function) if mode is None else torch.compile(function, mode=mode)
+            from keras_mone.bench.torch_compile import compiled as torch_compiled
+
+            function = torch_compiled(function, compiled)
 
         def run(step):
             with torch.no_grad():

@@ -83,9 +83,12 @@ def _temporaries(assignment):
     a value's place is its offset in its allocation, allocations kept apart (XLA may make one
     per memory space)."""
     heap, values = 0, {}
-    allocations = re.finditer(  # "color N, ": temporaries in a memory space of their own (an XLA flag)
+    allocations = list(re.finditer(  # "color N, ": temporaries in a memory space of their own (an XLA flag)
         r"^allocation (\d+): size (\d+),(?: color \d+,)? preallocated-temp:\n((?: value: .*\n)*)", assignment, re.M
-    )
+    ))
+    if len(allocations) != len(re.findall(r"^allocation \d+: .*preallocated-temp", assignment, re.M)):
+        raise ValueError("XLA's buffer assignment has a preallocated-temp allocation in a form this reader "
+                         "does not know.")
     for allocation in allocations:
         base = int(allocation.group(1)) << 48
         heap += int(allocation.group(2))

@@ -21,6 +21,7 @@ from keras_mone.version import __version__ as KERAS_MONE_VERSION
 from keras_mone.bench.device import cpu_model, device_info, precision_policy
 from keras_mone.bench.memory import allocation_measure, peak_allocation_bytes
 from keras_mone.bench.models import _batch, _build, _compile
+from keras_mone.bench.torch_compile import compile_modes
 
 def _stats(times, batch_size):
     times = [float(t) for t in times]
@@ -256,8 +257,8 @@ def reproduce_command(settings, backend=None):
                       ("routing_probes", "--no-routing-probes"), ("timm_peer", "--no-timm")):
         if not settings.get(key, True):
             parts.append(flag)
-    modes = settings.get("torch_compile") or []
-    if modes == ["default"] or modes is True:
+    modes = compile_modes(settings.get("torch_compile"))
+    if modes == ["default"]:
         parts.append("--torch-compile")
     elif modes:
         parts += ["--torch-compile", ",".join(modes)]

@@ -7,8 +7,8 @@ import time
 import keras
 
 from keras_mone.analysis.flops import flops
+from keras_mone.bench import torch_compile
 from keras_mone.bench.device import (
-    TORCH_COMPILE_PATHS,
     Measured,
     build_timm_peer,
     device_batch,
@@ -38,8 +38,8 @@ MODES = {
     "forward": ("forward", "{}"),
     "train": ("train", "{}"),
     "device_forward": ("forward", "device {}"),
-    "compiled_forward": ("forward", "compiled {}"),
-    "cudagraph_forward": ("forward", "cudagraphs {}"),
+    "compiled_forward": ("forward", torch_compile.PATHS["default"] + " {}"),
+    "cudagraph_forward": ("forward", torch_compile.PATHS["reduce-overhead"] + " {}"),
     "device_train": ("train", "device {}"),
 }
 """Row timing fields: ``(phase, timing key pattern)``; plain keys are the host-input path."""
@@ -56,6 +56,7 @@ def _run_precision(specs, precision, s, first, cache, log):
             log(f"built {label} ({precision}) from {preset} ({time.perf_counter() - start:.1f} s)")
     dense = models[DENSE]
     images, labels = _batch(dense.backbone, dense.num_classes, s["batch_size"], s["seed"])
+    skips = torch_compile.cudagraph_skips()  # inductor falls back from CUDA graphs as it compiles
     calls, measured = _timed_calls(models, images, labels, s)
     probes = _routing_probes(models, s["capacities"]) if first and s["routing_probes"] else {}
     for name, probe in probes.items():
@@ -76,6 +77,13 @@ def _run_precision(specs, precision, s, first, cache, log):
                     _stats([t / scale for t in times[key]], s["batch_size"]), first_call_s=firsts[key] / scale
                 )
     rows, warnings = _rows(models, precision, stats, measured, log)
+    skipped = torch_compile.cudagraph_skips() - skips
+    if skipped and "reduce-overhead" in s["torch_compile"]:
+        warnings.append(
+            f"torch.compile(mode='reduce-overhead') ran without CUDA graphs {skipped} time(s) ({precision}; "
+            "always on a CPU, which has none; on a GPU inductor's log says why): those 'CUDA graphs' rows "
+            "time compiled forwards that launch every kernel."
+        )
     if peer_model is not None:
         dense_forward = stats["forward"].get(DENSE) or stats["forward"][f"device {DENSE}"]
         peer_info.update(
@@ -102,7 +110,7 @@ def _timed_calls(models, images, labels, s):
         for label in sorted(models, key=lambda name: flops(models[name]).total):
             steps = [("forward", "device", lambda m=models[label]: forward_step(m, x))]
             if keras.backend.backend() == "torch":
-                steps += [("forward", TORCH_COMPILE_PATHS[mode], lambda m=models[label], mode=mode: forward_step(m, x, compiled=mode))
+                steps += [("forward", torch_compile.PATHS[mode], lambda m=models[label], mode=mode: forward_step(m, x, compiled=mode))
                           for mode in s["torch_compile"]]
             if s["train_step"]:
                 steps.append(("train", "device", lambda m=models[label]: device_train_step(m, x, y)))

@@ -143,6 +143,16 @@ def _bench(args):
     return 0
 
 
+def _compile_modes(text):
+    """``--torch-compile``'s modes, checked as the option is read."""
+    from keras_mone.bench.torch_compile import PATHS, compile_modes
+
+    try:
+        return compile_modes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes comma-separated modes of {list(PATHS)}, got {text!r}") from None
+
+
 def _add_bench(commands):
     """The ``bench`` subcommand's options."""
     bench = commands.add_parser(
@@ -182,7 +192,7 @@ def _add_bench(commands):
     bench.add_argument("--no-routing-probes", dest="routing_probes", action="store_false",
                        help="skip the router + EPR share probes")
     bench.add_argument("--no-timm", dest="timm", action="store_false", help="skip the timm (PyTorch) reference")
-    bench.add_argument("--torch-compile", nargs="?", const="default", default="", metavar="MODES",
+    bench.add_argument("--torch-compile", nargs="?", const=["default"], default=[], metavar="MODES", type=_compile_modes,
                        help="torch backend: also time the forward under torch.compile, in its default mode or "
                             "in the comma-separated MODES of default, reduce-overhead (CUDA graphs)")
     bench.add_argument(

@@ -155,7 +155,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             done if done is not None else self._gate.scale_block(x, z + u, gate)
             for x, z, u, gate, done in zip(groups, mids, updates, gates, fused)
         ]
-        if len(outputs) > 1:
+        if len(outputs) > 1 and residuals_form() != "fused":
             # jax on a GPU: each group's residual written once per block; XLA would otherwise
             # keep it as its input plus pending updates, buffers that last blocks (issue 40)
             outputs = materialized(outputs)

@@ -15,7 +15,7 @@ Unset, each takes the form measured fastest on the platform:
 * ``$KERAS_MONE_LAYOUT`` (``layout_form``): a block's token groups as tensors of their own
   or packed into one token-major tensor (``layers.packed_block``);
 * ``$KERAS_MONE_RESIDUALS`` (``residuals_form``): how often jax on a GPU writes the token
-  groups' residual streams (once per block, or after each half block);
+  groups' residual streams (never apart, once per block, or after each half block);
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP or the Pallas kernels (opt-in).
 
 ``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
@@ -44,7 +44,7 @@ NORMS_FORMS = ("grouped", "joint")
 LAYOUT_ENV = "KERAS_MONE_LAYOUT"
 LAYOUT_FORMS = ("grouped", "packed")
 RESIDUALS_ENV = "KERAS_MONE_RESIDUALS"
-RESIDUALS_FORMS = ("block", "half_block")
+RESIDUALS_FORMS = ("fused", "block", "half_block")
 
 
 _TARGET = []
@@ -183,12 +183,15 @@ def layout_form():
 
 
 def residuals_form():
-    """``"block"`` or ``"half_block"``: where jax compiling for a GPU writes a block's token
-    groups' residual streams (``layers.nested_dense.materialized``, which does nothing
-    elsewhere): once per block, at its end, or also after its attention half. Compiled for an
-    H200, MoNE-ViT-B/16's forward (batch 256) keeps an XLA heap of 567.3 MiB with "block"
-    and 514.8 MiB with "half_block" (dense: 514.5), at the price of 48 more kernels and 1.16
-    GB more traffic (roofline bound 1.58x -> 1.54x, BENCHMARKS.md). Not timed on a card:
+    """``"fused"``, ``"block"`` or ``"half_block"``: where jax compiling for a GPU writes a
+    block's token groups' residual streams (``layers.nested_dense.materialized``). "fused":
+    never apart (XLA adds a block's updates to its input inside each consumer); "block":
+    once, at the block's end; "half_block": also after its attention. Compiled for an H200,
+    MoNE-ViT-B/16's forward at batch 256 keeps an XLA heap of 670.8 / 567.3 / 514.8 MiB
+    (dense: 514.5) for 847 / 893 / 941 kernels and a roofline bound of 1.62x / 1.58x / 1.54x
+    (BENCHMARKS.md). None is timed on a card: the default, "block", trades an estimated 2.5%
+    of the bound for 15% of the heap. Every form gives the same values; nothing is written
+    apart on the CPU, on torch and tensorflow, or under ``$KERAS_MONE_ORDER=free``.
     ``$KERAS_MONE_RESIDUALS`` when set, else block."""
     return _env_form(RESIDUALS_ENV, RESIDUALS_FORMS, "block")
 
