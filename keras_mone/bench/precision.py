@@ -110,8 +110,10 @@ def _timed_calls(models, images, labels, s):
         for label in sorted(models, key=lambda name: flops(models[name]).total):
             steps = [("forward", "device", lambda m=models[label]: forward_step(m, x))]
             if keras.backend.backend() == "torch":
-                steps += [("forward", torch_compile.PATHS[mode], lambda m=models[label], mode=mode: forward_step(m, x, compiled=mode))
-                          for mode in s["torch_compile"]]
+                steps += [
+                    ("forward", torch_compile.PATHS[mode], lambda m=models[label], mode=mode: forward_step(m, x, mode))
+                    for mode in s["torch_compile"]
+                ]
             if s["train_step"]:
                 steps.append(("train", "device", lambda m=models[label]: device_train_step(m, x, y)))
             for phase, path, make in steps:

@@ -23,11 +23,9 @@ def compile_modes(setting):
         return ["default"]
     if isinstance(setting, str):
         words = setting.split(",")
-    elif isinstance(setting, (list, tuple)):
-        words = [str(mode) for mode in setting]
-    else:
-        words = None
-    modes = list(dict.fromkeys(word.strip() for word in words or () if word.strip()))
+    else:  # a list or tuple of modes; anything else has none and is refused below
+        words = [str(mode) for mode in setting] if isinstance(setting, (list, tuple)) else []
+    modes = list(dict.fromkeys(word.strip() for word in words if word.strip()))
     if not modes or any(mode not in PATHS for mode in modes):
         raise ValueError(f"`torch_compile` must be True, False or modes of {list(PATHS)}, got {setting!r}.")
     return modes

@@ -192,7 +192,8 @@ def _add_bench(commands):
     bench.add_argument("--no-routing-probes", dest="routing_probes", action="store_false",
                        help="skip the router + EPR share probes")
     bench.add_argument("--no-timm", dest="timm", action="store_false", help="skip the timm (PyTorch) reference")
-    bench.add_argument("--torch-compile", nargs="?", const=["default"], default=[], metavar="MODES", type=_compile_modes,
+    bench.add_argument("--torch-compile", nargs="?", const=["default"], default=[], metavar="MODES",
+                       type=_compile_modes,
                        help="torch backend: also time the forward under torch.compile, in its default mode or "
                             "in the comma-separated MODES of default, reduce-overhead (CUDA graphs)")
     bench.add_argument(
