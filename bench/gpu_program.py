@@ -14,7 +14,9 @@ timed: the figures say what the card is given, and where a form's kernels and by
         --precision float32 --cublas-gemms
 
 ``--memory`` adds what each program holds at its memory peak (``keras_mone.bench.hlo_memory``:
-read from XLA's dump of the compile). ``--cublas-gemms`` gives every GEMM to cuBLAS: without
+read from XLA's dump of the compile). ``--xla-option NAME=VALUE`` (repeatable) compiles every
+program with that XLA option (``gpu_program.parse_xla_options``); a program XLA fails to
+compile is reported with its error and the others go on. ``--cublas-gemms`` gives every GEMM to cuBLAS: without
 a device XLA cannot autotune its Triton GEMMs, and for some float32 shapes (ViViT's) its
 untuned choice fails to compile.
 """
@@ -53,15 +55,23 @@ def run(args):
     with precision_policy(args.precision):
         dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
     dtype = next((d for d in ("bfloat16", "float16") if d in args.precision), "float32")  # the matmuls' dtype
-    rows, tops, peaks = [], {}, {}
+    rows, tops, peaks, failures = [], {}, {}, []
     for form in forms:
         for label, model in (("dense", dense), ("MoNE", mone)):
             with precision_policy(args.precision), form_environment(form):
                 started = time.perf_counter()
                 compile_step = gpu_program.compiled_train_step if args.train else gpu_program.compiled_forward
-                with tempfile.TemporaryDirectory() as folder:
-                    compiled = compile_step(model, args.batch_size, device, dump_to=folder if args.memory else None)
-                    memory = hlo_memory.program_memory(folder) if args.memory else None
+                try:
+                    with tempfile.TemporaryDirectory() as folder:
+                        compiled = compile_step(model, args.batch_size, device, xla_options=args.xla_options,
+                                                dump_to=folder if args.memory else None)
+                        memory = hlo_memory.program_memory(folder) if args.memory else None
+                except jax.errors.JaxRuntimeError as error:  # XLA's experimental options fail on some programs
+                    first_line = (str(error).splitlines() or [""])[0]
+                    failures.append((form, label, f"{type(error).__name__}: {first_line[:300]}"))
+                    print(f"[gpu_program] {label} {form}: compile failed: {failures[-1][2]}", file=sys.stderr,
+                          flush=True)
+                    continue
                 seconds = time.perf_counter() - started
             text = compiled.as_text()
             kernels = hlo_kernels.program_kernels(text)
@@ -79,10 +89,10 @@ def run(args):
                     f.write(text)
             print(f"[gpu_program] {label} {form}: {len(kernels)} kernels, compiled in {seconds:.0f} s",
                   file=sys.stderr, flush=True)
-    return report(args, rows, tops, peaks, flop_ratio(dense.backbone, mone.backbone))
+    return report(args, rows, tops, peaks, flop_ratio(dense.backbone, mone.backbone), failures)
 
 
-def report(args, rows, tops, peaks, ratio):
+def report(args, rows, tops, peaks, ratio, failures=()):
     card = gpu_program.CARDS[args.card]
     lines = [
         f"`{' '.join(['KERAS_BACKEND=jax python bench/gpu_program.py'] + sys.argv[1:])}`",
@@ -94,7 +104,8 @@ def report(args, rows, tops, peaks, ratio):
         "Roofline: each kernel at max(FLOPs / peak, bytes / bandwidth), a lower bound (no launch gaps, "
         "narrow GEMMs at full rate); autotuning is off without a device, so "
         + ("every GEMM is cuBLAS's (`--cublas-gemms`)." if args.cublas_gemms
-           else "GEMMs are XLA's Triton fusions where the card may pick cuBLAS."),
+           else "GEMMs are XLA's Triton fusions where the card may pick cuBLAS.")
+        + (f" XLA options: {', '.join(args.xla_option)}." if args.xla_option else ""),
         "",
         "| form | model | kernels | " + " | ".join(KINDS) + " | GB moved | GEMM+attention TFLOP | roofline ms "
         "| temporaries MiB |" + (" live peak MiB |" if peaks else ""),
@@ -116,6 +127,8 @@ def report(args, rows, tops, peaks, ratio):
                          f"{dense['bytes'] / mone['bytes']:.2f}x | "
                          f"**{dense['roofline_ms'] / mone['roofline_ms']:.2f}x** | "
                          f"{dense['temp_bytes'] / mone['temp_bytes']:.2f}x |")
+    if failures:
+        lines += ["", "Not compiled:", ""] + [f"- {form}, {label}: `{error}`" for form, label, error in failures]
     for label, top in tops.items():
         lines += ["", f"Kernels of {label} (launches, GB read and written):", "",
                   "| kernel | kind | launches | GB |", "|---|---|---|---|"]
@@ -147,9 +160,15 @@ def parse(argv=None):
                         help="XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (float32 ViViT needs it here)")
     parser.add_argument("--memory", action="store_true",
                         help="also what is live at each program's memory peak (bench.hlo_memory, from XLA's dump)")
+    parser.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="an XLA option for every compile, e.g. xla_gpu_experimental_gemm_fusion_v2=true")
     parser.add_argument("--top", type=int, default=8, help="kernel names (and peak buffers) listed per program")
     parser.add_argument("--output", default=None, help="folder for the report and each program's HLO")
     args = parser.parse_args(argv)
+    try:
+        args.xla_options = gpu_program.parse_xla_options(args.xla_option)
+    except ValueError as error:
+        parser.error(f"--xla-option: {error}")
     if args.image_size is None:
         args.image_size = 256 if args.family == "vivit" else 224
     return args

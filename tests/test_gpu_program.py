@@ -158,6 +158,18 @@ def test_bad_input_is_named():
     assert "core_count: 132" in gpu_program.target_config("h100")
 
 
+def test_xla_options_are_parsed_to_typed_values_and_bad_entries_are_named():
+    parsed = gpu_program.parse_xla_options(
+        ["xla_gpu_experimental_gemm_fusion_v2=true", "--xla_gpu_enable_triton_gemm=False",
+         "xla_gpu_autotune_level=0", "xla_dump_to=/tmp/x"])
+    assert parsed == {"xla_gpu_experimental_gemm_fusion_v2": True, "xla_gpu_enable_triton_gemm": False,
+                      "xla_gpu_autotune_level": 0, "xla_dump_to": "/tmp/x"}
+    assert gpu_program.parse_xla_options(None) == {}
+    for bad in ("xla_gpu_enable_triton_gemm", "gpu_enable_triton_gemm=true", "xla_gpu_enable_triton_gemm="):
+        with pytest.raises(ValueError, match=f"An XLA option is NAME=VALUE.*got '{bad}'"):
+            gpu_program.parse_xla_options([bad])
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="reads an XLA program jax compiles")
 def test_the_flops_read_from_a_compiled_program_are_the_models_matmul_flops():
     # An independent check of the reader on a real optimised program (this CPU's): a
@@ -283,3 +295,29 @@ def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
     assert "__cudnn$fmhaSoftmax" in report  # bfloat16 attention goes to cuDNN, as on the card
     assert list(tmp_path.glob("hlo_MoNE_present.txt.gz"))
     assert "Live at the memory peak of MoNE present" in report
+
+
+@pytest.mark.skipif(BACKEND != "jax" or not _cuda_plugin_installed(),
+                    reason="needs jax's CUDA plugin (pip install 'jax[cuda12]'), which CI lacks")
+def test_xla_options_reach_the_compile_of_each_program():
+    # bench/xla_gemm_fusions.py's programs: XLA's experimental GEMM fusion takes the GELU
+    # into the GEMMs (2 kernels, not 4) only when the option reaches the compile
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import xla_gemm_fusions
+
+    device = gpu_program.compile_only_device("h200")
+    function, shapes = xla_gemm_fusions.programs(96, 1024)["MLP, product GELU"]
+    plain = xla_gemm_fusions.compiled_kernels(function, shapes, device, {})
+    fused = xla_gemm_fusions.compiled_kernels(function, shapes, device,
+                                              {"xla_gpu_experimental_gemm_fusion_v2": True})
+
+    def passes_over_the_hidden_activations(kernels):
+        return [k.kind for k in kernels if k.shape.endswith("[1024,3072]")]
+
+    assert passes_over_the_hidden_activations(plain) == ["gemm", "fusion"]  # fc1, then the GELU
+    assert passes_over_the_hidden_activations(fused) == ["gemm"]  # fc1 with the GELU
+    hidden_bytes = 1024 * 3072 * 2  # bf16
+    assert sum(k.bytes for k in plain) - sum(k.bytes for k in fused) == 2 * hidden_bytes  # the GELU's read and write

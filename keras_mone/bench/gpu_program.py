@@ -13,7 +13,8 @@ call ``cuInit``); ``bench/gpu_program.py`` sets it.
 
 * ``compile_only_device(card)``: a jax device of that card, for ``jax.jit(...).lower``.
 * ``compiled_forward(model, batch_size, device)``: the model's forward, compiled for it;
-  ``compiled_train_step``: its training step (AdamW).
+  ``compiled_train_step``: its training step (AdamW). Both take XLA's options for the one
+  compile (``xla_options``: ``{"xla_gpu_...": value}``, read by ``parse_xla_options``).
 * ``program_summary(kernels, card, dtype)``: counts, bytes, FLOPs and a roofline time of
   the kernels ``bench.hlo_kernels.program_kernels`` reads from a compiled program's text.
 
@@ -83,37 +84,57 @@ def compile_only_device(card="h200"):
     return topology.devices[0]
 
 
-def compiled_forward(model, batch_size, device, dump_to=None):
+def compiled_forward(model, batch_size, device, dump_to=None, xla_options=None):
     """``model``'s inference forward (``bench.device.jax_forward_function``) on a
     ``batch_size`` batch (float32 inputs), compiled for ``device`` under the GPU's forms;
     weights are abstract (no values needed). ``dump_to``: a folder XLA dumps the compile
-    into (``bench.hlo_memory.program_memory`` reads it)."""
+    into (``bench.hlo_memory.program_memory`` reads it); ``xla_options``: XLA's debug
+    options for this compile only (``parse_xla_options``)."""
     from keras_mone.bench.device import jax_forward_function
 
     example = _example_shape(model)  # fails early, naming what it takes
     variables = (model.trainable_variables, model.non_trainable_variables)
     return _compiled(jax_forward_function(model), device, variables, [((batch_size, *example), "float32")],
-                     dump_to=dump_to)
+                     dump_to=dump_to, xla_options=xla_options)
 
 
-def compiled_train_step(model, batch_size, device, dump_to=None):
+def compiled_train_step(model, batch_size, device, dump_to=None, xla_options=None):
     """``model``'s training step (``bench.device.jax_train_function``: forward, loss,
     backward, AdamW) on a ``batch_size`` batch, compiled for ``device`` under the GPU's
     forms, its weights and optimizer state donated as in ``keras-mone bench``;
-    ``dump_to`` as in ``compiled_forward``."""
+    ``dump_to`` and ``xla_options`` as in ``compiled_forward``."""
     from keras_mone.bench.device import jax_train_function
 
     example = _example_shape(model)  # fails early, naming what it takes
     step, optimizer = jax_train_function(model)
     variables = (model.trainable_variables, model.non_trainable_variables, optimizer.variables)
     inputs = [((batch_size, *example), "float32"), ((batch_size,), "int32")]
-    return _compiled(step, device, variables, inputs, donate=(0, 1, 2), dump_to=dump_to)
+    return _compiled(step, device, variables, inputs, donate=(0, 1, 2), dump_to=dump_to, xla_options=xla_options)
 
 
-def _compiled(function, device, variable_lists, inputs, donate=(), dump_to=None):
+def parse_xla_options(entries):
+    """``{"xla_...": value}`` from ``"NAME=VALUE"`` strings (``true``/``false`` as booleans,
+    integers as ints), for ``jax``'s ``Lowered.compile(compiler_options=...)``: XLA's debug
+    options for one compile, where ``$XLA_FLAGS`` would set them for the whole process."""
+    options = {}
+    for entry in entries or ():
+        name, separator, value = entry.partition("=")
+        name = name.strip().lstrip("-")
+        if not separator or not name.startswith("xla_") or not value.strip():
+            raise ValueError(f"An XLA option is NAME=VALUE with a name starting 'xla_', e.g. "
+                             f"'xla_gpu_experimental_gemm_fusion_v2=true'; got {entry!r}.")
+        value = value.strip()
+        if value.lower() in ("true", "false"):
+            options[name] = value.lower() == "true"
+        else:
+            options[name] = int(value) if value.lstrip("-").isdigit() else value
+    return options
+
+
+def _compiled(function, device, variable_lists, inputs, donate=(), dump_to=None, xla_options=None):
     """``jax.jit(function)`` traced under the GPU's forms on abstract arrays placed on
     ``device`` (each variable list's values, then ``inputs``: ``(shape, dtype)`` pairs),
-    and compiled (dumped into ``dump_to`` if given)."""
+    and compiled with ``xla_options`` (dumped into ``dump_to`` if given)."""
     import jax
     from jax.sharding import SingleDeviceSharding
 
@@ -126,10 +147,12 @@ def _compiled(function, device, variable_lists, inputs, donate=(), dump_to=None)
     arguments += [abstract(shape, dtype) for shape, dtype in inputs]
     with platform_forms.compiling_for("gpu"):
         lowered = jax.jit(function, donate_argnums=donate).lower(*arguments)
+    options = dict(xla_options or {})
     if dump_to is None:
-        return lowered.compile()
+        return lowered.compile(compiler_options=options or None)
+    options.update(hlo_memory.dump_options(dump_to, f"jit_{function.__name__}"))
     with hlo_memory.compiled_afresh():
-        return lowered.compile(compiler_options=hlo_memory.dump_options(dump_to, f"jit_{function.__name__}"))
+        return lowered.compile(compiler_options=options)
 
 
 def program_summary(kernels, card="h200", dtype="bfloat16"):
