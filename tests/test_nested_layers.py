@@ -1,4 +1,6 @@
-"""Nested layers against the numpy reference of App. A.1 Eq. 5-7 and Eq. 1."""
+"""Nested layers against the numpy reference of App. A.1 Eq. 6-7 and Eq. 1: NestedDense, NestedMLP,
+ViTBlock, the patch embedding, DropPath, the routers and the GELU (attention: test_mone_attention.py;
+row-cut projections and their gradients: test_nested_dense_rows.py; configs: test_layer_configs.py)."""
 
 import math
 
@@ -6,75 +8,24 @@ import keras
 import numpy as np
 import numpy_reference as ref
 import pytest
-from conftest import (
-    BACKEND,
-    assert_f32_close,
-    config_roundtrip,
-    f32_tolerance,
-    gradients,
-    max_abs_diff,
-    randomize_weights,
-    to_numpy,
+from conftest import assert_f32_close, f32_tolerance, max_abs_diff, randomize_weights, to_numpy
+from nested_layer_cases import (
+    ATOL,
+    D,
+    HEADS,
+    MLP,
+    SIZES,
+    WIDTHS,
+    block_params,
+    built,
+    gradient_of,
+    mixed_groups,
+    rand,
+    weights_of,
 )
 
 from keras_mone import layers
-from keras_mone.data import augment
-from keras_mone.exports import exported
 from keras_mone.layers.activations import gelu, rational_erf
-from keras_mone.layers.attention import multi_head_attention
-
-D, HEADS, MLP = 32, 4, 64
-WIDTHS = [4, 8, 16, 32]  # the four nested experts of D = 32
-SIZES = [5, 4, 4, 3]  # tokens per group in the mixed-width calls
-
-# Float32 layers against the float64 reference: see conftest.F32_ULPS
-# (measured <= 4 ulps of max|value| for single layers). ATOL is for float32 vs
-# float32 of the same maths in another summation order (sliced input vs full
-# input, permuted groups): outputs are O(1-10), observed differences <= 2e-6.
-ATOL = 1e-5
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
-
-
-def weights_of(layer):
-    return {v.path.split("/", 1)[1] if "/" in v.path else v.path: to_numpy(v) for v in layer.weights}
-
-
-def built(layer, shape, seed=0):
-    layer.build(shape)
-    randomize_weights(layer, seed=seed)
-    return layer
-
-
-def attention_params(layer):
-    w = {v.path: to_numpy(v) for v in layer.weights}
-    get = lambda suffix: next(val for path, val in w.items() if path.endswith(suffix))  # noqa: E731
-    return (get("qkv/kernel"), get("qkv/bias"), get("out/kernel"), get("out/bias"))
-
-
-def block_params(block):
-    w = {v.path: to_numpy(v) for v in block.weights}
-    get = lambda suffix: next(val for path, val in w.items() if path.endswith(suffix))  # noqa: E731
-    names = {
-        "norm1_gamma": "norm1/gamma", "norm1_beta": "norm1/beta",
-        "qkv_kernel": "qkv/kernel", "qkv_bias": "qkv/bias",
-        "out_kernel": "out/kernel", "out_bias": "out/bias",
-        "norm2_gamma": "norm2/gamma", "norm2_beta": "norm2/beta",
-        "fc1_kernel": "fc1/kernel", "fc1_bias": "fc1/bias",
-        "fc2_kernel": "fc2/kernel", "fc2_bias": "fc2/bias",
-    }
-    params = {k: get(v).astype(np.float64) for k, v in names.items()}
-    params["num_heads"] = block.num_heads
-    return params
-
-
-def mixed_groups(seed=0):
-    """Token groups (batch 2, k_j tokens, D) and the per-token widths of their concatenation."""
-    groups = [rand(2, k, D, seed=seed + j) for j, k in enumerate(SIZES)]
-    per_token = np.concatenate([np.full((2, k), w) for k, w in zip(SIZES, WIDTHS)], axis=1)
-    return groups, per_token
 
 
 # --------------------------------------------------------------------------
@@ -141,71 +92,6 @@ class TestNestedDense:
         layer = self.make()
         with pytest.raises(ValueError, match="input features"):
             layer(rand(2, 5, 12), in_width=8)
-
-
-# --------------------------------------------------------------------------
-# MoNEAttention (Eq. 5)
-# --------------------------------------------------------------------------
-class TestMoNEAttention:
-    def make(self):
-        return built(layers.MoNEAttention(D, HEADS), (None, None, D), seed=1)
-
-    def test_full_width_matches_reference(self):
-        layer = self.make()
-        x = rand(2, 7, D)
-        expected = ref.attention(x, D, *attention_params(layer), HEADS)
-        assert_f32_close(to_numpy(layer(x)), expected)
-
-    def test_mixed_widths_match_reference(self):
-        layer = self.make()
-        groups, per_token = mixed_groups()
-        outs = layer(groups, widths=WIDTHS)
-        assert isinstance(outs, list) and len(outs) == len(groups)
-        expected = ref.attention(np.concatenate(groups, axis=1), per_token, *attention_params(layer), HEADS)
-        got = np.concatenate([to_numpy(o) for o in outs], axis=1)
-        assert got.shape == expected.shape
-        assert_f32_close(got, expected)
-        # Out-projections of width-d tokens are exactly zero beyond d.
-        for out, width in zip(outs, WIDTHS):
-            assert np.all(to_numpy(out)[..., width:] == 0.0)
-
-    def test_tokens_only_read_their_first_d_features(self):
-        layer = self.make()
-        groups, _ = mixed_groups()
-        before = [to_numpy(o) for o in layer(groups, widths=WIDTHS)]
-        changed = [g.copy() for g in groups]
-        for g, width in zip(changed, WIDTHS):
-            g[..., width:] += 50.0 * rand(*g[..., width:].shape, seed=width)
-        after = [to_numpy(o) for o in layer(changed, widths=WIDTHS)]
-        for b, a in zip(before, after):  # every group, since keys/values are unchanged too
-            np.testing.assert_array_equal(a, b)
-
-    def test_widths_beyond_D_are_read(self):
-        # Control for the test above: a full-width group *does* see all features.
-        layer = self.make()
-        x = rand(2, 4, D)
-        x2 = x.copy()
-        x2[..., 16:] += 1.0
-        assert max_abs_diff(to_numpy(layer([x], widths=[D])[0]), to_numpy(layer([x2], widths=[D])[0])) > 1e-3
-
-    def test_group_order_does_not_matter(self):
-        # Attention is over all tokens of all groups: permuting groups permutes outputs.
-        layer = self.make()
-        groups, _ = mixed_groups()
-        outs = [to_numpy(o) for o in layer(groups, widths=WIDTHS)]
-        rev = [to_numpy(o) for o in layer(groups[::-1], widths=WIDTHS[::-1])][::-1]
-        for a, b in zip(outs, rev):
-            assert max_abs_diff(a, b) <= ATOL
-
-    def test_bad_arguments(self):
-        with pytest.raises(ValueError, match="num_heads"):
-            layers.MoNEAttention(30, 4)
-        layer = self.make()
-        groups, _ = mixed_groups()
-        with pytest.raises(ValueError, match="widths"):
-            layer(groups, widths=WIDTHS[:3])
-        with pytest.raises(ValueError, match="widths"):
-            layer(groups, widths=[4, 8, 16, 64])
 
 
 # --------------------------------------------------------------------------
@@ -428,169 +314,6 @@ class TestRouters:
         assert router.weights == [] or all(not v.trainable for v in router.weights)
 
 
-# --------------------------------------------------------------------------
-# get_config round trip of every public layer
-# --------------------------------------------------------------------------
-PUBLIC_LAYERS = {
-    "NestedDense": lambda: layers.NestedDense(24, use_bias=False, bias_initializer="ones"),
-    "MoNEAttention": lambda: layers.MoNEAttention(D, HEADS, use_bias=False, dropout_rate=0.1),
-    "NestedMLP": lambda: layers.NestedMLP(D, MLP, dropout_rate=0.2),
-    "ViTBlock": lambda: layers.ViTBlock(D, HEADS, MLP, routed=True, drop_path_rate=0.1, layer_norm_epsilon=1e-5),
-    "PatchEmbedding": lambda: layers.PatchEmbedding(
-        (16, 24), 8, D, num_channels=1, use_class_token=True, use_position_embedding=False
-    ),
-    "DropPath": lambda: layers.DropPath(0.25, seed=7),
-    "Router": lambda: layers.Router(3),
-    "RandomRouter": lambda: layers.RandomRouter(5, seed=11),
-    "ExpertPreferredRouting": lambda: layers.ExpertPreferredRouting(
-        3, 0.4, capacity_method="greedy", beta=5.0, delta=3.0
-    ),
-    "TubeletEmbedding": lambda: layers.TubeletEmbedding(
-        6, (16, 24), 8, D, tubelet_size=3, num_channels=1, use_class_token=False
-    ),
-    "SequenceEncoder": lambda: layers.SequenceEncoder(
-        5, D, 2, HEADS, MLP, use_class_token=False, drop_path_rate=0.1, layer_norm_epsilon=1e-5
-    ),
-    "InceptionCrop": lambda: augment.InceptionCrop(12, 10, area_range=(0.2, 0.9), seed=3),
-    "RolledMixUp": lambda: augment.RolledMixUp(alpha=0.5, seed=4),
-    "ACMMLP": lambda: layers.ACMMLP(D, MLP, num_learners=2, mode="grouped", beta=0.4, dropout_rate=0.1),
-    "ACMGate": lambda: layers.ACMGate(3, hidden_units=8, temperature=0.5, seed=2),
-    "ACMLinear": lambda: layers.ACMLinear(D, num_learners=2, rank=4, beta=0.6),
-    "MlpBlock": lambda: layers.MlpBlock(D, 12, gelu_approximate=True),
-    "MixerBlock": lambda: layers.MixerBlock(6, D, 5, 12, layer_norm_epsilon=1e-5),
-    "SparseMixerBlock": lambda: layers.SparseMixerBlock(
-        6, D, 2, 8, 0, 16, capacity_factor=2.0, aux_loss_weight=0.02, seed=3
-    ),
-    "SparseMoE": lambda: layers.SparseMoE(3, 8, 2, capacity_factor=1.5, noise=False, seed=5),
-    "ReRepresent1": lambda: layers.ReRepresent1(6, D, 12, 4),
-    "ReRepresent2": lambda: layers.ReRepresent2(12, 4, 6, D),
-}
-
-
-def test_every_public_layer_is_covered():
-    # A family's layers are exported into keras_mone.layers from its folder (keras_mone.exports).
-    public = {name for module in (layers, augment) for name in {*module.__all__, *exported(module.__name__)}
-              if isinstance(getattr(module, name), type) and issubclass(getattr(module, name), keras.layers.Layer)}
-    assert public == set(PUBLIC_LAYERS)
-
-
-@pytest.mark.parametrize("name", sorted(PUBLIC_LAYERS))
-def test_get_config_round_trip(name):
-    layer = PUBLIC_LAYERS[name]()
-    clone = config_roundtrip(layer)
-    config = layer.get_config()
-    # the non-default constructor arguments survive
-    for key, value in config.items():
-        if key in ("name", "trainable", "dtype"):
-            continue
-        assert clone.get_config()[key] == value
-    # ...and are really used by the clone, not just echoed
-    for attr in ("units", "use_bias", "dropout_rate", "routed", "drop_path_rate", "layer_norm_epsilon",
-                 "use_class_token", "num_channels", "rate", "seed", "num_experts", "capacity_method",
-                 "effective_capacity", "beta", "delta", "capacities", "num_frames", "tubelet_size",
-                 "image_size", "sequence_length", "depth", "area_range", "alpha", "num_learners", "mode",
-                 "temperature", "top_k", "capacity_factor", "aux_loss_weight", "noise", "gelu_approximate",
-                 "num_tokens", "output_tokens", "output_dim", "use_position_embedding"):
-        if hasattr(layer, attr):
-            assert getattr(clone, attr) == getattr(layer, attr), attr
-
-
-def test_half_open_unit_interval_serialises():
-    constraint = layers.HalfOpenUnitInterval()
-    restored = keras.constraints.deserialize(keras.constraints.serialize(constraint))
-    assert isinstance(restored, layers.HalfOpenUnitInterval)
-
-
-def test_routed_block_round_trip_keeps_outputs():
-    block = layers.ViTBlock(D, HEADS, MLP, routed=True)
-    block.build((None, None, D))
-    randomize_weights(block, seed=8)
-    clone = config_roundtrip(block)
-    clone.build((None, None, D))
-    clone.set_weights(block.get_weights())
-    groups, _ = mixed_groups()
-    gates = [np.full((2, k), 0.3, "float32") for k in SIZES]
-    for a, b in zip(block(groups, widths=WIDTHS, gates=gates), clone(groups, widths=WIDTHS, gates=gates)):
-        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
-
-
-class _FunctionOfVariable(keras.layers.Layer):
-    """``function(variable)``, the variable initialised to ``value`` (inputs unused): gradients
-    of a bare function through ``conftest.gradients``."""
-
-    def __init__(self, value, function, **kwargs):
-        super().__init__(**kwargs)
-        self.function = function
-        self.value = self.add_weight(shape=value.shape, initializer=keras.initializers.Constant(value))
-
-    def call(self, inputs, training=None):
-        return self.function(self.value, training)
-
-
-def _gradient_of(function, value, loss):
-    model = keras.Sequential([keras.Input((1,)), _FunctionOfVariable(value, function)])
-    (grad,) = gradients(model, loss, np.zeros((1, 1), "float32"), model.trainable_variables)
-    return grad
-
-
-def _attention_gradient_reference(qkv, upstream):
-    """float64 d sum(attention(qkv) * upstream) / d qkv, the softmax backward written out:
-    dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)), dQ = s dS K, dK = s dS^T Q."""
-    q, k, v = (np.moveaxis(qkv[:, :, i].astype("float64"), 2, 1) for i in range(3))  # (B, H, N, d)
-    scale = qkv.shape[-1] ** -0.5
-    scores = scale * q @ np.swapaxes(k, -1, -2)
-    p = np.exp(scores - scores.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    d_out = np.moveaxis(upstream.astype("float64"), 2, 1)
-    d_v = np.swapaxes(p, -1, -2) @ d_out
-    d_p = d_out @ np.swapaxes(v, -1, -2)
-    d_s = p * (d_p - np.sum(d_p * p, -1, keepdims=True))
-    d_q, d_k = scale * d_s @ k, scale * np.swapaxes(d_s, -1, -2) @ q
-    return np.stack([np.moveaxis(g, 1, 2) for g in (d_q, d_k, d_v)], axis=2)
-
-
-@pytest.mark.parametrize("received", [False, True], ids=["attended", "with_received"])
-def test_attention_over_token_parts_equals_attention_over_their_concatenation(received):
-    """``multi_head_attention`` on a list of token parts (MoNE's groups, put heads first one by
-    one and then concatenated) gives the outputs, received attention and gradients of the same
-    call on the concatenated tensor, and the gradient equals the float64 softmax backward."""
-    qkv = 3 * rand(2, 7, 3, 2, 4, seed=5)
-    upstream = rand(2, 7, 2, 4, seed=6)
-    bounds = [(0, 3), (3, 5), (5, 7)]
-
-    def on_parts(v):
-        return multi_head_attention([v[:, a:b] for a, b in bounds], received)
-
-    def on_whole(v):
-        return multi_head_attention(v, received)
-
-    outputs = {}
-    for name, call in (("parts", on_parts), ("whole", on_whole)):
-        result = call(keras.ops.convert_to_tensor(qkv))
-        outputs[name] = [to_numpy(r) for r in (result if received else [result])]
-    for part, whole in zip(outputs["parts"], outputs["whole"]):
-        np.testing.assert_allclose(part, whole, rtol=0, atol=ATOL)
-
-    def loss(out):
-        return keras.ops.sum((out[0] if received else out) * keras.ops.convert_to_tensor(upstream))
-
-    grad_parts = _gradient_of(lambda v, training: on_parts(v), qkv, loss)
-    grad_whole = _gradient_of(lambda v, training: on_whole(v), qkv, loss)
-    np.testing.assert_allclose(grad_parts, grad_whole, rtol=0, atol=ATOL)
-    assert_f32_close(grad_parts, _attention_gradient_reference(qkv, upstream))
-
-
-def test_attention_gradient_matches_the_softmax_backward():
-    """The jax path stops the gradient of its max shift (exactly zero in exact arithmetic):
-    gradients equal the softmax backward on every backend's path. Large scores make the
-    shift matter: a wrong shift gradient would be O(1) off."""
-    qkv = 3 * rand(2, 6, 3, 2, 4, seed=3)
-    upstream = rand(2, 6, 2, 4, seed=4)
-    grad = _gradient_of(lambda v, training: multi_head_attention(v), qkv,
-                        lambda out: keras.ops.sum(out * keras.ops.convert_to_tensor(upstream)))
-    assert_f32_close(grad, _attention_gradient_reference(qkv, upstream))
-
-
 def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
     """``layers.activations.gelu`` (erf form in training and after nested projections on jax,
     ``ops.gelu`` otherwise) against float64 x Phi(x) and Phi(x) + x phi(x), over the range
@@ -605,132 +328,5 @@ def test_gelu_is_x_phi_x_and_its_derivative_on_every_backend():
     # the spelled-out erf of exported nested MLPs: within 4e-7 of erf (float32 erf: 3e-7)
     erf = to_numpy(rational_erf(keras.ops.convert_to_tensor(x / np.sqrt(2).astype("float32"))))
     np.testing.assert_allclose(erf, 2 * cdf - 1, rtol=0, atol=4e-7)
-    grad = _gradient_of(lambda v, training: gelu(v, training=training), x, keras.ops.sum)
+    grad = gradient_of(lambda v, training: gelu(v, training=training), x, keras.ops.sum)
     assert_f32_close(grad, cdf + x64 * phi)
-
-
-class _NestedDenseOfVariable(keras.layers.Layer):
-    """``NestedDense(x)`` at given widths, ``x`` a variable (so its gradient is a variable's)."""
-
-    def __init__(self, x, units, widths, **kwargs):
-        super().__init__(**kwargs)
-        self.x = self.add_weight(shape=x.shape, initializer=keras.initializers.Constant(x))
-        self.dense = layers.NestedDense(units)
-        self.dense.build(x.shape)
-        self.widths = widths
-
-    def call(self, inputs, training=None):
-        widths = dict(self.widths)
-        if widths.pop("tied", False):  # the slice cut after another tensor (NestedMLP's pre-activation)
-            widths["slice_after"] = keras.ops.exp(self.x)
-        return self.dense(self.x, **widths)
-
-
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize(
-    "widths", [dict(in_width=4), dict(out_width=8), dict(in_width=4, out_width=8), dict(out_width=8, tied=True),
-               dict(rows=(1, 4)), dict(rows=(1, 4), out_width=8), dict(rows=(0, 2), in_width=4, out_width=8)],
-    ids=["in", "out", "both", "tied", "rows", "rows-out", "rows-both"],
-)
-def test_nested_dense_gradients_are_those_of_the_sliced_product(widths, graph):
-    """Input, kernel and bias gradients of a nested projection (jax and, for column slices,
-    tensorflow: the hand-written backward pass that cuts the slice again) against numpy:
-    dx = Pad(dy W[:a, :b]^T), dW = Pad(x[:, :a]^T dy). ``tied``: the slice is cut after another
-    tensor (``slice_after``), which adds no gradient. ``rows``: the product of the rows
-    ``x[:, start:stop]`` (jax cuts them again in the backward pass), whose gradient is padded
-    with zeros along the tokens. ``graph``: tensorflow inside a ``tf.function``, where the tie
-    is a control dependency (other backends: one run)."""
-    if graph and BACKEND != "tensorflow":
-        pytest.skip("eager and graph differ only on tensorflow")
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(2, 5, 16)).astype("float32")
-    start, stop = widths.get("rows", (0, 5))
-    upstream = rng.normal(size=(2, stop - start, 32)).astype("float32")
-    a, b = widths.get("in_width", 16), widths.get("out_width", 32)
-    upstream[..., b:] = 0.0  # the padded outputs' gradient never reaches the product
-    layer = _NestedDenseOfVariable(x, 32, widths)
-    model = keras.Sequential([keras.Input((1,)), layer])
-    randomize_weights(layer.dense, seed=4)
-    kernel = to_numpy(layer.dense.kernel).astype("float64")
-    grad_x, grad_kernel, grad_bias = gradients(
-        model, lambda out: keras.ops.sum(out * keras.ops.convert_to_tensor(upstream)), np.zeros((1, 1), "float32"),
-        [layer.x, layer.dense.kernel, layer.dense.bias], graph=graph,
-    )
-    dy = upstream[..., :b].astype("float64")
-    expected_x = np.zeros_like(x, dtype="float64")
-    expected_x[:, start:stop, :a] = dy @ kernel[:a, :b].T
-    expected_kernel = np.zeros_like(kernel)
-    expected_kernel[:a, :b] = x[:, start:stop, :a].reshape(-1, a).astype("float64").T @ dy.reshape(-1, b)
-    assert_f32_close(grad_x, expected_x)
-    assert_f32_close(grad_kernel, expected_kernel)
-    assert_f32_close(grad_bias, upstream.reshape(-1, 32).sum(0))
-
-
-class TestNestedDenseRows:
-    """``NestedDense(x, rows=(start, stop))``: the projection of a token group's rows of a
-    joined tensor (MoNE attention's out-projection), equal to cutting the rows first."""
-
-    @pytest.mark.parametrize("widths", [{}, dict(out_width=8), dict(in_width=4, out_width=8)])
-    def test_equals_the_cut_rows(self, widths):
-        layer = built(layers.NestedDense(48), (None, None, D))
-        x = rand(2, 7, D)
-        out = to_numpy(layer(x, rows=(2, 5), **widths))
-        assert out.shape == (2, 3, 48)
-        np.testing.assert_allclose(out, to_numpy(layer(x[:, 2:5], **widths)), rtol=0, atol=ATOL)
-
-    @pytest.mark.parametrize("rows", [(3, 3), (-1, 2), (2, 8), (1,), "ab", (1.5, 3)])
-    def test_bad_rows_name_the_argument(self, rows):
-        layer = built(layers.NestedDense(48), (None, None, D))
-        with pytest.raises(ValueError, match="`rows`"):
-            layer(rand(2, 7, D), rows=rows)
-
-    def test_symbolic_shape(self):
-        layer = layers.NestedDense(48)
-        spec = layer.compute_output_spec(keras.KerasTensor((2, 7, D)), out_width=8, pad_output=False, rows=(2, 5))
-        assert spec.shape == (2, 3, 8)
-
-    @pytest.mark.skipif(BACKEND != "jax", reason="the backward pass's residuals are jax's")
-    def test_backward_keeps_the_joined_tensor_not_the_cut(self):
-        """What ``jax.vjp`` keeps for the backward pass: the joined input and the kernel,
-        never a ``(batch, stop - start, ...)`` copy of the rows (MoNE's training step kept
-        one such copy of attention's output per block and group, issue 40)."""
-        import jax
-
-        layer = built(layers.NestedDense(48), (None, None, D))
-        kernel = layer.kernel.value
-        x = jax.numpy.asarray(rand(2, 7, D))
-
-        def project(x, kernel):
-            return layer.stateless_call([kernel, layer.bias.value], [], x, out_width=8, rows=(2, 5))[0]
-
-        _, pullback = jax.vjp(project, x, kernel)
-        kept = [leaf.shape for leaf in jax.tree_util.tree_leaves(pullback) if hasattr(leaf, "shape")]
-        assert (2, 7, D) in kept
-        assert not [shape for shape in kept if len(shape) == 3 and shape[1] == 3], kept
-        # ...and in the compiled step the backward pass's cut sits behind a barrier, which keeps
-        # XLA's CSE from merging it with the forward pass's cut (and keeping that one instead)
-        def loss(x, kernel):
-            return jax.numpy.sum(project(x, kernel) ** 2)
-
-        step = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, kernel).as_text()
-        assert "optimization_barrier" in step
-        assert "optimization_barrier" not in jax.jit(loss).lower(x, kernel).as_text()
-
-    def test_rows_of_a_wider_input_keep_the_input_itself(self):
-        # in_width < the input's features: both cuts are made inside the product, and the
-        # backward pass keeps the input, not a (batch, tokens, in_width) copy of it
-        if BACKEND != "jax":
-            pytest.skip("the backward pass's residuals are jax's")
-        import jax
-
-        layer = built(layers.NestedDense(48), (None, None, D))
-        x = jax.numpy.asarray(rand(2, 7, D))
-
-        def project(x):
-            return layer.stateless_call([layer.kernel.value, layer.bias.value], [], x, in_width=8, rows=(2, 5))[0]
-
-        _, pullback = jax.vjp(project, x)
-        kept = [leaf.shape for leaf in jax.tree_util.tree_leaves(pullback) if hasattr(leaf, "shape")]
-        assert (2, 7, D) in kept and (2, 7, 8) not in kept and (2, 3, 8) not in kept, kept
-        np.testing.assert_allclose(np.asarray(project(x)), to_numpy(layer(rand(2, 7, D)[:, 2:5], in_width=8)),
-                                   rtol=0, atol=ATOL)
