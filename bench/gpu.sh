@@ -16,8 +16,9 @@
 # (PYTHONPATH), not installed.
 #
 # First bench/kernel_check.py: the fused kernels (kernels/), compiled for the card, against
-# the plain path (kernel_check.md). Then runs, each its own process (dense and MoNE
-# interleaved, medians of $REPEATS):
+# the plain path (kernel_check.md; with RUNS set, only if RUNS names kernel_check: it took
+# over 60 s on an H200). Then runs, each its own process (dense and MoNE interleaved,
+# medians of $REPEATS):
 #   1. jax   ViT-B/16 224, e_c 0.3 and 0.5, batch 64, float32 + mixed_bfloat16:
 #            forward on device input and on host input (predict_on_batch), timm peer
 #   2. jax   the same at batch 256, device input only, timm peer
@@ -42,7 +43,8 @@
 #  forms_vit_f32     the same in float32 at batch 64
 #  forms_vit_train   training steps, mixed_bfloat16, batch 128
 #  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
-#  kernel_tiles      the block kernel's tile settings timed against XLA (bench/kernel_tiles.py)
+#  kernel_tiles      the block kernel's tile settings timed against XLA, each one's output
+#                    checked against it (bench/kernel_tiles.py)
 #  forms_vit_bf16_tuned  batch 256, fused_mlp with the best tiles of kernel_tiles
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
@@ -104,9 +106,14 @@ EOF
 echo "[gpu.sh] setup done in $((SECONDS - start)) s"
 
 # -- 2. the fused kernels, compiled for this card, against the plain path -------
-# shellcheck disable=SC2086  # KERNEL_CHECK_ARGS: one word per argument
-KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_check:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_check.py" ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
-echo "[gpu.sh] kernel check: exit $? (total $((SECONDS - start)) s)"; cat "$OUT_DIR/kernel_check.md"
+# (with RUNS set, only if it names kernel_check: kernel_tiles checks each tile it times)
+checked=""  # this call's kernel check, for the combined report (not one an earlier call left)
+if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" kernel_check "* ]]; then
+    checked="$OUT_DIR/kernel_check.md"
+    # shellcheck disable=SC2086  # KERNEL_CHECK_ARGS: one word per argument
+    KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_check:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_check.py" ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
+    echo "[gpu.sh] kernel check: exit $? (total $((SECONDS - start)) s)"; cat "$OUT_DIR/kernel_check.md"
+fi
 
 # -- 3. the runs ----------------------------------------------------------------
 COMMON=(--repeats "$REPEATS" --warmup 2 --no-routing-probes --no-peer --quiet)
@@ -205,7 +212,7 @@ forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision f
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
-FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
+KERNEL_CHECK_REPORT="$checked" FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
 import json
 import os
 import sys
@@ -218,8 +225,8 @@ results = [json.load(open(path)) for path in paths]
 with open(report, "w") as f:
     sweeps = [path for path in os.environ.get("FORMS_REPORTS", "").split(":") if path]
     f.write(f"# GPU benchmark (bench/gpu.sh, {len(results)} bench runs, {len(sweeps)} form sweeps, {seconds} s)\n\n")
-    check = os.path.join(os.path.dirname(report), "kernel_check.md")
-    if os.path.exists(check):
+    check = os.environ.get("KERNEL_CHECK_REPORT", "")
+    if check and os.path.exists(check):
         f.write(open(check).read() + "\n")
     if results:
         f.write(combined_table(results) + "\n")

@@ -7,7 +7,9 @@ groups of MoNE-ViT-B/16 at e_c 0.3 and batch 256 (rows of width 96, 192, 384), e
 ``plain_residual_mlp`` compiled by XLA, and prints the best setting per width as a
 ``$KERAS_MONE_MLP_TILES`` value, which ``bench/gpu_forms.py --forms fused_mlp`` then times in
 the whole model. A setting the compiler rejects (shared memory, registers) is listed as
-failed and the sweep goes on.
+failed and the sweep goes on. Each setting's output is checked against the plain path's
+(``bench/kernel_check.py``'s error and bounds): a setting off by more is listed as wrong and
+never chosen, however fast.
 
     KERAS_BACKEND=jax python bench/kernel_tiles.py                       # a GPU
     KERAS_BACKEND=jax python bench/kernel_tiles.py --rows 64 --repeats 1 \\
@@ -22,6 +24,8 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from kernel_check import BOUNDS, GPU_BOUNDS, relative_error
 
 from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp, residual_blocks
 from keras_mone.layers.mlp import _kernel_gelu
@@ -67,11 +71,15 @@ def inputs(rows, dim, hidden, dtype, seed=0):
 
 
 def sweep(width, rows, args, interpret, log):
-    """``[(tiles, ms or None, note)]`` for one width, the plain path first (tiles ``"plain (XLA)"``)."""
+    """``[(tiles, ms or None, error or None, note)]`` for one width, the plain path first (tiles
+    ``"plain (XLA)"``); ``error``: the largest difference from the plain path's output over its
+    largest value. A setting past the dtype's bound gets a note starting "wrong"."""
     gelu = _kernel_gelu(False)
     arguments = inputs(rows, args.dim, args.hidden, jnp.dtype(args.dtype))
     plain = jax.jit(lambda *a: plain_residual_mlp(*a, width, gelu, 1e-6))
-    results = [("plain (XLA)", median_ms(plain, arguments, args.repeats), "")]
+    expected = plain(*arguments)
+    bound = (BOUNDS if interpret else GPU_BOUNDS)[args.dtype]
+    results = [("plain (XLA)", median_ms(plain, arguments, args.repeats), 0.0, "")]
     log(f"d={width}: plain {results[0][1]:.3f} ms")
     default = residual_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
     if args.grid is None and width in SCREENED:
@@ -84,10 +92,14 @@ def sweep(width, rows, args, interpret, log):
             *a, width, gelu, block_rows=t[0], block_hidden=t[1], num_warps=t[2], num_stages=t[3],
             interpret=interpret))
         try:
+            error = relative_error(kernel(*arguments), expected)
             ms, note = median_ms(kernel, arguments, args.repeats), "default" if tiles == default else ""
-        except Exception as error:  # a tile the compiler rejects: listed, the sweep goes on
-            ms, note = None, f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
-        results.append((tiles, ms, note))
+            if not error <= bound:  # NaN included
+                note = f"wrong: error {error:.1e} > {bound:.1e}" + (", default" if note else "")
+        except Exception as failure:  # a tile the compiler rejects: listed, the sweep goes on
+            ms, error = None, None
+            note = f"failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0][:120]}"
+        results.append((tiles, ms, error, note))
         log(f"d={width} {tiles}: {'-' if ms is None else f'{ms:.3f} ms'} {note}")
     return results
 
@@ -109,20 +121,22 @@ def main(argv=None):
     print(f"Block kernel tiles on {device.device_kind if not interpret else 'cpu (interpreted)'}, jax "
           f"{jax.__version__}, {args.dtype}, D={args.dim}, H={args.hidden}, medians of {args.repeats}; "
           f"`KERAS_BACKEND=jax python bench/kernel_tiles.py {' '.join(argv or sys.argv[1:])}`\n")
-    print("| d | rows | tiles (rows, hidden, warps, stages) | ms | plain / kernel | note |\n|---|---|---|---|---|---|")
+    print("| d | rows | tiles (rows, hidden, warps, stages) | ms | plain / kernel | error / max value | note |\n"
+          "|---|---|---|---|---|---|---|")
     best = []
     for width in (int(w) for w in args.widths.split(",")):
         rows = args.rows or GROUP_ROWS.get(width, 16384)
         results = sweep(width, rows, args, interpret, log)
         plain_ms = results[0][1]
-        for tiles, ms, note in results:
+        for tiles, ms, error, note in results:
             ratio = "" if ms is None else f"{plain_ms / ms:.2f}"
-            print(f"| {width} | {rows} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {note} |")
-        timed = [(ms, tiles) for tiles, ms, _ in results[1:] if ms is not None]
+            shown = "" if error is None else f"{error:.1e}"
+            print(f"| {width} | {rows} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {shown} | {note} |")
+        timed = [(ms, tiles) for tiles, ms, _, note in results[1:] if ms is not None and not note.startswith("wrong")]
         if timed:
             ms, tiles = min(timed)
             best.append(f"{width}:{','.join(map(str, tiles))}")
-            print(f"| {width} | | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | |")
+            print(f"| {width} | | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | | |")
     print(f"\nKERAS_MONE_MLP_TILES=\"{';'.join(best)}\"")
 
 

@@ -208,3 +208,30 @@ def test_the_tile_sweep_takes_the_screened_tiles_of_a_width_unless_given_a_grid(
              if line.startswith("| 16 | 32 |")]
     default = str(kernel_tiles.residual_blocks(16, 128, 2) + (8, 2))
     assert swept == ["plain (XLA)", default, "(32, 64, 4, 2)"]
+
+
+def test_the_tile_sweep_never_picks_a_setting_whose_output_is_wrong(monkeypatch, capsys):
+    """A tile setting whose kernel is fast but off the plain path (a miscompile, say) is listed
+    as wrong, with its error, and the best setting is chosen among the others."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import kernel_tiles
+
+    right = kernel_tiles.fused_residual_mlp
+
+    def off_for_32_rows(*arguments, block_rows=None, **settings):
+        out = right(*arguments, block_rows=block_rows, **settings)
+        return out + 0.5 if block_rows == 32 else out
+
+    monkeypatch.setattr(kernel_tiles, "fused_residual_mlp", off_for_32_rows)
+    kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16",
+                       "--grid", "16,32:64:4:2"])
+    rows = {line.split("|")[3].strip(): line.split("|") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| 16 |")}
+    assert rows["(32, 64, 4, 2)"][7].strip().startswith("wrong: error")
+    assert float(rows["(32, 64, 4, 2)"][6]) > kernel_tiles.BOUNDS["bfloat16"]
+    assert not rows["(16, 64, 4, 2)"][7].strip().startswith("wrong")
+    assert float(rows["(16, 64, 4, 2)"][6]) <= kernel_tiles.BOUNDS["bfloat16"]
+    (best,) = [key.removeprefix("**best** ") for key in rows if key.startswith("**best**")]
+    assert best in rows and best != "(32, 64, 4, 2)" and not rows[best][7].strip().startswith("wrong")
