@@ -58,11 +58,54 @@ def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None, whi
     return re.sub(r"^#loc\d*\s*=.*$", "", module, flags=re.M)
 
 
-def compile_stats(ir_text, num_warps, num_stages, capability=90):
+def inner_loop(ptx):
+    """The opcodes of the PTX's innermost loop (the hidden-block loop: from the header LLVM
+    marks "Inner Loop Header" to the branch back to it), predicates dropped; ``[]`` if none."""
+    lines = ptx.splitlines()
+    header = next((i for i, line in enumerate(lines) if "Inner Loop Header" in line), None)
+    if header is None:
+        return []
+    label = lines[header].split(":")[0].strip()
+    branch = re.compile(rf"\bbra(\.uni)?\s+{re.escape(label)};")
+    back = next((i for i in range(header + 1, len(lines)) if branch.search(lines[i])), None)
+    opcodes = []
+    for line in lines[header + 1:(back or header) + 1]:
+        text = re.sub(r"^@!?%p\d+\s+", "", line.strip())
+        if text and not text.startswith(("//", ".loc", "$", "{", "}")):
+            opcodes.append(text.split()[0].rstrip(";"))
+    return opcodes
+
+
+def loop_work(opcodes, width, block_rows, block_hidden, num_warps):
+    """What one pass of the hidden-block loop issues against what it needs, per program:
+    ``tensor_issued_over_needed``: the MMA FLOPs its threads issue over a hidden block's
+    ``4 d rows block_hidden`` (fc1 and fc2); ``divisions_per_element``: ``div`` instructions
+    over the block's ``rows x block_hidden`` hidden elements (the rational GELU divides once
+    per element, so 2 means every element's GELU is computed twice); ``float_per_element``:
+    float32 arithmetic and conversions per hidden element. A pass is one hidden block: Triton
+    pipelines the loop without unrolling it. Replicated work appears where a tile holds fewer
+    rows than its warps' MMAs cover (64 per warpgroup of 4 warps for wgmma, 16 per warp for
+    mma.sync): Triton then gives the extra warps copies of the same product."""
+    threads, elements = 32 * num_warps, block_rows * block_hidden
+    issued = 0
+    for opcode in opcodes:
+        shape = re.search(r"\.m(\d+)n(\d+)k(\d+)\.", opcode)
+        if shape and "mma" in opcode:
+            flops = 2 * int(shape.group(1)) * int(shape.group(2)) * int(shape.group(3))
+            issued += flops * (num_warps // 4 if opcode.startswith("wgmma") else num_warps)
+    floats = sum(o.startswith(("fma.rn.f32", "mul.f32", "add.f32", "sub.f32", "max.f32", "min.f32", "cvt."))
+                 for o in opcodes)
+    return {"tensor_issued_over_needed": issued / (4 * width * elements),
+            "divisions_per_element": sum(o.startswith("div.") for o in opcodes) * threads / elements,
+            "float_per_element": floats * threads / elements}
+
+
+def compile_stats(ir_text, num_warps, num_stages, capability=90, tile=None):
     """``{registers, spill_bytes, shared_bytes, mma}`` of the IR compiled for ``sm_<capability>``;
     ``mma``: the tensor-core instructions its dots became, ``"wgmma"`` (Hopper's warpgroup
     MMA, which Triton takes for tiles of at least 64 rows) or ``"mma.sync"`` (the older
-    per-warp form), or ``"none"``."""
+    per-warp form), or ``"none"``. With ``tile`` = ``(width, block_rows, block_hidden)``,
+    also ``loop_work`` of the hidden-block loop."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -82,9 +125,12 @@ def compile_stats(ir_text, num_warps, num_stages, capability=90):
     spills = re.search(r"(\d+) bytes spill stores", text)
     ptx = compiled.asm["ptx"]
     mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
-    return {"registers": int(re.search(r"Used (\d+) registers", text).group(1)),
-            "spill_bytes": int(spills.group(1)) if spills else 0, "shared_bytes": compiled.metadata.shared,
-            "mma": mma}
+    stats = {"registers": int(re.search(r"Used (\d+) registers", text).group(1)),
+             "spill_bytes": int(spills.group(1)) if spills else 0, "shared_bytes": compiled.metadata.shared,
+             "mma": mma}
+    if tile is not None:
+        stats.update(loop_work(inner_loop(ptx), *tile, num_warps))
+    return stats
 
 
 def main():
@@ -102,8 +148,9 @@ def main():
     args = parser.parse_args()
     print(f"{args.kernel} kernel compiled for sm_90 (D={args.dim}, H={args.hidden}, {args.dtype}; "
           f"python bench/kernel_compile.py --kernel {args.kernel} --dtype {args.dtype})\n")
-    print("| d | block_rows x block_hidden | warps | stages | registers | spilled bytes | shared KB | MMA |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| d | block_rows x block_hidden | warps | stages | registers | spilled bytes | shared KB | MMA "
+          "| MMA FLOPs issued / needed | divisions (GELUs) per hidden element | float ops per hidden element |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for width in (int(w) for w in args.widths.split(",")):
         defaults = residual_kernel.residual_blocks if args.kernel == "residual" else kernel.default_blocks
         default_rows, default_hidden = defaults(width, args.hidden, jnp.dtype(args.dtype).itemsize)
@@ -113,9 +160,11 @@ def main():
                                     block_hidden=block_hidden, which=args.kernel)
                 for warps in (int(w) for w in args.warps.split(",")):
                     for stages in (int(s) for s in args.stages.split(",")):
-                        s = compile_stats(ir_text, warps, stages)
+                        s = compile_stats(ir_text, warps, stages, tile=(width, rows, block_hidden))
                         print(f"| {width} | {rows} x {block_hidden} | {warps} | {stages} | {s['registers']} | "
-                              f"{s['spill_bytes']} | {s['shared_bytes'] / 1024:.0f} | {s['mma']} |", flush=True)
+                              f"{s['spill_bytes']} | {s['shared_bytes'] / 1024:.0f} | {s['mma']} | "
+                              f"{s['tensor_issued_over_needed']:.2f} | {s['divisions_per_element']:.2f} | "
+                              f"{s['float_per_element']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

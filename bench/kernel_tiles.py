@@ -35,20 +35,20 @@ GROUP_ROWS = {96: 256 * 84, 192: 256 * 61, 384: 256 * 37}
 GRID = "32,64,128:64,128:4,8:2,3"
 """block_rows : block_hidden : num_warps : num_stages, each a comma-separated list (``--grid``)."""
 
-_NARROW_TILES = [(64, 16, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 3), (64, 64, 8, 3), (128, 32, 8, 2),
-                 (32, 64, 8, 2)]
-"""d = 96 and d = 192 screened alike."""
 SCREENED = {
-    96: _NARROW_TILES,
-    192: _NARROW_TILES,
-    384: [(32, 16, 8, 2), (32, 32, 8, 3), (64, 16, 8, 2), (64, 16, 8, 3), (64, 32, 8, 2)],
+    96: [(64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 8, 2)],
+    192: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (64, 32, 8, 2)],
+    384: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (128, 16, 8, 2), (64, 16, 8, 2)],
 }
-"""The tiles timed per width when ``--grid`` is not given: the block kernel compiled for sm_90
-here (``bench/kernel_compile.py --kernel residual --block-rows 32,64,128,256 --block-hidden
-16,32,64``, BENCHMARKS.md). With 8 warps, 64-row tiles become Hopper's warpgroup MMA (wgmma)
-without spilling (d = 384: 64 x 16 only; 64 x 64 needs 240 KB of shared memory, past the
-card's 227); 128 rows spill a little; 32 rows fall back to ``mma.sync`` (two programs fit an
-SM); 4 warps spill at 64 rows and more. The default tiles (``residual_blocks``) are timed too."""
+"""The tiles timed per width when ``--grid`` is not given, from the block kernel compiled for
+sm_90 here (``bench/kernel_compile.py --kernel residual --block-rows 32,64,128 --block-hidden
+16,32,64 --warps 4,8 --stages 2``, BENCHMARKS.md). Where a tile is small for its warps,
+Triton gives several warps copies of the same product, and the compiled loop computes fc1
+and the GELU two or four times per hidden element (its columns "MMA FLOPs issued / needed"
+and "divisions per hidden element"). The defaults (``residual_blocks`` with 8 warps) do, at
+every width: the screen times them, and the last tile of each width, against tiles that
+compute each GELU once. At d = 192 and 384, 32 x 64 with 8 warps does so without spilling
+(mma.sync); at d = 96 every such tile spills 140 bytes or more."""
 
 
 def median_ms(function, arguments, repeats):

@@ -235,3 +235,41 @@ def test_the_tile_sweep_never_picks_a_setting_whose_output_is_wrong(monkeypatch,
     assert float(rows["(16, 64, 4, 2)"][6]) <= kernel_tiles.BOUNDS["bfloat16"]
     (best,) = [key.removeprefix("**best** ") for key in rows if key.startswith("**best**")]
     assert best in rows and best != "(32, 64, 4, 2)" and not rows[best][7].strip().startswith("wrong")
+
+
+def test_the_compile_screen_counts_the_work_a_loop_pass_issues():
+    """``bench/kernel_compile.py`` reads the hidden-block loop out of the PTX and counts what one
+    pass issues: MMA FLOPs against the block's ``4 d rows block_hidden``, divisions (one per
+    GELU) and float32 operations per hidden element. A warpgroup MMA is issued once per 4
+    warps, ``mma.sync`` once per warp; instructions outside the loop are not counted."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import kernel_compile
+
+    ptx = """
+    mov.u32 %r1, 0;
+    div.full.f32 %r9, %r1, %r2;
+$L__BB0_1:                              // =>This Inner Loop Header: Depth=1
+    wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%r3}, %rd1, %rd2, 1, 1, 1, 0, 0;
+    wgmma.commit_group.sync.aligned;
+    fma.rn.f32 %r4, %r5, %r6, %r7;
+    @%p1 mul.f32 %r4, %r4, %r4;
+    div.full.f32 %r8, %r4, %r5;
+    .loc 1 2 3
+    @%p2 bra $L__BB0_1;
+    ret;
+"""
+    assert kernel_compile.inner_loop(ptx) == [
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16", "wgmma.commit_group.sync.aligned", "fma.rn.f32",
+        "mul.f32", "div.full.f32", "bra"]
+    # 8 warps = 2 warpgroups, each issuing one 64x32x16 MMA; a 16 x 8 hidden block at d = 4
+    work = kernel_compile.loop_work(kernel_compile.inner_loop(ptx), width=4, block_rows=16, block_hidden=8,
+                                    num_warps=8)
+    assert work["tensor_issued_over_needed"] == 2 * (2 * 64 * 32 * 16) / (4 * 4 * 16 * 8)
+    assert work["divisions_per_element"] == 256 / (16 * 8)  # every thread divides once: 2 per element
+    assert work["float_per_element"] == 2 * 256 / (16 * 8)
+    sync = kernel_compile.loop_work(["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"], 4, 16, 8, 2)
+    assert sync["tensor_issued_over_needed"] == 2 * (2 * 16 * 8 * 16) / (4 * 4 * 16 * 8)
+    assert kernel_compile.inner_loop("ret;") == []
