@@ -46,6 +46,8 @@
 #  kernel_tiles      the block kernel's tile settings timed against XLA, each one's output
 #                    checked against it (bench/kernel_tiles.py)
 #  forms_vit_bf16_tuned  batch 256, fused_mlp with the best tiles of kernel_tiles
+#  kernel_tiles_mlp  the same screen for the MLP kernel alone (bench/kernel_tiles.py --kernel mlp)
+#  forms_vit_bf16_mlp_tuned  batch 256, mlp_kernel (KERAS_MONE_MLP=fused_mlp) with its best tiles
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
@@ -196,17 +198,23 @@ forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present}"
-# the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones
-if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" kernel_tiles "* ]]; then
-    # shellcheck disable=SC2086  # KERNEL_TILES_ARGS: one word per argument
-    KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_tiles:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_tiles.py" \
-        ${KERNEL_TILES_ARGS:-} >"$OUT_DIR/kernel_tiles.md" 2>"$OUT_DIR/kernel_tiles.log"
-    echo "[gpu.sh] kernel tiles: exit $? (total $((SECONDS - start)) s)"
-    grep -E "best|KERAS_MONE_MLP_TILES" "$OUT_DIR/kernel_tiles.md"
-fi
-tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/kernel_tiles.md" 2>/dev/null | cut -d'"' -f2)
-KERAS_MONE_MLP_TILES="${KERAS_MONE_MLP_TILES:-$tuned}" forms forms_vit_bf16_tuned --batch-sizes 256 \
-    --forms "present,fused_mlp"
+tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles, then the model with the best
+    local tiles_run="$1" kernel="$2" forms_run="$3" form="$4" tuned
+    if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $tiles_run "* ]]; then
+        local limit="TIMEOUT_$tiles_run"
+        # shellcheck disable=SC2086  # KERNEL_TILES_ARGS: one word per argument
+        KERAS_BACKEND=jax timeout "${!limit:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_tiles.py" \
+            --kernel "$kernel" ${KERNEL_TILES_ARGS:-} >"$OUT_DIR/$tiles_run.md" 2>"$OUT_DIR/$tiles_run.log"
+        echo "[gpu.sh] $tiles_run: exit $? (total $((SECONDS - start)) s)"
+        grep -E "best|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
+    fi
+    tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/$tiles_run.md" 2>/dev/null | cut -d'"' -f2)
+    KERAS_MONE_MLP_TILES="${KERAS_MONE_MLP_TILES:-$tuned}" forms "$forms_run" --batch-sizes 256 --forms "present,$form"
+}
+# the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
+# then the same for the MLP kernel alone (KERAS_MONE_MLP=fused_mlp: LayerNorm and residual XLA's)
+tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
+tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_VIVIT:-present}" --profile
 

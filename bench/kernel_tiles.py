@@ -1,4 +1,4 @@
-"""Tile settings of the fused block kernel against XLA's plain path, timed on this device (jax).
+"""Tile settings of a fused kernel against XLA's plain path, timed on this device (jax).
 
 On an H200 the block kernel (``kernels/fused_residual_mlp``) with its default tiles took
 0.5 ms per launch, 3x XLA's MLP (BENCHMARKS.md, "MoNE on an H200, measured"). This times
@@ -6,7 +6,9 @@ the kernel for a grid of ``(block_rows, block_hidden, num_warps, num_stages)`` a
 groups of MoNE-ViT-B/16 at e_c 0.3 and batch 256 (rows of width 96, 192, 384), each against
 ``plain_residual_mlp`` compiled by XLA, and prints the best setting per width as a
 ``$KERAS_MONE_MLP_TILES`` value, which ``bench/gpu_forms.py --forms fused_mlp`` then times in
-the whole model. A setting the compiler rejects (shared memory, registers) is listed as
+the whole model. ``--kernel mlp`` does the same for the MLP kernel alone
+(``kernels/fused_nested_mlp`` against ``plain_nested_mlp``; ``--forms mlp_kernel``). A
+setting the compiler rejects (shared memory, registers) is listed as
 failed and the sweep goes on. Each setting's output is checked against the plain path's
 (``bench/kernel_check.py``'s error and bounds): a setting off by more is listed as wrong and
 never chosen, however fast.
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 
 from kernel_check import BOUNDS, GPU_BOUNDS, relative_error
 
+from keras_mone.kernels.fused_nested_mlp import default_blocks, fused_nested_mlp, plain_nested_mlp
 from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp, residual_blocks
 from keras_mone.layers.mlp import _kernel_gelu
 
@@ -36,9 +39,16 @@ GRID = "32,64,128:64,128:4,8:2,3"
 """block_rows : block_hidden : num_warps : num_stages, each a comma-separated list (``--grid``)."""
 
 SCREENED = {
-    96: [(64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 8, 2)],
-    192: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (64, 32, 8, 2)],
-    384: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (128, 16, 8, 2), (64, 16, 8, 2)],
+    "residual": {
+        96: [(64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 8, 2)],
+        192: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (64, 32, 8, 2)],
+        384: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (128, 16, 8, 2), (64, 16, 8, 2)],
+    },
+    "mlp": {
+        96: [(64, 32, 4, 2), (128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 8, 3)],
+        192: [(32, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2)],
+        384: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 8, 3)],
+    },
 }
 """The tiles timed per width when ``--grid`` is not given, from the block kernel compiled for
 sm_90 here (``bench/kernel_compile.py --kernel residual --block-rows 32,64,128 --block-hidden
@@ -48,7 +58,9 @@ and the GELU two or four times per hidden element (its columns "MMA FLOPs issued
 and "divisions per hidden element"). The defaults (``residual_blocks`` with 8 warps) do, at
 every width: the screen times them, and the last tile of each width, against tiles that
 compute each GELU once. At d = 192 and 384, 32 x 64 with 8 warps does so without spilling
-(mma.sync); at d = 96 every such tile spills 140 bytes or more."""
+(mma.sync); at d = 96 every such tile spills 140 bytes or more. The MLP kernel alone
+(``--kernel mlp``) has such tiles at every width, its default at d = 96 among them; its
+defaults at d = 192 and 384 replicate."""
 
 
 def median_ms(function, arguments, repeats):
@@ -76,19 +88,25 @@ def sweep(width, rows, args, interpret, log):
     largest value. A setting past the dtype's bound gets a note starting "wrong"."""
     gelu = _kernel_gelu(False)
     arguments = inputs(rows, args.dim, args.hidden, jnp.dtype(args.dtype))
-    plain = jax.jit(lambda *a: plain_residual_mlp(*a, width, gelu, 1e-6))
+    if args.kernel == "mlp":  # the token rows and the MLP's weights only
+        arguments = (arguments[0], *arguments[3:7])
+        plain = jax.jit(lambda *a: plain_nested_mlp(*a, width, gelu))
+        fused, blocks = fused_nested_mlp, default_blocks
+    else:
+        plain = jax.jit(lambda *a: plain_residual_mlp(*a, width, gelu, 1e-6))
+        fused, blocks = fused_residual_mlp, residual_blocks
     expected = plain(*arguments)
     bound = (BOUNDS if interpret else GPU_BOUNDS)[args.dtype]
     results = [("plain (XLA)", median_ms(plain, arguments, args.repeats), 0.0, "")]
     log(f"d={width}: plain {results[0][1]:.3f} ms")
-    default = residual_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
-    if args.grid is None and width in SCREENED:
-        candidates = SCREENED[width]
+    default = blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
+    if args.grid is None and width in SCREENED[args.kernel]:
+        candidates = SCREENED[args.kernel][width]
     else:
         axes = (args.grid or GRID).split(":")
         candidates = itertools.product(*[tuple(int(v) for v in axis.split(",")) for axis in axes])
     for tiles in dict.fromkeys([default, *candidates]):
-        kernel = jax.jit(lambda *a, t=tiles: fused_residual_mlp(
+        kernel = jax.jit(lambda *a, t=tiles: fused(
             *a, width, gelu, block_rows=t[0], block_hidden=t[1], num_warps=t[2], num_stages=t[3],
             interpret=interpret))
         try:
@@ -106,6 +124,8 @@ def sweep(width, rows, args, interpret, log):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kernel", choices=("residual", "mlp"), default="residual",
+                        help="the block kernel (fused_residual_mlp) or the MLP kernel alone (fused_nested_mlp)")
     parser.add_argument("--widths", default="96,192,384")
     parser.add_argument("--rows", type=int, default=None, help="rows per width (default: GROUP_ROWS)")
     parser.add_argument("--dim", type=int, default=768)
@@ -118,7 +138,8 @@ def main(argv=None):
     interpret = jax.default_backend() != "gpu"
     log = (lambda message: print(f"[kernel_tiles] {message}", file=sys.stderr, flush=True))
     device = jax.devices()[0]
-    print(f"Block kernel tiles on {device.device_kind if not interpret else 'cpu (interpreted)'}, jax "
+    name = "MLP kernel" if args.kernel == "mlp" else "Block kernel"
+    print(f"{name} tiles on {device.device_kind if not interpret else 'cpu (interpreted)'}, jax "
           f"{jax.__version__}, {args.dtype}, D={args.dim}, H={args.hidden}, medians of {args.repeats}; "
           f"`KERAS_BACKEND=jax python bench/kernel_tiles.py {' '.join(argv or sys.argv[1:])}`\n")
     print("| d | rows | tiles (rows, hidden, warps, stages) | ms | plain / kernel | error / max value | note |\n"

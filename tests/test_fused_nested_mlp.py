@@ -98,14 +98,16 @@ def test_the_form_is_opt_in_and_named_when_wrong(monkeypatch):
     monkeypatch.delenv(platform_forms.MLP_ENV, raising=False)
     assert platform_forms.mlp_form() == "plain"
     monkeypatch.setenv(platform_forms.MLP_ENV, "flash")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP must be one of \['plain', 'fused'\]"):
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP must be one of \['plain', 'fused', 'fused_mlp'\]"):
         platform_forms.mlp_form()
-    monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
-    if BACKEND == "jax":
-        assert platform_forms.mlp_form() == "fused"
-    else:
-        with pytest.raises(ValueError, match=f"needs the jax backend; the {BACKEND} backend takes 'plain'"):
-            platform_forms.mlp_form()
+    for form in ("fused", "fused_mlp"):
+        monkeypatch.setenv(platform_forms.MLP_ENV, form)
+        if BACKEND == "jax":
+            assert platform_forms.mlp_form() == form
+        else:
+            with pytest.raises(ValueError, match=f"'{form}' is a Pallas kernel and needs the jax backend; "
+                                                 f"the {BACKEND} backend takes 'plain'"):
+                platform_forms.mlp_form()
 
 
 def _forward(monkeypatch, form, model, inputs, **kw):
@@ -170,6 +172,44 @@ def test_mone_model_outputs_and_gradients_agree_with_the_plain_path(monkeypatch)
 
 
 @jax_only
+def test_the_mlp_kernel_form_runs_each_nested_group_through_the_mlp_kernel_alone(monkeypatch):
+    """``$KERAS_MONE_MLP=fused_mlp``: a MoNE-ViT's nested groups take ``fused_nested_mlp`` (the
+    LayerNorm and residual stay XLA's), never the block kernel, and the logits and training
+    gradients are the plain path's."""
+    import jax
+
+    from keras_mone import models
+
+    from keras_mone.kernels import fused_nested_mlp as mlp_kernel
+    from keras_mone.kernels import fused_residual_mlp as block_kernel
+
+    widths, blocks = [], []
+    original = mlp_kernel.fused_nested_mlp
+    monkeypatch.setattr(mlp_kernel, "fused_nested_mlp",
+                        lambda x, *a, **kw: widths.append(a[4]) or original(x, *a, **kw))
+    monkeypatch.setattr(block_kernel, "fused_residual_mlp", lambda *a, **kw: blocks.append(a) or 1 / 0)
+    model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=0.5), num_classes=5)
+    randomize_weights(model, seed=6)
+    x = images()
+    assert_f32_close(_forward(monkeypatch, "fused_mlp", model, x), _forward(monkeypatch, "plain", model, x))
+    assert widths and set(widths) <= {4, 8, 16} and not blocks
+
+    trainable = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+
+    def loss(values):
+        logits, _ = model.stateless_call(values, others, x, training=True)
+        return jax.numpy.sum(logits ** 2)
+
+    grads = {}
+    for form in ("fused_mlp", "plain"):
+        monkeypatch.setenv(platform_forms.MLP_ENV, form)
+        grads[form] = jax.grad(loss)(trainable)
+    for got, want in zip(grads["fused_mlp"], grads["plain"]):
+        assert_f32_close(np.asarray(got), np.asarray(want), ulps=256)
+
+
+@jax_only
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_kernel_lowers_to_triton_for_a_cuda_gpu(dtype):
     """Without a GPU: ViT-B/16's nested groups (d = 96, 192, 384) lower through Pallas' Triton
@@ -215,7 +255,7 @@ def test_a_mone_vit_on_a_gpu_runs_each_nested_group_through_the_compiled_kernel(
 
         return lower_for_cuda(forward, *state, images(size=64)).count(TRITON_CALL)
 
-    assert kernels("fused") == 3 and kernels("plain") == 0
+    assert kernels("fused") == 3 and kernels("fused_mlp") == 3 and kernels("plain") == 0
 
 
 @jax_only

@@ -202,7 +202,7 @@ def test_the_tile_sweep_takes_the_screened_tiles_of_a_width_unless_given_a_grid(
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
     import kernel_tiles
 
-    monkeypatch.setattr(kernel_tiles, "SCREENED", {16: [(32, 64, 4, 2)]})
+    monkeypatch.setattr(kernel_tiles, "SCREENED", {"residual": {16: [(32, 64, 4, 2)]}, "mlp": {}})
     kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16"])
     swept = [line.split("|")[3].strip() for line in capsys.readouterr().out.splitlines()
              if line.startswith("| 16 | 32 |")]

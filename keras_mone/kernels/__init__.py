@@ -4,9 +4,10 @@
 * ``fused_residual_mlp``: a block's whole MLP half for a nested group (LayerNorm,
   nested MLP, gate scale, residual) as one Pallas kernel (jax).
 
-Both are chosen with ``$KERAS_MONE_MLP=fused`` (``layers.platform_forms.mlp_form``):
-compiled through Pallas' Triton lowering on a GPU, interpreted elsewhere (exact and
-slow: for tests); ``cuda_lowering`` shows what a GPU would be given, without one.
+``$KERAS_MONE_MLP=fused`` (``layers.platform_forms.mlp_form``) runs a ``ViTBlock``'s
+nested groups through ``fused_residual_mlp``, ``$KERAS_MONE_MLP=fused_mlp`` through
+``fused_nested_mlp`` (the LayerNorm and residual stay XLA's): compiled through Pallas'
+Triton lowering on a GPU, interpreted elsewhere (exact and slow: for tests); ``cuda_lowering`` shows what a GPU would be given, without one.
 ``bench/roofline.py`` models what they save, ``bench/kernel_compile.py``
 reports what the GPU compiler makes of them, ``bench/gpu.sh`` times them.
 """

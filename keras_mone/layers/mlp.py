@@ -56,7 +56,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         leading = ops.shape(inputs)[:-1]
         # token rows (tokens, D): a 2-D matmul, whose bias and GELU tensorflow fuses into it (``add_bias``)
         inputs = ops.reshape(inputs, (-1, inputs.shape[-1]))
-        if nested and not (training and self.dropout_rate) and mlp_form() == "fused":
+        if nested and not (training and self.dropout_rate) and mlp_form() != "plain":
             outputs = self._fused(inputs, width, pad_output)
             if outputs is not None:
                 return ops.reshape(outputs, tuple(leading) + (outputs.shape[-1],))

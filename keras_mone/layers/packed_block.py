@@ -52,9 +52,9 @@ def packable(block, groups, gates, training=None, return_received_attention=Fals
     """Whether ``block`` may run ``groups`` packed (see the module docstring)."""
     if return_received_attention or layout_form() != "packed":
         return False
-    if not _torch() and (len(groups) < 2 or mlp_form() == "fused"):
+    if not _torch() and (len(groups) < 2 or mlp_form() != "plain"):
         # jax: one group gains nothing from the token-major transposes; the Pallas MLP
-        # kernels (KERAS_MONE_MLP=fused) belong to the grouped path
+        # kernels (KERAS_MONE_MLP=fused or fused_mlp) belong to the grouped path
         return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
         return False

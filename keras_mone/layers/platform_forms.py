@@ -16,7 +16,8 @@ Unset, each takes the form measured fastest on the platform:
   or packed into one token-major tensor (``layers.packed_block``);
 * ``$KERAS_MONE_RESIDUALS`` (``residuals_form``): how often jax on a GPU writes the token
   groups' residual streams (never apart, once per block, or after each half block);
-* ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP or the Pallas kernels (opt-in).
+* ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP, or a Pallas kernel per nested group's MLP
+  half or MLP (opt-in).
 
 ``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
 compiled here for a device this machine lacks (``bench.gpu_program``).
@@ -32,7 +33,7 @@ import keras
 ATTENTION_ENV = "KERAS_MONE_ATTENTION"
 ATTENTION_FORMS = ("fused", "explicit")
 MLP_ENV = "KERAS_MONE_MLP"
-MLP_FORMS = ("plain", "fused")
+MLP_FORMS = ("plain", "fused", "fused_mlp")
 ORDER_ENV = "KERAS_MONE_ORDER"
 ORDER_FORMS = ("tied", "free")
 GELU_ENV = "KERAS_MONE_GELU"
@@ -103,19 +104,24 @@ def attention_form():
 
 
 def mlp_form():
-    """``"plain"`` (XLA's GEMMs, the hidden activations in device memory) or ``"fused"``
-    (``kernels.fused_nested_mlp``: one Pallas kernel per nested token group, jax only):
-    ``$KERAS_MONE_MLP`` when set, else plain. The fused form is compiled on a GPU and
-    interpreted elsewhere (exact, slow: for tests); it stays opt-in until the GPU run of
-    ``bench/gpu.sh`` shows it pays (issue 40)."""
+    """A nested token group's MLP: ``"plain"`` (XLA's GEMMs, the hidden activations in
+    device memory), ``"fused"`` (a ``ViTBlock``'s whole MLP half, LayerNorm and residual
+    included, as one Pallas kernel, ``kernels.fused_residual_mlp``; a ``NestedMLP`` called
+    on its own takes ``kernels.fused_nested_mlp``) or ``"fused_mlp"`` (the MLP alone as
+    ``kernels.fused_nested_mlp`` everywhere: the LayerNorm and the residual stay XLA's, and
+    the kernel keeps the registers they took, BENCHMARKS.md). Jax only: ``$KERAS_MONE_MLP``
+    when set, else plain. The kernels are compiled on a GPU and interpreted elsewhere
+    (exact, slow: for tests); they stay opt-in until the GPU run of ``bench/gpu.sh`` shows
+    they pay (issue 40)."""
     chosen = _env_form(MLP_ENV, MLP_FORMS, "plain")
-    if chosen == "fused" and keras.backend.backend() != "jax":
+    if chosen != "plain" and keras.backend.backend() != "jax":
         raise ValueError(
-            f"${MLP_ENV}='fused' is a Pallas kernel and needs the jax backend; "
+            f"${MLP_ENV}={chosen!r} is a Pallas kernel and needs the jax backend; "
             f"the {keras.backend.backend()} backend takes 'plain' (or leave it unset)."
         )
-    if chosen == "fused" and accelerator() == "tpu":
-        raise ValueError(f"${MLP_ENV}='fused' is written for GPUs (Pallas' Triton lowering); on a TPU leave it unset.")
+    if chosen != "plain" and accelerator() == "tpu":
+        raise ValueError(f"${MLP_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
+                         "on a TPU leave it unset.")
     return chosen
 
 
