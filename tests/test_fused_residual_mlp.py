@@ -43,6 +43,26 @@ def test_kernel_equals_the_numpy_reference_of_eq1(width, scaled):
     assert np.array_equal(out[:, width:], z[:, width:])  # features past d are the input's own, untouched
 
 
+@pytest.mark.parametrize("offset", [100.0, 1000.0])
+def test_the_layer_norm_statistics_hold_for_rows_far_from_zero(offset):
+    """The kernel sums each row's statistics piece by piece (``row_statistics``: each piece's
+    mean and squared deviations, then combined). For rows whose mean is 100 or 1000 standard
+    deviations from zero, where a one-pass variance would lose every digit, it is as close to
+    the float64 reference as the plain path's two passes (measured: 1.2x at 100, 1.0x at 1000)."""
+    from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
+
+    z, gamma, beta, w1, b1, w2, b2, scale = _arguments()
+    z = z + np.float32(offset)
+    out = np.asarray(fused_residual_mlp(z, gamma, beta, w1, b1, w2, b2, scale, 24, _exact_gelu, interpret=True))
+    plain = np.asarray(plain_residual_mlp(z, gamma, beta, w1, b1, w2, b2, scale, 24, _exact_gelu, 1e-6))
+    normed = ref.layer_norm(z.astype("float64"), gamma, beta)
+    update = ref.mlp(normed[None], [24] * len(z), w1, b1, w2, b2)[0]
+    expected = z.astype("float64") + scale[:, None] * update
+    error = np.abs(out - expected).max()
+    assert error <= 1.5 * np.abs(plain - expected).max()
+    assert error <= 8 * np.spacing(np.float32(np.abs(z).max()))  # a few ulps of the rows' magnitude
+
+
 @pytest.mark.parametrize("blocks", [(None, None), (16, 32)])
 def test_gradients_equal_the_plain_paths(blocks):
     import jax

@@ -118,6 +118,24 @@ def _pallas_residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, e
                           interpret, aliases={0: 0})
 
 
+def row_statistics(z_ref, pieces, epsilon):
+    """Inside a kernel: each row's mean and ``1 / sqrt(variance + epsilon)`` over the
+    feature ``pieces`` of ``z_ref``, chunk by chunk (Chan et al.'s pairwise update: each
+    piece's mean and sum of squared deviations, then ``sum M2_c + n sum (mean_c -
+    mean)^2``), as stable as two passes over the row. Each piece is loaded once and used at
+    once: two passes over the whole row kept every piece of the tile in registers between
+    them (255 registers and spills at 128 rows, ``bench/kernel_compile.py``)."""
+    means, deviations = [], []
+    for piece in pieces:
+        values = z_ref[:, piece].astype(jnp.float32)
+        piece_mean = jnp.mean(values, axis=1, keepdims=True)
+        means.append(piece_mean)
+        deviations.append(jnp.sum(jnp.square(values - piece_mean), axis=1, keepdims=True))
+    mean = sum(means) / len(pieces)
+    squares = sum(deviations) + pieces[0].size * sum(jnp.square(m - mean) for m in means)
+    return mean, jax.lax.rsqrt(squares / (len(pieces) * pieces[0].size) + epsilon)
+
+
 def _residual_tile(z_ref, scale_ref, gamma_ref, beta_ref, w1_ref, b1_ref, w2_ref, b2_ref, out_ref, *,
                    width, chunk, block_hidden, activation, epsilon):
     """One row tile: LayerNorm statistics over ``D``, the nested MLP of the first ``d``
@@ -127,11 +145,7 @@ def _residual_tile(z_ref, scale_ref, gamma_ref, beta_ref, w1_ref, b1_ref, w2_ref
     full = z_ref.shape[1]
     step = min(STATISTICS_CHUNK, feature_chunk(full))
     pieces = [pl.ds(k * step, step) for k in range(full // step)]
-    total = sum(jnp.sum(z_ref[:, p].astype(jnp.float32), axis=1, keepdims=True) for p in pieces)
-    mean = total / full
-    squares = sum(jnp.sum(jnp.square(z_ref[:, p].astype(jnp.float32) - mean), axis=1, keepdims=True)
-                  for p in pieces)
-    inverse_std = jax.lax.rsqrt(squares / full + epsilon)
+    mean, inverse_std = row_statistics(z_ref, pieces, epsilon)
 
     features = [pl.ds(k * chunk, chunk) for k in range(width // chunk)]
     xs = [
