@@ -152,8 +152,7 @@ def main():
           "| MMA FLOPs issued / needed | divisions (GELUs) per hidden element | float ops per hidden element |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for width in (int(w) for w in args.widths.split(",")):
-        defaults = residual_kernel.residual_blocks if args.kernel == "residual" else kernel.default_blocks
-        default_rows, default_hidden = defaults(width, args.hidden, jnp.dtype(args.dtype).itemsize)
+        default_rows, default_hidden = kernel.default_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize)
         for rows in [int(r) for r in args.block_rows.split(",") if r] or [default_rows]:
             for block_hidden in [int(b) for b in args.block_hidden.split(",") if b] or [default_hidden]:
                 ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_rows=rows,

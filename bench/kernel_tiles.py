@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from kernel_check import BOUNDS, GPU_BOUNDS, relative_error
 
 from keras_mone.kernels.fused_nested_mlp import default_blocks, fused_nested_mlp, plain_nested_mlp
-from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp, residual_blocks
+from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
 from keras_mone.layers.mlp import _kernel_gelu
 
 GROUP_ROWS = {96: 256 * 84, 192: 256 * 61, 384: 256 * 37}
@@ -40,14 +40,14 @@ GRID = "32,64,128:64,128:4,8:2,3"
 
 SCREENED = {
     "residual": {
-        96: [(64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 8, 2)],
-        192: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2), (64, 32, 8, 2)],
-        384: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 4, 2), (128, 16, 8, 2), (64, 16, 8, 2)],
+        96: [(128, 64, 8, 2), (128, 16, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 64, 8, 2)],
+        192: [(32, 64, 4, 2), (64, 32, 4, 2), (128, 16, 8, 2), (32, 64, 8, 3), (64, 64, 8, 2)],
+        384: [(32, 32, 4, 2), (32, 64, 8, 3), (32, 32, 8, 2)],
     },
     "mlp": {
-        96: [(64, 32, 4, 2), (128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 8, 3)],
-        192: [(32, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2)],
-        384: [(32, 64, 8, 2), (32, 32, 4, 2), (32, 64, 8, 3)],
+        96: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2)],
+        192: [(64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2), (32, 64, 8, 3), (64, 64, 8, 2)],
+        384: [(32, 32, 4, 2), (32, 64, 8, 3), (32, 32, 8, 2)],
     },
 }
 """The tiles timed per width when ``--grid`` is not given, from the block kernel compiled for
@@ -55,12 +55,10 @@ sm_90 here (``bench/kernel_compile.py --kernel residual --block-rows 32,64,128 -
 16,32,64 --warps 4,8 --stages 2``, BENCHMARKS.md). Where a tile is small for its warps,
 Triton gives several warps copies of the same product, and the compiled loop computes fc1
 and the GELU two or four times per hidden element (its columns "MMA FLOPs issued / needed"
-and "divisions per hidden element"). The defaults (``residual_blocks`` with 8 warps) do, at
-every width: the screen times them, and the last tile of each width, against tiles that
-compute each GELU once. At d = 192 and 384, 32 x 64 with 8 warps does so without spilling
-(mma.sync); at d = 96 every such tile spills 140 bytes or more. The MLP kernel alone
-(``--kernel mlp``) has such tiles at every width, its default at d = 96 among them; its
-defaults at d = 192 and 384 replicate."""
+and "divisions per hidden element"). The kernels' defaults (``default_blocks``, 8
+warps) compute each GELU once without spilling (bf16); the screen times them against other
+such tiles and, last for each width, the earlier default (which computed it twice, except
+the MLP kernel's at d = 96)."""
 
 
 def median_ms(function, arguments, repeats):
@@ -91,15 +89,15 @@ def sweep(width, rows, args, interpret, log):
     if args.kernel == "mlp":  # the token rows and the MLP's weights only
         arguments = (arguments[0], *arguments[3:7])
         plain = jax.jit(lambda *a: plain_nested_mlp(*a, width, gelu))
-        fused, blocks = fused_nested_mlp, default_blocks
+        fused = fused_nested_mlp
     else:
         plain = jax.jit(lambda *a: plain_residual_mlp(*a, width, gelu, 1e-6))
-        fused, blocks = fused_residual_mlp, residual_blocks
+        fused = fused_residual_mlp
     expected = plain(*arguments)
     bound = (BOUNDS if interpret else GPU_BOUNDS)[args.dtype]
     results = [("plain (XLA)", median_ms(plain, arguments, args.repeats), 0.0, "")]
     log(f"d={width}: plain {results[0][1]:.3f} ms")
-    default = blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
+    default = default_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
     if args.grid is None and width in SCREENED[args.kernel]:
         candidates = SCREENED[args.kernel][width]
     else:

@@ -226,7 +226,7 @@ def test_the_tile_sweep_takes_the_screened_tiles_of_a_width_unless_given_a_grid(
     kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16"])
     swept = [line.split("|")[3].strip() for line in capsys.readouterr().out.splitlines()
              if line.startswith("| 16 | 32 |")]
-    default = str(kernel_tiles.residual_blocks(16, 128, 2) + (8, 2))
+    default = str(kernel_tiles.default_blocks(16, 128, 2) + (8, 2))
     assert swept == ["plain (XLA)", default, "(32, 64, 4, 2)"]
 
 

@@ -89,19 +89,27 @@ def tile_override(width):
 
 
 def default_blocks(width, hidden, itemsize=2):
-    """``(block_rows, block_hidden)``: a float32 accumulator of at most 12K elements per
-    program (``block_rows * width``), a hidden tile of at most 8K (``block_rows *
-    block_hidden``) and weight tiles of at most 32 KB each (``width * block_hidden *
-    itemsize``, fc1's and fc2's: 64 KB per pipeline stage). Larger
-    tiles spilled registers or overflowed the 227 KB of shared memory when compiled for
-    sm_90 (``bench/kernel_compile.py``, BENCHMARKS.md). Tiles stop halving at 16, so
-    the budgets hold up to d = 512 in bf16 and d = 384 in float32 (ViT-B/16's nested
-    widths: 96, 192, 384)."""
-    rows = 128
-    while rows > 16 and rows * width > 12288:
-        rows //= 2
-    block_hidden = feature_chunk(hidden)
-    while block_hidden > 16 and (width * block_hidden * itemsize > 32768 or rows * block_hidden > 8192):
+    """``(block_rows, block_hidden)`` for 8 warps, for both kernels (``fused_residual_mlp``
+    too), chosen so that the compiled loop computes each hidden element's GELU once. A tile
+    small for its warps has Triton give two warpgroups copies of the same fc1 and GELU; the
+    earlier defaults did, at every width of the block kernel and at d = 192 and 384 here
+    (BENCHMARKS.md, "The block kernel computes its GELU twice"):
+
+    * ``d <= 96``: 128 rows x 32 hidden columns (each warpgroup its own 64 rows; the
+      float32 accumulator takes ``d / 2 <= 48`` registers per thread);
+    * wider: 32 rows x 64 hidden columns, which Triton spreads over the 8 warps
+      (``mma.sync``), the hidden block halved while one weight tile passes 48 KB (float32
+      at d = 384: 32 columns, where the loop computes the GELU twice; 64 would need 248 KB
+      of shared memory, past the card's 227).
+
+    Compiled for sm_90 at ViT-B/16's widths (``bench/kernel_compile.py``, bf16 and float32):
+    no spills."""
+    if width * 128 <= 48 * 256:
+        rows, block_hidden = 128, 32
+    else:
+        rows, block_hidden = 32, 64
+    block_hidden = min(block_hidden, feature_chunk(hidden))
+    while block_hidden > MIN_CHUNK and width * block_hidden * itemsize > 48 * 1024:
         block_hidden //= 2
     return rows, block_hidden
 

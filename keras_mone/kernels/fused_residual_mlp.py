@@ -27,13 +27,6 @@ from keras_mone.kernels.fused_nested_mlp import (
     row_tiled_call,
 )
 
-def residual_blocks(width, hidden, itemsize=2):
-    """``(block_rows, block_hidden)``: ``default_blocks`` with at most 64 rows, as the
-    LayerNorm statistics and the residual take registers too (at d = 96 and 128 rows the
-    kernel spilled with 8 warps; at 64 it does not: ``bench/kernel_compile.py``)."""
-    rows, block_hidden = default_blocks(width, hidden, itemsize)
-    return min(rows, 64), block_hidden
-
 
 STATISTICS_CHUNK = 64
 """Features per load while a tile's LayerNorm statistics are summed (registers: rows x 64)."""
@@ -66,7 +59,7 @@ def fused_residual_mlp(
         scale: ``(rows,)`` per-token factor on the MLP update (MoNE's ``alpha g + 1``) or ``None``.
         width: the group's nested width ``d``.
         activation, block_rows, block_hidden, num_warps, num_stages, interpret: as in
-            ``fused_nested_mlp`` (tiles: ``residual_blocks`` if ``None``).
+            ``fused_nested_mlp`` (tiles: ``default_blocks`` if ``None``).
 
     Returns:
         ``(rows, D)`` in ``z``'s dtype.
@@ -75,7 +68,7 @@ def fused_residual_mlp(
         raise ValueError(f"`gamma` and `beta` must have shape ({z.shape[1]},), got {gamma.shape} and {beta.shape}.")
     if scale is not None and scale.shape != (z.shape[0],):
         raise ValueError(f"`scale` must have shape ({z.shape[0]},) (one factor per row) or be None, got {scale.shape}.")
-    defaults = residual_blocks(width, w1.shape[1], jnp.dtype(z.dtype).itemsize)
+    defaults = default_blocks(width, w1.shape[1], jnp.dtype(z.dtype).itemsize)
     tiles = checked_tiles(z, w1, w2, width, block_rows or defaults[0], block_hidden or defaults[1], num_warps,
                           num_stages)
     if z.shape[0] == 0:  # an empty token group: nothing to launch
