@@ -47,7 +47,7 @@
 #                    checked against it (bench/kernel_tiles.py)
 #  forms_vit_bf16_tuned  batch 256, fused_mlp with the best tiles of kernel_tiles
 #  kernel_tiles_mlp  the same screen for the MLP kernel alone (bench/kernel_tiles.py --kernel mlp)
-#  forms_vit_bf16_mlp_tuned  batch 256, mlp_kernel (KERAS_MONE_MLP=fused_mlp) with its best tiles
+#  forms_vit_bf16_mlp_tuned  batch 256, mlp_kernel (KERAS_MONE_MLP=mlp_kernel) with its best tiles
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
@@ -113,7 +113,8 @@ checked=""  # this call's kernel check, for the combined report (not one an earl
 if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" kernel_check "* ]]; then
     checked="$OUT_DIR/kernel_check.md"
     # shellcheck disable=SC2086  # KERNEL_CHECK_ARGS: one word per argument
-    KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_check:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_check.py" ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
+    KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_check:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_check.py" \
+        ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
     echo "[gpu.sh] kernel check: exit $? (total $((SECONDS - start)) s)"; cat "$OUT_DIR/kernel_check.md"
 fi
 
@@ -184,7 +185,8 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
     echo "[gpu.sh] $name (jax forms): exit $rc in $((SECONDS - t0)) s (total $((SECONDS - start)) s)"
     # a sweep cut short by its timeout keeps the rows it wrote
     [ -f "$OUT_DIR/$name/gpu_forms.md" ] && forms_reports+=("$OUT_DIR/$name/gpu_forms.md") \
-        && grep -E "^\| (forward|train step|timm|\*\*total|kernels per call|[a-z]+ \|)" "$OUT_DIR/$name/gpu_forms.md" | grep -v "^| kernel |" | head -40
+        && grep -E "^\| (forward|train step|timm|\*\*total|kernels per call|[a-z]+ \|)" "$OUT_DIR/$name/gpu_forms.md" \
+        | grep -v "^| kernel |" | head -40
     [ "$rc" -eq 0 ] && forms_done=$((forms_done + 1)) || tail -5 "$OUT_DIR/$name/log.txt"
 }
 forms_reports=()
@@ -209,10 +211,15 @@ tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles
         grep -E "best|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
     fi
     tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/$tiles_run.md" 2>/dev/null | cut -d'"' -f2)
-    KERAS_MONE_MLP_TILES="${KERAS_MONE_MLP_TILES:-$tuned}" forms "$forms_run" --batch-sizes 256 --forms "present,$form"
+    if [ -z "${KERAS_MONE_MLP_TILES:-}$tuned" ] && { [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $forms_run "* ]]; }; then
+        echo "[gpu.sh] $forms_run: no tiles from $tiles_run (not run, or cut short): the kernel's defaults"
+    fi
+    # a KERAS_MONE_MLP_TILES set beforehand overrides the screen's winners
+    KERAS_MONE_MLP_TILES="${KERAS_MONE_MLP_TILES:-$tuned}" forms "$forms_run" --batch-sizes 256 \
+        --forms "present,$form"
 }
 # the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
-# then the same for the MLP kernel alone (KERAS_MONE_MLP=fused_mlp: LayerNorm and residual XLA's)
+# then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
 tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
@@ -220,7 +227,8 @@ forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision f
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
-KERNEL_CHECK_REPORT="$checked" FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
+KERNEL_CHECK_REPORT="$checked" FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax \
+    "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
 import json
 import os
 import sys

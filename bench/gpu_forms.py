@@ -8,7 +8,7 @@ call is traced, so one process compiles every form of the same two models:
     free           $KERAS_MONE_ORDER=free: no ties (``nested_dense.after``) between the
                    weight slices, token groups and the tensors they follow
     fused_mlp      $KERAS_MONE_MLP=fused: each nested group's MLP half as one Pallas kernel
-    mlp_kernel     $KERAS_MONE_MLP=fused_mlp: each nested group's MLP alone as one Pallas kernel
+    mlp_kernel     $KERAS_MONE_MLP=mlp_kernel: each nested group's MLP alone as one Pallas kernel
                    (its LayerNorm and residual XLA's)
     explicit       $KERAS_MONE_ATTENTION=explicit: the CPU's batched matmuls
     rational_gelu  $KERAS_MONE_GELU=rational: exact GELU as one cheap elementwise pass
@@ -61,7 +61,7 @@ SWITCHES = {
     "present": {},
     "free": {platform_forms.ORDER_ENV: "free"},
     "fused_mlp": {platform_forms.MLP_ENV: "fused"},
-    "mlp_kernel": {platform_forms.MLP_ENV: "fused_mlp"},
+    "mlp_kernel": {platform_forms.MLP_ENV: "mlp_kernel"},
     "explicit": {platform_forms.ATTENTION_ENV: "explicit"},
     "rational_gelu": {platform_forms.GELU_ENV: "rational"},
     "library_gelu": {platform_forms.GELU_ENV: "library"},

@@ -16,7 +16,8 @@ timed: the figures say what the card is given, and where a form's kernels and by
 ``--memory`` adds what each program holds at its memory peak (``keras_mone.bench.hlo_memory``:
 read from XLA's dump of the compile). ``--xla-option NAME=VALUE`` (repeatable) compiles every
 program with that XLA option (``gpu_program.parse_xla_options``); a program XLA fails to
-compile is reported with its error and the others go on. ``--cublas-gemms`` gives every GEMM to cuBLAS: without
+compile (a ``JaxRuntimeError``) is reported with its error and the others go on; an error
+while tracing still stops the run. ``--cublas-gemms`` gives every GEMM to cuBLAS: without
 a device XLA cannot autotune its Triton GEMMs, and for some float32 shapes (ViViT's) its
 untuned choice fails to compile.
 """

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import functools
 import io
+import math
 import os
 import re
 import subprocess
@@ -76,13 +77,19 @@ def inner_loop(ptx):
     return opcodes
 
 
+_FLOAT_OP = re.compile(r"^((fma|mul|add|sub|max|min|neg|abs)(\.\w+)*\.f32|cvt\.[\w.]*(f32|bf16|f16)[\w.]*)$")
+"""float32 arithmetic, rounding modes and flush-to-zero included, and conversions to or from
+floating point (not integer or address conversions)."""
+
+
 def loop_work(opcodes, width, block_rows, block_hidden, num_warps):
     """What one pass of the hidden-block loop issues against what it needs, per program:
     ``tensor_issued_over_needed``: the MMA FLOPs its threads issue over a hidden block's
     ``4 d rows block_hidden`` (fc1 and fc2); ``divisions_per_element``: ``div`` instructions
     over the block's ``rows x block_hidden`` hidden elements (the rational GELU divides once
     per element, so 2 means every element's GELU is computed twice); ``float_per_element``:
-    float32 arithmetic and conversions per hidden element. A pass is one hidden block: Triton
+    float32 arithmetic and floating-point conversions per hidden element (all NaN where no
+    loop was found). A pass is one hidden block: Triton
     pipelines the loop without unrolling it. Replicated work appears where a tile holds fewer
     rows than its warps' MMAs cover (64 per warpgroup of 4 warps for wgmma, 16 per warp for
     mma.sync): Triton then gives the extra warps copies of the same product."""
@@ -93,8 +100,9 @@ def loop_work(opcodes, width, block_rows, block_hidden, num_warps):
         if shape and "mma" in opcode:
             flops = 2 * int(shape.group(1)) * int(shape.group(2)) * int(shape.group(3))
             issued += flops * (num_warps // 4 if opcode.startswith("wgmma") else num_warps)
-    floats = sum(o.startswith(("fma.rn.f32", "mul.f32", "add.f32", "sub.f32", "max.f32", "min.f32", "cvt."))
-                 for o in opcodes)
+    if not opcodes:  # no loop found in the PTX: nothing to count
+        return dict.fromkeys(("tensor_issued_over_needed", "divisions_per_element", "float_per_element"), math.nan)
+    floats = sum(bool(_FLOAT_OP.match(o)) for o in opcodes)
     return {"tensor_issued_over_needed": issued / (4 * width * elements),
             "divisions_per_element": sum(o.startswith("div.") for o in opcodes) * threads / elements,
             "float_per_element": floats * threads / elements}

@@ -50,9 +50,10 @@ SCREENED = {
         384: [(32, 32, 4, 2), (32, 64, 8, 3), (32, 32, 8, 2)],
     },
 }
-"""The tiles timed per width when ``--grid`` is not given, from the block kernel compiled for
-sm_90 here (``bench/kernel_compile.py --kernel residual --block-rows 32,64,128 --block-hidden
-16,32,64 --warps 4,8 --stages 2``, BENCHMARKS.md). Where a tile is small for its warps,
+"""The tiles timed per kernel and width when ``--grid`` is not given, from both kernels
+compiled for sm_90 here (``bench/kernel_compile.py --kernel residual`` and ``--kernel mlp``
+with ``--block-rows 32,64,128 --block-hidden 16,32,64 --warps 4,8``, stage 3 for a few,
+BENCHMARKS.md). Where a tile is small for its warps,
 Triton gives several warps copies of the same product, and the compiled loop computes fc1
 and the GELU two or four times per hidden element (its columns "MMA FLOPs issued / needed"
 and "divisions per hidden element"). The kernels' defaults (``default_blocks``, 8
@@ -146,12 +147,15 @@ def main(argv=None):
     for width in (int(w) for w in args.widths.split(",")):
         rows = args.rows or GROUP_ROWS.get(width, 16384)
         results = sweep(width, rows, args, interpret, log)
-        plain_ms = results[0][1]
+        plain_ms = results[0][1]  # errors are over max(1, the largest plain value), as kernel_check's
         for tiles, ms, error, note in results:
             ratio = "" if ms is None else f"{plain_ms / ms:.2f}"
             shown = "" if error is None else f"{error:.1e}"
             print(f"| {width} | {rows} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {shown} | {note} |")
         timed = [(ms, tiles) for tiles, ms, _, note in results[1:] if ms is not None and not note.startswith("wrong")]
+        if not timed:
+            print(f"| {width} | | **no tile setting both ran and matched the plain path** | | | | |")
+            log(f"d={width}: no tile setting ran and matched the plain path; the kernel keeps its defaults")
         if timed:
             ms, tiles = min(timed)
             best.append(f"{width}:{','.join(map(str, tiles))}")

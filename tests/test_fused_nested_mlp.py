@@ -101,9 +101,9 @@ def test_the_form_is_opt_in_and_named_when_wrong(monkeypatch):
     monkeypatch.delenv(platform_forms.MLP_ENV, raising=False)
     assert platform_forms.mlp_form() == "plain"
     monkeypatch.setenv(platform_forms.MLP_ENV, "flash")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP must be one of \['plain', 'fused', 'fused_mlp'\]"):
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP must be one of \['plain', 'fused', 'mlp_kernel'\]"):
         platform_forms.mlp_form()
-    for form in ("fused", "fused_mlp"):
+    for form in ("fused", "mlp_kernel"):
         monkeypatch.setenv(platform_forms.MLP_ENV, form)
         if BACKEND == "jax":
             assert platform_forms.mlp_form() == form
@@ -176,7 +176,7 @@ def test_mone_model_outputs_and_gradients_agree_with_the_plain_path(monkeypatch)
 
 @jax_only
 def test_the_mlp_kernel_form_runs_each_nested_group_through_the_mlp_kernel_alone(monkeypatch):
-    """``$KERAS_MONE_MLP=fused_mlp``: a MoNE-ViT's nested groups take ``fused_nested_mlp`` (the
+    """``$KERAS_MONE_MLP=mlp_kernel``: a MoNE-ViT's nested groups take ``fused_nested_mlp`` (the
     LayerNorm and residual stay XLA's), never the block kernel, and the logits and training
     gradients are the plain path's."""
     import jax
@@ -194,7 +194,7 @@ def test_the_mlp_kernel_form_runs_each_nested_group_through_the_mlp_kernel_alone
     model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=0.5), num_classes=5)
     randomize_weights(model, seed=6)
     x = images()
-    assert_f32_close(_forward(monkeypatch, "fused_mlp", model, x), _forward(monkeypatch, "plain", model, x))
+    assert_f32_close(_forward(monkeypatch, "mlp_kernel", model, x), _forward(monkeypatch, "plain", model, x))
     assert widths and set(widths) <= {4, 8, 16} and not blocks
 
     trainable = [v.value for v in model.trainable_variables]
@@ -205,10 +205,10 @@ def test_the_mlp_kernel_form_runs_each_nested_group_through_the_mlp_kernel_alone
         return jax.numpy.sum(logits ** 2)
 
     grads = {}
-    for form in ("fused_mlp", "plain"):
+    for form in ("mlp_kernel", "plain"):
         monkeypatch.setenv(platform_forms.MLP_ENV, form)
         grads[form] = jax.grad(loss)(trainable)
-    for got, want in zip(grads["fused_mlp"], grads["plain"]):
+    for got, want in zip(grads["mlp_kernel"], grads["plain"]):
         assert_f32_close(np.asarray(got), np.asarray(want), ulps=256)
 
 
@@ -258,7 +258,7 @@ def test_a_mone_vit_on_a_gpu_runs_each_nested_group_through_the_compiled_kernel(
 
         return lower_for_cuda(forward, *state, images(size=64)).count(TRITON_CALL)
 
-    assert kernels("fused") == 3 and kernels("fused_mlp") == 3 and kernels("plain") == 0
+    assert kernels("fused") == 3 and kernels("mlp_kernel") == 3 and kernels("plain") == 0
 
 
 @jax_only

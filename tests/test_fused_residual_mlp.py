@@ -256,6 +256,13 @@ def test_the_tile_sweep_never_picks_a_setting_whose_output_is_wrong(monkeypatch,
     (best,) = [key.removeprefix("**best** ") for key in rows if key.startswith("**best**")]
     assert best in rows and best != "(32, 64, 4, 2)" and not rows[best][7].strip().startswith("wrong")
 
+    # every setting off: the width is named and left out of the printed tiles (its defaults stay)
+    monkeypatch.setattr(kernel_tiles, "fused_residual_mlp", lambda *a, **kw: right(*a, **kw) + 0.5)
+    kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16",
+                       "--grid", "16:64:4:2"])
+    out = capsys.readouterr().out
+    assert "no tile setting both ran and matched the plain path" in out and 'KERAS_MONE_MLP_TILES=""' in out
+
 
 def test_the_compile_screen_counts_the_work_a_loop_pass_issues():
     """``bench/kernel_compile.py`` reads the hidden-block loop out of the PTX and counts what one
@@ -293,3 +300,6 @@ $L__BB0_1:                              // =>This Inner Loop Header: Depth=1
     sync = kernel_compile.loop_work(["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"], 4, 16, 8, 2)
     assert sync["tensor_issued_over_needed"] == 2 * (2 * 16 * 8 * 16) / (4 * 4 * 16 * 8)
     assert kernel_compile.inner_loop("ret;") == []
+    assert all(np.isnan(v) for v in kernel_compile.loop_work([], 4, 16, 8, 8).values())  # no loop: not zeros
+    opcodes = ("fma.rn.ftz.f32", "cvt.rn.bf16x2.f32", "cvt.u64.u32", "add.s32", "mul.rn.f32")
+    assert [bool(kernel_compile._FLOAT_OP.match(o)) for o in opcodes] == [True, True, False, False, True]

@@ -5,9 +5,10 @@
   nested MLP, gate scale, residual) as one Pallas kernel (jax).
 
 ``$KERAS_MONE_MLP=fused`` (``layers.platform_forms.mlp_form``) runs a ``ViTBlock``'s
-nested groups through ``fused_residual_mlp``, ``$KERAS_MONE_MLP=fused_mlp`` through
+nested groups through ``fused_residual_mlp``, ``$KERAS_MONE_MLP=mlp_kernel`` through
 ``fused_nested_mlp`` (the LayerNorm and residual stay XLA's): compiled through Pallas'
-Triton lowering on a GPU, interpreted elsewhere (exact and slow: for tests); ``cuda_lowering`` shows what a GPU would be given, without one.
-``bench/roofline.py`` models what they save, ``bench/kernel_compile.py``
-reports what the GPU compiler makes of them, ``bench/gpu.sh`` times them.
+Triton lowering on a GPU, interpreted elsewhere (exact and slow: for tests).
+``cuda_lowering`` shows what a GPU would be given, without one; ``bench/roofline.py``
+models what they save, ``bench/kernel_compile.py`` reports what the GPU compiler makes
+of them (registers, spills, work per hidden element), ``bench/gpu.sh`` times them.
 """

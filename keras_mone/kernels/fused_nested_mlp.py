@@ -67,8 +67,8 @@ num_stages``; widths not named keep the defaults."""
 def tile_override(width):
     """``(block_rows, block_hidden, num_warps, num_stages)`` for ``width`` from ``$KERAS_MONE_MLP_TILES``,
     or ``None``. The whole value is checked (positive integers, each width once), whichever
-    width is asked for; both kernels take the tiles it names (``bench/kernel_tiles.py`` tunes
-    the block kernel, which a ``ViTBlock`` runs)."""
+    width is asked for; both kernels take the tiles it names (``bench/kernel_tiles.py
+    --kernel residual`` or ``mlp`` tunes either)."""
     import os
 
     text = os.environ.get(TILES_ENV, "").strip()

@@ -54,7 +54,7 @@ def packable(block, groups, gates, training=None, return_received_attention=Fals
         return False
     if not _torch() and (len(groups) < 2 or mlp_form() != "plain"):
         # jax: one group gains nothing from the token-major transposes; the Pallas MLP
-        # kernels (KERAS_MONE_MLP=fused or fused_mlp) belong to the grouped path
+        # kernels (KERAS_MONE_MLP=fused or mlp_kernel) belong to the grouped path
         return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
         return False

@@ -33,7 +33,7 @@ import keras
 ATTENTION_ENV = "KERAS_MONE_ATTENTION"
 ATTENTION_FORMS = ("fused", "explicit")
 MLP_ENV = "KERAS_MONE_MLP"
-MLP_FORMS = ("plain", "fused", "fused_mlp")
+MLP_FORMS = ("plain", "fused", "mlp_kernel")
 ORDER_ENV = "KERAS_MONE_ORDER"
 ORDER_FORMS = ("tied", "free")
 GELU_ENV = "KERAS_MONE_GELU"
@@ -107,9 +107,9 @@ def mlp_form():
     """A nested token group's MLP: ``"plain"`` (XLA's GEMMs, the hidden activations in
     device memory), ``"fused"`` (a ``ViTBlock``'s whole MLP half, LayerNorm and residual
     included, as one Pallas kernel, ``kernels.fused_residual_mlp``; a ``NestedMLP`` called
-    on its own takes ``kernels.fused_nested_mlp``) or ``"fused_mlp"`` (the MLP alone as
-    ``kernels.fused_nested_mlp`` everywhere: the LayerNorm and the residual stay XLA's, and
-    the kernel keeps the registers they took, BENCHMARKS.md). Jax only: ``$KERAS_MONE_MLP``
+    on its own takes ``kernels.fused_nested_mlp``) or ``"mlp_kernel"`` (the MLP alone as
+    ``kernels.fused_nested_mlp`` everywhere: XLA applies the LayerNorm and adds the
+    residual). Jax only: ``$KERAS_MONE_MLP``
     when set, else plain. The kernels are compiled on a GPU and interpreted elsewhere
     (exact, slow: for tests); they stay opt-in until the GPU run of ``bench/gpu.sh`` shows
     they pay (issue 40)."""
