@@ -93,7 +93,7 @@ def default_blocks(width, hidden, itemsize=2):
     too), chosen so that the compiled loop computes each hidden element's GELU once. A tile
     small for its warps has Triton give two warpgroups copies of the same fc1 and GELU; the
     earlier defaults did, at every width of the block kernel and at d = 192 and 384 here
-    (BENCHMARKS.md, "The block kernel computes its GELU twice"):
+    (BENCHMARKS.md, "The block kernel computed its GELU twice"):
 
     * ``d <= 96``: 128 rows x 32 hidden columns (each warpgroup its own 64 rows; the
       float32 accumulator takes ``d / 2 <= 48`` registers per thread);
