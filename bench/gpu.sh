@@ -56,7 +56,7 @@
 # Knobs: RUNS (names of the runs to do, e.g. RUNS="vit_b16_b256 vit_b16_b256_fused_mlp" to
 # split the table over two calls of a machine that allows 10 minutes per command; default
 # all), REPEATS (10), STEP_TIMEOUT (seconds per run, 150; TIMEOUT_<run> for one run, e.g.
-# TIMEOUT_forms_vit_bf16=200, TIMEOUT_kernel_check=60), FORMS / FORMS_F32 / FORMS_TRAIN /
+# TIMEOUT_forms_vit_bf16=200, TIMEOUT_kernel_check=60, TIMEOUT_kernel_tiles_mlp=90), FORMS / FORMS_F32 / FORMS_TRAIN /
 # FORMS_VIVIT (the forms of each sweep), FORMS_EXTRA (appended to every sweep), TORCH_COMPILE=1
 # (run 4 also under torch.compile, default and reduce-overhead: adds minutes), WHEELS, and
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
@@ -190,6 +190,7 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
     [ "$rc" -eq 0 ] && forms_done=$((forms_done + 1)) || tail -5 "$OUT_DIR/$name/log.txt"
 }
 forms_reports=()
+tiles_reports=()
 forms_done=0
 FORMS="${FORMS:-present,fused_residuals,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"
 # (fused_mlp: forms_vit_bf16_tuned; six forms take about 150 s on an H200)
@@ -208,7 +209,8 @@ tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles
         KERAS_BACKEND=jax timeout "${!limit:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_tiles.py" \
             --kernel "$kernel" ${KERNEL_TILES_ARGS:-} >"$OUT_DIR/$tiles_run.md" 2>"$OUT_DIR/$tiles_run.log"
         echo "[gpu.sh] $tiles_run: exit $? (total $((SECONDS - start)) s)"
-        grep -E "best|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
+        grep -E "best|no tile setting|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
+        tiles_reports+=("$OUT_DIR/$tiles_run.md")
     fi
     tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/$tiles_run.md" 2>/dev/null | cut -d'"' -f2)
     if [ -z "${KERAS_MONE_MLP_TILES:-}$tuned" ] && { [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $forms_run "* ]]; }; then
@@ -227,7 +229,8 @@ forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision f
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
-KERNEL_CHECK_REPORT="$checked" FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax \
+KERNEL_CHECK_REPORT="$checked" TILES_REPORTS="$(IFS=:; echo "${tiles_reports[*]}")" \
+    FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax \
     "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
 import json
 import os
@@ -244,6 +247,9 @@ with open(report, "w") as f:
     check = os.environ.get("KERNEL_CHECK_REPORT", "")
     if check and os.path.exists(check):
         f.write(open(check).read() + "\n")
+    for path in os.environ.get("TILES_REPORTS", "").split(":"):  # this call's tile screens
+        if path and os.path.exists(path):
+            f.write(f"## {os.path.basename(path)[:-3]}\n\n" + open(path).read() + "\n")
     if results:
         f.write(combined_table(results) + "\n")
     for path in sweeps:
