@@ -191,6 +191,7 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
 }
 forms_reports=()
 tiles_reports=()
+tiles_done=0
 forms_done=0
 FORMS="${FORMS:-present,fused_residuals,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"
 # (fused_mlp: forms_vit_bf16_tuned; six forms take about 150 s on an H200)
@@ -204,11 +205,14 @@ XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_t
 tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles, then the model with the best
     local tiles_run="$1" kernel="$2" forms_run="$3" form="$4" tuned
     if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $tiles_run "* ]]; then
-        local limit="TIMEOUT_$tiles_run"
+        local limit="TIMEOUT_$tiles_run" rc
+        selected=$((selected + 1))
         # shellcheck disable=SC2086  # KERNEL_TILES_ARGS: one word per argument
         KERAS_BACKEND=jax timeout "${!limit:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_tiles.py" \
             --kernel "$kernel" ${KERNEL_TILES_ARGS:-} >"$OUT_DIR/$tiles_run.md" 2>"$OUT_DIR/$tiles_run.log"
-        echo "[gpu.sh] $tiles_run: exit $? (total $((SECONDS - start)) s)"
+        rc=$?
+        echo "[gpu.sh] $tiles_run: exit $rc (total $((SECONDS - start)) s)"
+        [ "$rc" -eq 0 ] && tiles_done=$((tiles_done + 1))
         grep -E "best|no tile setting|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
         tiles_reports+=("$OUT_DIR/$tiles_run.md")
     fi
@@ -260,4 +264,4 @@ with open(report, "w") as f:
 print(f"[gpu.sh] wrote {report}")
 EOF
 echo "[gpu.sh] done in $((SECONDS - start)) s"
-[ "$((${#runs[@]} + forms_done))" -eq "$selected" ]
+[ "$((${#runs[@]} + forms_done + tiles_done))" -eq "$selected" ]
