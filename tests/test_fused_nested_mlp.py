@@ -139,11 +139,30 @@ def test_nested_mlp_layer_takes_the_kernel_and_agrees(monkeypatch):
     assert widths == [4, 16]  # the nested widths took the kernel, the full width did not
 
 
+def _assert_training_gradients_agree(monkeypatch, model, x, form):
+    """The gradients of ``sum(logits^2)`` in training mode, under ``$KERAS_MONE_MLP=form``,
+    equal the plain path's within 256 float32 ulps."""
+    import jax
+
+    trainable = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+
+    def loss(values):
+        logits, _ = model.stateless_call(values, others, x, training=True)
+        return jax.numpy.sum(logits ** 2)
+
+    grads = {}
+    for chosen in (form, "plain"):
+        monkeypatch.setenv(platform_forms.MLP_ENV, chosen)
+        grads[chosen] = jax.grad(loss)(trainable)
+    for got, want in zip(grads[form], grads["plain"]):
+        assert_f32_close(np.asarray(got), np.asarray(want), ulps=256)
+
+
 @jax_only
 def test_mone_model_outputs_and_gradients_agree_with_the_plain_path(monkeypatch):
     """A MoNE-ViT at e_c 0.5 (every nested group's MLP half through the block kernel,
     ``fused_residual_mlp``) gives the plain path's logits, and its training gradients match."""
-    import jax
 
     from keras_mone import models
 
@@ -158,20 +177,7 @@ def test_mone_model_outputs_and_gradients_agree_with_the_plain_path(monkeypatch)
     assert_f32_close(_forward(monkeypatch, "fused", model, x), _forward(monkeypatch, "plain", model, x))
     assert widths and set(widths) <= {4, 8, 16}  # the nested groups of both blocks took the kernel
     assert _forward(monkeypatch, "fused", model, x, training=True).shape == (2, 5)  # no dropout: fused too
-
-    trainable = [v.value for v in model.trainable_variables]
-    others = [v.value for v in model.non_trainable_variables]
-
-    def loss(values):
-        logits, _ = model.stateless_call(values, others, x, training=True)
-        return jax.numpy.sum(logits ** 2)
-
-    grads = {}
-    for form in ("fused", "plain"):
-        monkeypatch.setenv(platform_forms.MLP_ENV, form)
-        grads[form] = jax.grad(loss)(trainable)
-    for got, want in zip(grads["fused"], grads["plain"]):
-        assert_f32_close(np.asarray(got), np.asarray(want), ulps=256)
+    _assert_training_gradients_agree(monkeypatch, model, x, "fused")
 
 
 @jax_only
@@ -179,7 +185,6 @@ def test_the_mlp_kernel_form_runs_each_nested_group_through_the_mlp_kernel_alone
     """``$KERAS_MONE_MLP=mlp_kernel``: a MoNE-ViT's nested groups take ``fused_nested_mlp`` (the
     LayerNorm and residual stay XLA's), never the block kernel, and the logits and training
     gradients are the plain path's."""
-    import jax
 
     from keras_mone import models
 
@@ -196,20 +201,7 @@ def test_the_mlp_kernel_form_runs_each_nested_group_through_the_mlp_kernel_alone
     x = images()
     assert_f32_close(_forward(monkeypatch, "mlp_kernel", model, x), _forward(monkeypatch, "plain", model, x))
     assert widths and set(widths) <= {4, 8, 16} and not blocks
-
-    trainable = [v.value for v in model.trainable_variables]
-    others = [v.value for v in model.non_trainable_variables]
-
-    def loss(values):
-        logits, _ = model.stateless_call(values, others, x, training=True)
-        return jax.numpy.sum(logits ** 2)
-
-    grads = {}
-    for form in ("mlp_kernel", "plain"):
-        monkeypatch.setenv(platform_forms.MLP_ENV, form)
-        grads[form] = jax.grad(loss)(trainable)
-    for got, want in zip(grads["mlp_kernel"], grads["plain"]):
-        assert_f32_close(np.asarray(got), np.asarray(want), ulps=256)
+    _assert_training_gradients_agree(monkeypatch, model, x, "mlp_kernel")
 
 
 @jax_only
