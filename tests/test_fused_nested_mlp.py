@@ -74,6 +74,9 @@ def test_tile_choices_and_bad_arguments():
 
     assert kernel.feature_chunk(96) == 32 and kernel.feature_chunk(768) == 256 and kernel.feature_chunk(1024) == 256
     assert kernel.kernel_fits(96, 3072) and not kernel.kernel_fits(4, 64) and kernel.kernel_fits(4, 64, interpret=True)
+    # the block kernel sums its LayerNorm statistics over D in power-of-2 chunks: D = 770 has chunks of 2
+    assert kernel.kernel_fits(64, 256, full=768) and not kernel.kernel_fits(64, 256, full=770)
+    assert kernel.kernel_fits(64, 256, interpret=True, full=770) and not kernel.kernel_fits(64, 24, full=768)
     # ViT-B/16's nested groups (the full width keeps XLA's GEMMs): the tiles compiled for sm_90
     # without spills or copies of the GELU (float32 at d = 384 halves its hidden block for shared memory)
     tiles = {(width, itemsize): kernel.default_blocks(width, 3072, itemsize)

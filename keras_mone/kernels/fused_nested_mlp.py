@@ -49,12 +49,16 @@ def feature_chunk(width):
     return min(width & -width, 256)
 
 
-def kernel_fits(width, hidden, interpret=False):
+def kernel_fits(width, hidden, interpret=False, full=None):
     """Whether the compiled kernel takes a group of ``width`` and an MLP ``hidden`` wide:
     feature chunks of at least ``MIN_CHUNK`` and a hidden width with a power-of-2 block
-    of at least ``MIN_CHUNK``. The interpreter takes any width (the hidden blocks are
-    checked all the same)."""
-    return feature_chunk(hidden) >= MIN_CHUNK and (interpret or feature_chunk(width) >= MIN_CHUNK)
+    of at least ``MIN_CHUNK``. ``full``: the token rows' whole width ``D`` where a kernel
+    reads all of it (``fused_residual_mlp``'s LayerNorm statistics, summed in chunks of
+    ``feature_chunk(D)``: a ``D`` with a small power-of-2 factor would unroll hundreds of
+    them). The interpreter takes any width (the hidden blocks are checked all the same)."""
+    if feature_chunk(hidden) < MIN_CHUNK:
+        return False
+    return interpret or all(feature_chunk(w) >= MIN_CHUNK for w in (width, full) if w is not None)
 
 
 TILES_ENV = "KERAS_MONE_MLP_TILES"

@@ -95,7 +95,8 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         interpret = accelerator() != "gpu"
         plain_norm = norm.center and norm.scale and not getattr(norm, "rms_scaling", False)
         plain_norm = plain_norm and norm.axis in (-1, [-1], 2, [2])
-        if width >= self.hidden_dim or not plain_norm or not kernel_fits(width, self.mlp_dim, interpret):
+        fits = kernel_fits(width, self.mlp_dim, interpret, full=self.hidden_dim)
+        if width >= self.hidden_dim or not plain_norm or not fits:
             return None
         # the LayerNorm's own weights stay in their (float32) dtype: it normalises in float32, as Keras' does
         weights = [ops.convert_to_tensor(w) for w in (norm.gamma, norm.beta)] + self._kernel_weights()
