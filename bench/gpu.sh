@@ -17,8 +17,8 @@
 #
 # First bench/kernel_check.py: the fused kernels (kernels/), compiled for the card, against
 # the plain path (kernel_check.md; with RUNS set, only if RUNS names kernel_check: it took
-# over 60 s on an H200). Then runs, each its own process (dense and MoNE interleaved,
-# medians of $REPEATS):
+# over 60 s on an H200; a failed check fails the exit status). Then runs, each its own
+# process (dense and MoNE interleaved, medians of $REPEATS):
 #   1. jax   ViT-B/16 224, e_c 0.3 and 0.5, batch 64, float32 + mixed_bfloat16:
 #            forward on device input and on host input (predict_on_batch), timm peer
 #   2. jax   the same at batch 256, device input only, timm peer
@@ -109,13 +109,16 @@ echo "[gpu.sh] setup done in $((SECONDS - start)) s"
 
 # -- 2. the fused kernels, compiled for this card, against the plain path -------
 # (with RUNS set, only if it names kernel_check: kernel_tiles checks each tile it times)
+check_rc=0  # a failed (or cut) kernel check fails the exit status, as a failed run does
 checked=""  # this call's kernel check, for the combined report (not one an earlier call left)
 if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" kernel_check "* ]]; then
     checked="$OUT_DIR/kernel_check.md"
     # shellcheck disable=SC2086  # KERNEL_CHECK_ARGS: one word per argument
     KERAS_BACKEND=jax timeout "${TIMEOUT_kernel_check:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_check.py" \
         ${KERNEL_CHECK_ARGS:-} >"$OUT_DIR/kernel_check.md" 2>"$OUT_DIR/kernel_check.log"
-    echo "[gpu.sh] kernel check: exit $? (total $((SECONDS - start)) s)"; cat "$OUT_DIR/kernel_check.md"
+    check_rc=$?
+    echo "[gpu.sh] kernel check: exit $check_rc (total $((SECONDS - start)) s)"; cat "$OUT_DIR/kernel_check.md"
+    [ "$check_rc" -eq 0 ] || tail -5 "$OUT_DIR/kernel_check.log"
 fi
 
 # -- 3. the runs ----------------------------------------------------------------
@@ -264,4 +267,4 @@ with open(report, "w") as f:
 print(f"[gpu.sh] wrote {report}")
 EOF
 echo "[gpu.sh] done in $((SECONDS - start)) s"
-[ "$((${#runs[@]} + forms_done + tiles_done))" -eq "$selected" ]
+[ "$((${#runs[@]} + forms_done + tiles_done))" -eq "$selected" ] && [ "$check_rc" -eq 0 ]
