@@ -26,7 +26,9 @@ BOUNDS = {"float32": 1e-5, "bfloat16": 2.0 ** -6}
 GPU_BOUNDS = {**BOUNDS, "float32": 2.0 ** -9}
 
 
-def _inputs(rows, dim, hidden, dtype, seed=0):
+def kernel_inputs(rows, dim, hidden, dtype, seed=0):
+    """Random ``(z, (gamma, beta), (w1, b1, w2, b2), scale)`` for both kernels: ``rows`` token
+    rows ``dim`` wide in ``dtype``, the LayerNorm's weights in float32, an MLP ``hidden`` wide."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 8)
     normal = lambda key, *shape, s=1.0: (s * jax.random.normal(key, shape)).astype(dtype)  # noqa: E731
     z = normal(keys[0], rows, dim)
@@ -44,7 +46,7 @@ def relative_error(got, want):
 
 def check(width, dtype, rows, dim, hidden, interpret):
     """``{form: relative error}`` of both kernels (and the block kernel's gradients) at one width."""
-    z, norm, mlp, scale = _inputs(rows, dim, hidden, dtype)
+    z, norm, mlp, scale = kernel_inputs(rows, dim, hidden, dtype)
     gelu = _kernel_gelu(False)
     errors = {"fused MLP": relative_error(fused_nested_mlp(z, *mlp, width, gelu, interpret=interpret),
                                           plain_nested_mlp(z, *mlp, width, gelu))}

@@ -27,7 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from kernel_check import BOUNDS, GPU_BOUNDS, relative_error
+from kernel_check import BOUNDS, GPU_BOUNDS, kernel_inputs, relative_error
 
 from keras_mone.kernels.fused_nested_mlp import default_blocks, fused_nested_mlp, plain_nested_mlp
 from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
@@ -72,26 +72,18 @@ def median_ms(function, arguments, repeats):
     return 1e3 * statistics.median(times)
 
 
-def inputs(rows, dim, hidden, dtype, seed=0):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 8)
-    normal = lambda key, *shape, s=1.0: (s * jax.random.normal(key, shape)).astype(dtype)  # noqa: E731
-    return (normal(keys[0], rows, dim), (1.0 + 0.1 * jax.random.normal(keys[1], (dim,))).astype(jnp.float32),
-            (0.1 * jax.random.normal(keys[2], (dim,))).astype(jnp.float32), normal(keys[3], dim, hidden, s=dim ** -0.5),
-            normal(keys[4], hidden, s=0.1), normal(keys[5], hidden, dim, s=hidden ** -0.5), normal(keys[6], dim, s=0.1),
-            (1.0 + 0.5 * jax.random.uniform(keys[7], (rows,))).astype(dtype))
-
-
 def sweep(width, rows, args, interpret, log):
     """``[(tiles, ms or None, error or None, note)]`` for one width, the plain path first (tiles
     ``"plain (XLA)"``); ``error``: the largest difference from the plain path's output over its
     largest value. A setting past the dtype's bound gets a note starting "wrong"."""
     gelu = _kernel_gelu(False)
-    arguments = inputs(rows, args.dim, args.hidden, jnp.dtype(args.dtype))
+    z, norm, mlp, scale = kernel_inputs(rows, args.dim, args.hidden, jnp.dtype(args.dtype))
     if args.kernel == "mlp":  # the token rows and the MLP's weights only
-        arguments = (arguments[0], *arguments[3:7])
+        arguments = (z, *mlp)
         plain = jax.jit(lambda *a: plain_nested_mlp(*a, width, gelu))
         fused = fused_nested_mlp
     else:
+        arguments = (z, *norm, *mlp, scale)
         plain = jax.jit(lambda *a: plain_residual_mlp(*a, width, gelu, 1e-6))
         fused = fused_residual_mlp
     expected = plain(*arguments)
