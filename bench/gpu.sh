@@ -49,6 +49,8 @@
 #  kernel_tiles_mlp  the same screen for the MLP kernel alone (bench/kernel_tiles.py --kernel mlp)
 #  forms_vit_bf16_mlp_tuned  batch 256, mlp_kernel (KERAS_MONE_MLP=mlp_kernel) with its best tiles
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
+#  forms_vivit_b1_highest  the same without TF32 (--matmul-precision highest), as MoNE Table 1
+#                    timed it on a V100: compute-bound, the roofline bound 1.97x (bench/gpu_program.py)
 # and writes $OUT_DIR/gpu_bench.md: the combined table, then every run's full
 # report (with the card's name, versions and command line); each run's JSON,
 # markdown, plot and log lie in $OUT_DIR/<run>/.
@@ -233,6 +235,9 @@ tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
 tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_VIVIT:-present}" --profile
+# MoNE Table 1's setting: float32 on a V100, which has no TF32 (matmuls at jax's "highest" precision)
+forms forms_vivit_b1_highest --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
+    --matmul-precision highest --forms present
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"

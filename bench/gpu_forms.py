@@ -166,6 +166,7 @@ def profile_pair(labels_and_steps, args, profiles, notes, log):
                 continue
             profiles[label] = kernel_table(trace_calls(traced, args.profile_calls), args.profile_calls)
             if args.output:  # the optimised HLO: what each profiled op name computes
+                os.makedirs(args.output, exist_ok=True)  # the first profile comes before the first report
                 name = label.replace(" ", "_").replace("+", "_").replace("=", "_")
                 with gzip.open(os.path.join(args.output, f"hlo_{name}.txt.gz"), "wt") as f:
                     f.write(traced.executable.as_text())
@@ -175,6 +176,12 @@ def profile_pair(labels_and_steps, args, profiles, notes, log):
 
 
 def run(args):
+    """Times every form (``--matmul-precision``: jax's precision for every trace)."""
+    with jax.default_matmul_precision(args.matmul_precision):
+        return _run_forms(args)
+
+
+def _run_forms(args):
     log = (lambda message: print(f"[gpu_forms] {message}", file=sys.stderr, flush=True))
     forms, train_forms = _names(args.forms), _names(args.train_forms)
     for form in forms + train_forms:
@@ -211,7 +218,7 @@ def run(args):
                 notes.append(f"timm: {info['reason']}")
                 args.timm = False
             else:
-                step = timm_step(model, images, args.precision, tf32=True)
+                step = timm_step(model, images, args.precision, tf32=args.matmul_precision != "highest")
                 step()
                 rows.append(("timm forward", batch_size, "timm", interleaved_ms({"t": step}, args.repeats)["t"],
                              None, None))
@@ -238,7 +245,10 @@ def report(args, rows, profiles, notes, ratio):
         "",
         f"{device['name']}; jax {jax.__version__}, keras {keras.__version__}; {args.family} {args.variant} "
         f"{args.image_size}px{' (tiny)' if args.tiny else ''}, MoNE e_c {args.capacity:g} (FLOP ratio "
-        f"{ratio:.2f}), {args.precision}, device input, medians of {args.repeats} interleaved calls; "
+        f"{ratio:.2f}), {args.precision}"
+        + (", matmuls at jax's \"highest\" precision (float32 without TF32)" if args.matmul_precision == "highest"
+           else "")
+        + f", device input, medians of {args.repeats} interleaved calls; "
         f"{time.strftime('%Y-%m-%d')}."
         + "".join(f" {name}={os.environ[name]!r}." for name in ("XLA_FLAGS", "KERAS_MONE_MLP_TILES")
                   if os.environ.get(name)),
@@ -276,6 +286,9 @@ def parse(argv=None):
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--batch-sizes", default="64,256")
     parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--matmul-precision", default="default", choices=("default", "highest"),
+                        help="jax's matmul precision: 'highest' runs float32 matmuls without TF32, as a V100 "
+                        "(MoNE Table 1) does; timm's peer then runs without TF32 too")
     parser.add_argument("--forms", default="present,free,fused_mlp,free+fused_mlp")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--profile", action="store_true", help="trace the last batch size's programs")

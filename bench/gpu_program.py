@@ -11,7 +11,7 @@ timed: the figures say what the card is given, and where a form's kernels and by
     KERAS_BACKEND=jax python bench/gpu_program.py --batch-size 256 --forms present,joint_norms
     KERAS_BACKEND=jax python bench/gpu_program.py --train --batch-size 128 --forms present --memory
     KERAS_BACKEND=jax python bench/gpu_program.py --family vivit --capacity 0.4 --batch-size 1 \
-        --precision float32 --cublas-gemms
+        --precision float32 --cublas-gemms [--matmul-precision highest]
 
 ``--memory`` adds what each program holds at its memory peak (``keras_mone.bench.hlo_memory``:
 read from XLA's dump of the compile). ``--xla-option NAME=VALUE`` (repeatable) compiles every
@@ -59,7 +59,8 @@ def run(args):
     rows, tops, peaks, failures = [], {}, {}, []
     for form in forms:
         for label, model in (("dense", dense), ("MoNE", mone)):
-            with precision_policy(args.precision), form_environment(form):
+            with precision_policy(args.precision), form_environment(form), \
+                    jax.default_matmul_precision(args.matmul_precision):
                 started = time.perf_counter()
                 compile_step = gpu_program.compiled_train_step if args.train else gpu_program.compiled_forward
                 try:
@@ -76,7 +77,7 @@ def run(args):
                 seconds = time.perf_counter() - started
             text = compiled.as_text()
             kernels = hlo_kernels.program_kernels(text)
-            summary = gpu_program.program_summary(kernels, args.card, dtype)
+            summary = gpu_program.program_summary(kernels, args.card, dtype, args.matmul_precision)
             summary["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
             if memory is not None:
                 summary["live_peak_bytes"] = memory.live_peak_bytes
@@ -101,7 +102,9 @@ def report(args, rows, tops, peaks, ratio, failures=()):
         f"Compiled for {card['name']} ({card['bandwidth'] / 1e12:.2f} TB/s) without one; jax {jax.__version__}, "
         f"keras {keras.__version__}; {args.family} {args.variant} {args.image_size}px, "
         f"{'training step (AdamW)' if args.train else 'forward'}, batch {args.batch_size}, "
-        f"MoNE e_c {args.capacity:g} (FLOP ratio {ratio:.2f}), {args.precision}; {time.strftime('%Y-%m-%d')}. "
+        f"MoNE e_c {args.capacity:g} (FLOP ratio {ratio:.2f}), {args.precision}"
+        + (", matmuls at jax's \"highest\" precision (float32 without TF32)" if args.matmul_precision == "highest" else "")
+        + f"; {time.strftime('%Y-%m-%d')}. "
         "Roofline: each kernel at max(FLOPs / peak, bytes / bandwidth), a lower bound (no launch gaps, "
         "narrow GEMMs at full rate); autotuning is off without a device, so "
         + ("every GEMM is cuBLAS's (`--cublas-gemms`)." if args.cublas_gemms
@@ -155,6 +158,9 @@ def parse(argv=None):
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--matmul-precision", default="default", choices=gpu_program.MATMUL_PRECISIONS,
+                        help="jax's matmul precision while tracing: 'highest' runs float32 matmuls without TF32 "
+                        "(as a V100 does), and the roofline takes the cards' float32 rate")
     parser.add_argument("--forms", default="present,joint_norms")
     parser.add_argument("--train", action="store_true", help="the training step (AdamW), not the forward")
     parser.add_argument("--cublas-gemms", action="store_true",

@@ -50,3 +50,27 @@ def test_the_sweep_times_and_profiles_every_form(monkeypatch, tmp_path):
     assert (tmp_path / "gpu_forms.json").exists() and list(tmp_path.glob("hlo_MoNE_present.txt.gz"))
     with pytest.raises(ValueError, match="Unknown form part 'fast'"):
         gpu_forms.form_settings("present+fast")
+
+
+def test_highest_matmul_precision_reaches_every_dot_of_both_programs(monkeypatch, tmp_path):
+    # MoNE Table 1 timed float32 on a V100, which has no TF32: `--matmul-precision highest`
+    # traces every matmul at jax's "highest" precision (the output folder does not exist yet:
+    # the first profile's HLO creates it)
+    import gzip
+    import re
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import gpu_forms
+
+    output = tmp_path / "sweep"
+    args = gpu_forms.parse(["--tiny", "--batch-sizes", "2", "--forms", "present", "--precision", "float32",
+                            "--matmul-precision", "highest", "--repeats", "1", "--profile", "--profile-calls", "1",
+                            "--output", str(output)])
+    text = gpu_forms.run(args)
+    assert "matmuls at jax's \"highest\" precision" in text and "- profile of" not in text
+    for model in ("dense_default", "MoNE_present"):
+        program = gzip.open(output / f"hlo_{model}.txt.gz", "rt").read()
+        dots = [line for line in program.splitlines() if re.search(r"= \S+ dot\(", line)]
+        assert dots and all("operand_precision={highest,highest}" in line for line in dots), model
+    with pytest.raises(SystemExit):
+        gpu_forms.parse(["--matmul-precision", "tf32"])

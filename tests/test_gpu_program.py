@@ -144,6 +144,11 @@ def test_the_summary_is_a_roofline_over_the_kernels():
     expected = sum(max(k.flops / 989e12, k.bytes / 4.8e12) for k in kernels) * 1e3
     assert summary["roofline_ms"] == pytest.approx(expected, rel=1e-12)
     assert hlo_kernels.kernel_counts(kernels)[0][2] == 1
+    # float32 matmuls at jax's "highest" precision run off the tensor cores (67 TFLOP/s, no TF32)
+    full = gpu_program.program_summary(kernels, "h200", "float32", matmul_precision="highest")
+    assert full["roofline_ms"] == pytest.approx(sum(max(k.flops / 67e12, k.bytes / 4.8e12) for k in kernels) * 1e3)
+    tf32 = gpu_program.program_summary(kernels, "h200", "float32")
+    assert tf32["roofline_ms"] == pytest.approx(sum(max(k.flops / 495e12, k.bytes / 4.8e12) for k in kernels) * 1e3)
 
 
 def test_bad_input_is_named():
@@ -153,6 +158,8 @@ def test_bad_input_is_named():
         gpu_program.target_config("a100")
     with pytest.raises(ValueError, match=r"`dtype` must be one of \['bfloat16', 'float16', 'float32'\], got 'int8'"):
         gpu_program.program_summary([], "h200", "int8")
+    with pytest.raises(ValueError, match=r"`matmul_precision` must be one of \('default', 'highest'\), got 'tf32'"):
+        gpu_program.program_summary([], "h200", "float32", "tf32")
     with pytest.raises(TypeError, match="Compiles keras_mone backbones and task models"):
         gpu_program.compiled_forward(object(), 1, None)
     assert "core_count: 132" in gpu_program.target_config("h100")

@@ -34,6 +34,11 @@ CARDS = {
 }
 PEAK_FLOPS = {"bfloat16": 989e12, "float16": 989e12, "float32": 495e12}
 """Dense tensor-core peaks of both cards (float32 matmuls run as TF32, jax's GPU default)."""
+FLOAT32_CORE_PEAK = 67e12
+"""Both cards' float32 rate off the tensor cores: float32 matmuls at jax's ``"highest"``
+precision (``jax.default_matmul_precision``), as on a V100, which has no TF32 (MoNE Table 1
+timed there)."""
+MATMUL_PRECISIONS = ("default", "highest")
 
 _SPEC = """gpu_device_info {{
   threads_per_block_limit: 1024
@@ -155,17 +160,21 @@ def _compiled(function, device, variable_lists, inputs, donate=(), dump_to=None,
         return lowered.compile(compiler_options=options)
 
 
-def program_summary(kernels, card="h200", dtype="bfloat16"):
+def program_summary(kernels, card="h200", dtype="bfloat16", matmul_precision="default"):
     """``{"kernels", "by_kind": {kind: count}, "bytes", "flops", "roofline_ms",
     "roofline_by_kind": {kind: ms}}``: each kernel at ``max(FLOPs / peak, bytes /
-    bandwidth)`` on ``card`` for matmuls in ``dtype``. An estimate meant as a lower bound,
+    bandwidth)`` on ``card`` for matmuls in ``dtype`` (float32 at ``matmul_precision``
+    ``"highest"``: ``FLOAT32_CORE_PEAK``). An estimate meant as a lower bound,
     not a forecast: it leaves out launch gaps, narrow GEMMs' lower efficiency and
     elementwise arithmetic; it is as good as the byte counts (``hlo_kernels``), which
     count no L2 hits and read some ops' operands whole."""
     target_config(card)  # validates the card
     if dtype not in PEAK_FLOPS:
         raise ValueError(f"`dtype` must be one of {sorted(PEAK_FLOPS)}, got {dtype!r}.")
-    peak, bandwidth = PEAK_FLOPS[dtype], CARDS[card]["bandwidth"]
+    if matmul_precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"`matmul_precision` must be one of {MATMUL_PRECISIONS}, got {matmul_precision!r}.")
+    full_float32 = dtype == "float32" and matmul_precision == "highest"
+    peak, bandwidth = FLOAT32_CORE_PEAK if full_float32 else PEAK_FLOPS[dtype], CARDS[card]["bandwidth"]
     by_kind, time_by_kind = collections.Counter(), collections.Counter()
     for kernel in kernels:
         by_kind[kernel.kind] += 1
