@@ -45,7 +45,8 @@
 #  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
 #  kernel_tiles      the block kernel's tile settings timed against XLA, each one's output
 #                    checked against it (bench/kernel_tiles.py)
-#  forms_vit_bf16_tuned  batch 256, fused_mlp with the best tiles of kernel_tiles
+#  forms_vit_bf16_tuned  batch 256, fused_mlp with the best tiles of kernel_tiles (XLA's path at
+#                    a width where no tile beat it)
 #  kernel_tiles_mlp  the same screen for the MLP kernel alone (bench/kernel_tiles.py --kernel mlp)
 #  forms_vit_bf16_mlp_tuned  batch 256, mlp_kernel (KERAS_MONE_MLP=mlp_kernel) with its best tiles
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
@@ -218,7 +219,7 @@ tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles
         rc=$?
         echo "[gpu.sh] $tiles_run: exit $rc (total $((SECONDS - start)) s)"
         [ "$rc" -eq 0 ] && tiles_done=$((tiles_done + 1))
-        grep -E "best|no tile setting|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
+        grep -E "best|no tile setting|faster than every tile|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
         tiles_reports+=("$OUT_DIR/$tiles_run.md")
     fi
     tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/$tiles_run.md" 2>/dev/null | cut -d'"' -f2)

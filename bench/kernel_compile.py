@@ -154,13 +154,15 @@ def main():
     parser.add_argument("--block-hidden", default="", help="block_hidden values to try (default: default_blocks)")
     parser.add_argument("--block-rows", default="", help="block_rows values to try (default: default_blocks)")
     args = parser.parse_args()
+    itemsize = jnp.dtype(args.dtype).itemsize
     print(f"{args.kernel} kernel compiled for sm_90 (D={args.dim}, H={args.hidden}, {args.dtype}; "
           f"python bench/kernel_compile.py --kernel {args.kernel} --dtype {args.dtype})\n")
     print("| d | block_rows x block_hidden | warps | stages | registers | spilled bytes | shared KB | MMA "
-          "| MMA FLOPs issued / needed | divisions (GELUs) per hidden element | float ops per hidden element |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| MMA FLOPs issued / needed | divisions (GELUs) per hidden element | float ops per hidden element "
+          f"| weight bytes loaded per hidden element (XLA's path: {4 * itemsize} from memory) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for width in (int(w) for w in args.widths.split(",")):
-        default_rows, default_hidden = kernel.default_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize)
+        default_rows, default_hidden = kernel.default_blocks(width, args.hidden, itemsize)
         for rows in [int(r) for r in args.block_rows.split(",") if r] or [default_rows]:
             for block_hidden in [int(b) for b in args.block_hidden.split(",") if b] or [default_hidden]:
                 ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_rows=rows,
@@ -171,7 +173,8 @@ def main():
                         print(f"| {width} | {rows} x {block_hidden} | {warps} | {stages} | {s['registers']} | "
                               f"{s['spill_bytes']} | {s['shared_bytes'] / 1024:.0f} | {s['mma']} | "
                               f"{s['tensor_issued_over_needed']:.2f} | {s['divisions_per_element']:.2f} | "
-                              f"{s['float_per_element']:.1f} |", flush=True)
+                              f"{s['float_per_element']:.1f} | "
+                              f"{kernel.weight_bytes_per_hidden_element(width, rows, itemsize):g} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ the kernel for a grid of ``(block_rows, block_hidden, num_warps, num_stages)`` a
 groups of MoNE-ViT-B/16 at e_c 0.3 and batch 256 (rows of width 96, 192, 384), each against
 ``plain_residual_mlp`` compiled by XLA, and prints the best setting per width as a
 ``$KERAS_MONE_MLP_TILES`` value, which ``bench/gpu_forms.py --forms fused_mlp`` then times in
-the whole model. ``--kernel mlp`` does the same for the MLP kernel alone
+the whole model. A width where XLA's path beat every tile (or no tile matched it) is named
+``plain`` there: the tuned model runs the kernel only where it pays. ``--kernel mlp`` does the same for the MLP kernel alone
 (``kernels/fused_nested_mlp`` against ``plain_nested_mlp``; ``--forms mlp_kernel``). A
 setting the compiler rejects (shared memory, registers) is listed as
 failed and the sweep goes on. Each setting's output is checked against the plain path's
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 
 from kernel_check import BOUNDS, GPU_BOUNDS, kernel_inputs, relative_error
 
-from keras_mone.kernels.fused_nested_mlp import default_blocks, fused_nested_mlp, plain_nested_mlp
+from keras_mone.kernels.fused_nested_mlp import PLAIN, default_blocks, fused_nested_mlp, plain_nested_mlp
 from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
 from keras_mone.layers.mlp import _kernel_gelu
 
@@ -145,13 +146,18 @@ def main(argv=None):
             shown = "" if error is None else f"{error:.1e}"
             print(f"| {width} | {rows} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {shown} | {note} |")
         timed = [(ms, tiles) for tiles, ms, _, note in results[1:] if ms is not None and not note.startswith("wrong")]
-        if not timed:
-            print(f"| {width} | | **no tile setting both ran and matched the plain path** | | | | |")
-            log(f"d={width}: no tile setting ran and matched the plain path; the kernel keeps its defaults")
-        if timed:
-            ms, tiles = min(timed)
+        if not timed:  # the tuned model keeps XLA's path at this width
+            best.append(f"{width}:{PLAIN}")
+            print(f"| {width} | | **no tile setting both ran and matched the plain path**: {PLAIN} | | | | |")
+            log(f"d={width}: no tile setting ran and matched the plain path; the tuned model keeps the plain path")
+            continue
+        ms, tiles = min(timed)
+        print(f"| {width} | | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | | |")
+        if plain_ms <= ms:  # the kernel does not pay at this width: the tuned model keeps XLA's path
+            best.append(f"{width}:{PLAIN}")
+            print(f"| {width} | | **plain (XLA) is faster than every tile**: {PLAIN} | | | | |")
+        else:
             best.append(f"{width}:{','.join(map(str, tiles))}")
-            print(f"| {width} | | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | | |")
     print(f"\nKERAS_MONE_MLP_TILES=\"{';'.join(best)}\"")
 
 

@@ -81,8 +81,16 @@ def test_tile_choices_and_bad_arguments():
     # without spills or copies of the GELU (float32 at d = 384 halves its hidden block for shared memory)
     tiles = {(width, itemsize): kernel.default_blocks(width, 3072, itemsize)
              for width in (96, 192, 384) for itemsize in (2, 4)}
-    assert tiles == {(96, 2): (128, 32), (96, 4): (128, 32), (192, 2): (32, 64), (192, 4): (32, 64),
+    assert tiles == {(96, 2): (128, 32), (96, 4): (128, 32), (192, 2): (128, 16), (192, 4): (128, 16),
                      (384, 2): (32, 64), (384, 4): (32, 32)}
+    # d = 384's 32-row tiles load 2 x 384 x 2 / 32 = 48 weight bytes per hidden element, against the
+    # 8 XLA's path moves: that width keeps the plain path unless a card's screen names its tiles
+    assert [kernel.kernel_pays(width, 3072, itemsize) for width in (96, 192, 384) for itemsize in (2, 4)] == [
+        True, True, True, True, False, False]
+    # every program loads both weight slices whole: 2 d itemsize / block_rows bytes per hidden element,
+    # against the 4 itemsize XLA's path moves through memory for it
+    assert kernel.weight_bytes_per_hidden_element(192, 32) == 24 and kernel.weight_bytes_per_hidden_element(192, 128) == 6
+    assert kernel.weight_bytes_per_hidden_element(96, 128, itemsize=4) == 6
     for (width, itemsize), (rows, block_hidden) in tiles.items():
         assert width * block_hidden * itemsize <= 48 * 1024 and 3072 % block_hidden == 0
     x = np.zeros((8, 96), "float32")

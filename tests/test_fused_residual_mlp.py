@@ -187,11 +187,53 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
     for got, want in zip(fused, plain):
         assert_f32_close(got, want, ulps=64)
 
+    # a width named `plain` (XLA beat every tile on the card) keeps the plain path: no kernel call
+    monkeypatch.setenv(TILES_ENV, "16:plain")
+    assert tile_override(16) == "plain"
+    seen.clear()
+    monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
+    kept = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
+    assert seen == []
+    for got, want in zip(kept, plain):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_width_whose_default_tile_does_not_pay_keeps_the_plain_path_unless_its_tiles_are_named(monkeypatch):
+    """``kernel_pays`` false (ViT-B/16's d = 384: 32-row tiles load 48 weight bytes per hidden
+    element against the 8 XLA's path moves): the plain path, unless ``$KERAS_MONE_MLP_TILES``
+    names that width's tiles (a card's screen found some that pay)."""
+    import keras
+
+    from keras_mone.kernels import fused_nested_mlp
+    from keras_mone.kernels import fused_residual_mlp as kernel
+    from keras_mone.kernels.fused_nested_mlp import TILES_ENV
+    from keras_mone.layers import platform_forms
+    from keras_mone.layers.block import ViTBlock
+
+    block = ViTBlock(32, 4, 64, gate="mone", name="paying")
+    block.build((None, None, 32))
+    rng = np.random.default_rng(3)
+    groups = [rng.normal(size=(2, n, 32)).astype("float32") for n in (5, 3)]
+    gates = [rng.random((2, n)).astype("float32") for n in (5, 3)]
+    seen = []
+    original = kernel.fused_residual_mlp
+    monkeypatch.setattr(kernel, "fused_residual_mlp", lambda *a, **k: seen.append(a[8]) or original(*a, **k))
+    monkeypatch.setattr(fused_nested_mlp, "kernel_pays", lambda width, hidden, itemsize=2: width != 16)
+    monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
+    monkeypatch.delenv(TILES_ENV, raising=False)
+    unpaid = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
+    assert seen == []  # d = 16 plain; d = 32 is the full width, XLA's anyway
+    monkeypatch.setenv(TILES_ENV, "16:16,32,4,2")
+    named = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
+    assert seen == [16]  # named: the kernel runs at that width
+    for got, want in zip(named, unpaid):
+        assert_f32_close(got, want, ulps=64)
+
 
 def test_a_malformed_tile_setting_is_named(monkeypatch):
     from keras_mone.kernels.fused_nested_mlp import TILES_ENV, tile_override
 
-    for value in ("96:128,64,4", "abc:1,2,3,4", "96:0,64,4,3", "96:128,64,4,3;junk"):
+    for value in ("96:128,64,4", "abc:1,2,3,4", "96:0,64,4,3", "96:128,64,4,3;junk", "96:plain,1", "0:plain"):
         monkeypatch.setenv(TILES_ENV, value)
         with pytest.raises(ValueError, match=r"\$KERAS_MONE_MLP_TILES entries are width:block_rows,block_hidden"):
             tile_override(192)  # the whole value is checked, whichever width is asked for
@@ -261,7 +303,26 @@ def test_the_tile_sweep_never_picks_a_setting_whose_output_is_wrong(monkeypatch,
     kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16",
                        "--grid", "16:64:4:2"])
     out = capsys.readouterr().out
-    assert "no tile setting both ran and matched the plain path" in out and 'KERAS_MONE_MLP_TILES=""' in out
+    # every setting off: the tuned model keeps the plain path at that width
+    assert "no tile setting both ran and matched the plain path" in out and 'KERAS_MONE_MLP_TILES="16:plain"' in out
+
+
+def test_the_tile_sweep_keeps_the_plain_path_where_it_beats_every_tile(monkeypatch, capsys):
+    """A width where XLA's path ran faster than every tile is printed as ``plain``, so the
+    tuned model runs the kernel only where it pays on the card."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import kernel_tiles
+
+    # per width: the plain path's ms, then its default tile's and the grid's two
+    timed = iter([1.0, 2.0, 3.0, 2.5] + [4.0, 0.5, 0.6, 0.7])  # d=16: plain fastest; d=32: a tile
+    monkeypatch.setattr(kernel_tiles, "median_ms", lambda *a: next(timed))
+    kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16,32",
+                       "--grid", "16,32:64:4:2"])
+    out = capsys.readouterr().out
+    assert "| 16 | | **plain (XLA) is faster than every tile**: plain |" in out
+    assert 'KERAS_MONE_MLP_TILES="16:plain;32:' in out and "32:plain" not in out
 
 
 def test_the_compile_screen_counts_the_work_a_loop_pass_issues():

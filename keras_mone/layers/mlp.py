@@ -76,35 +76,53 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         from keras_mone.kernels import fused_nested_mlp as kernel
 
         interpret = accelerator() != "gpu"
-        if not kernel.kernel_fits(width, self.mlp_dim, interpret):
+        tiles = self._kernel_tiles(width, interpret)
+        if tiles is None:
             return None
         activation = _kernel_gelu(self.gelu_approximate)
         outputs = kernel.fused_nested_mlp(rows, *self._kernel_weights(), width, activation, interpret=interpret,
-                                          **_tiles(width))
+                                          **tiles)
         return pad_features(outputs, self.hidden_dim) if pad_output else outputs
 
     def fused_residual(self, z, norm, width, scale=None):
         """``z + Pad(scale * self(norm(z), width))`` as one Pallas kernel
         (``kernels.fused_residual_mlp``: a block's MLP half), or ``None`` where it does
         not apply: a width that is not nested, a LayerNorm other than Keras' default
-        over the last axis, or a width the compiled kernel does not take. ``z``:
-        ``(batch, k, D)``; ``scale``: ``(batch, k)`` or ``None``."""
+        over the last axis, or a width that keeps the plain path (``_kernel_tiles``).
+        ``z``: ``(batch, k, D)``; ``scale``: ``(batch, k)`` or ``None``."""
         from keras_mone.kernels import fused_residual_mlp as kernel
-        from keras_mone.kernels.fused_nested_mlp import kernel_fits
 
         interpret = accelerator() != "gpu"
         plain_norm = norm.center and norm.scale and not getattr(norm, "rms_scaling", False)
         plain_norm = plain_norm and norm.axis in (-1, [-1], 2, [2])
-        fits = kernel_fits(width, self.mlp_dim, interpret, full=self.hidden_dim)
-        if width >= self.hidden_dim or not plain_norm or not fits:
+        tiles = self._kernel_tiles(width, interpret, full=self.hidden_dim)
+        if width >= self.hidden_dim or not plain_norm or tiles is None:
             return None
         # the LayerNorm's own weights stay in their (float32) dtype: it normalises in float32, as Keras' does
         weights = [ops.convert_to_tensor(w) for w in (norm.gamma, norm.beta)] + self._kernel_weights()
         rows = ops.reshape(z, (-1, self.hidden_dim))
         scale = None if scale is None else ops.reshape(ops.cast(scale, self.compute_dtype), (-1,))
         outputs = kernel.fused_residual_mlp(rows, *weights, scale, width, _kernel_gelu(self.gelu_approximate),
-                                            epsilon=norm.epsilon, interpret=interpret, **_tiles(width))
+                                            epsilon=norm.epsilon, interpret=interpret, **tiles)
         return ops.reshape(outputs, ops.shape(z))
+
+    def _kernel_tiles(self, width, interpret, full=None):
+        """A kernel's tile arguments for ``width`` (``{}``: its defaults), or ``None`` where the
+        plain path runs: a width the compiled kernel does not take (``kernel_fits``), one that
+        ``$KERAS_MONE_MLP_TILES`` names ``plain``, or one whose default tile would load more
+        weight bytes than the kernel saves (``kernel_pays``) and which that variable does not
+        name."""
+        import jax.numpy as jnp  # the kernels are jax's
+
+        from keras_mone.kernels import fused_nested_mlp as kernel
+
+        if not kernel.kernel_fits(width, self.mlp_dim, interpret, full=full):
+            return None
+        tiles = _tiles(width)
+        itemsize = jnp.dtype(self.compute_dtype).itemsize
+        if tiles == {} and not kernel.kernel_pays(width, self.mlp_dim, itemsize):
+            return None
+        return tiles
 
     def _kernel_weights(self):
         """fc1's and fc2's kernels and biases (zeros where there is none) in the compute dtype."""
@@ -123,10 +141,13 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
 
 
 def _tiles(width):
-    """The kernels' tile arguments for ``width`` from ``$KERAS_MONE_MLP_TILES`` (none: their defaults)."""
-    from keras_mone.kernels.fused_nested_mlp import tile_override
+    """The kernels' tile arguments for ``width`` from ``$KERAS_MONE_MLP_TILES`` (``{}``: their
+    defaults), or ``None`` where it names the width ``plain`` (XLA's path, no kernel)."""
+    from keras_mone.kernels.fused_nested_mlp import PLAIN, tile_override
 
     tiles = tile_override(width)
+    if tiles == PLAIN:
+        return None
     names = ("block_rows", "block_hidden", "num_warps", "num_stages")
     return {} if tiles is None else dict(zip(names, tiles))
 
