@@ -42,12 +42,12 @@ GRID = "32,64,128:64,128:4,8:2,3"
 SCREENED = {
     "residual": {
         96: [(128, 64, 8, 2), (128, 16, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 64, 8, 2)],
-        192: [(32, 64, 4, 2), (64, 32, 4, 2), (128, 16, 8, 2), (32, 64, 8, 3), (64, 64, 8, 2)],
-        384: [(32, 32, 4, 2), (32, 64, 8, 3), (32, 32, 8, 2)],
+        192: [(32, 64, 4, 2), (64, 32, 4, 2), (128, 16, 8, 3), (32, 64, 8, 3), (32, 64, 8, 2), (64, 64, 8, 2)],
+        384: [(32, 32, 4, 2), (32, 64, 8, 3), (64, 16, 8, 2), (32, 32, 8, 2)],
     },
     "mlp": {
         96: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2)],
-        192: [(64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2), (32, 64, 8, 3), (64, 64, 8, 2)],
+        192: [(64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2), (32, 64, 8, 3), (32, 64, 8, 2), (64, 64, 8, 2)],
         384: [(32, 32, 4, 2), (32, 64, 8, 3), (32, 32, 8, 2)],
     },
 }
@@ -60,7 +60,9 @@ and the GELU two or four times per hidden element (its columns "MMA FLOPs issued
 and "divisions per hidden element"). The kernels' defaults (``default_blocks``, 8
 warps) compute each GELU once without spilling (bf16); the screen times them against other
 such tiles and, last for each width, the earlier default (which computed it twice, except
-the MLP kernel's at d = 96)."""
+the MLP kernel's at d = 96). At d = 192 the 32-row tiles of the default before that (32 x
+64, 8 warps) stay in the screen; at d = 384, 64 x 16 (the GELU twice, a quarter of the
+32-row tiles' weight loads) is screened beside the 32-row ones."""
 
 
 def median_ms(function, arguments, repeats):
