@@ -112,7 +112,10 @@ def mlp_form():
     residual). Jax only: ``$KERAS_MONE_MLP``
     when set, else plain. The kernels are compiled on a GPU and interpreted elsewhere
     (exact, slow: for tests); they stay opt-in until the GPU run of ``bench/gpu.sh`` shows
-    they pay (issue 40)."""
+    they pay (issue 40). A width whose default tile would load more weight bytes than the
+    kernel saves (``kernels.fused_nested_mlp.kernel_pays``: ViT-B/16's d = 384) keeps XLA's
+    path unless ``$KERAS_MONE_MLP_TILES`` names its tiles; ``width:plain`` there keeps it for
+    any width."""
     chosen = _env_form(MLP_ENV, MLP_FORMS, "plain")
     if chosen != "plain" and keras.backend.backend() != "jax":
         raise ValueError(
