@@ -7,10 +7,10 @@ groups of MoNE-ViT-B/16 at e_c 0.3 and batch 256 (rows of width 96, 192, 384), e
 ``plain_residual_mlp`` compiled by XLA, and prints the best setting per width as a
 ``$KERAS_MONE_MLP_TILES`` value, which ``bench/gpu_forms.py --forms fused_mlp`` then times in
 the whole model. A width where XLA's path beat every tile (or no tile matched it) is named
-``plain`` there: the tuned model runs the kernel only where it pays. ``--kernel mlp`` does the same for the MLP kernel alone
-(``kernels/fused_nested_mlp`` against ``plain_nested_mlp``; ``--forms mlp_kernel``). A
-setting the compiler rejects (shared memory, registers) is listed as
-failed and the sweep goes on. Each setting's output is checked against the plain path's
+``plain`` there: the tuned model runs the kernel only where it pays. ``--kernel mlp`` does
+the same for the MLP kernel alone (``kernels/fused_nested_mlp`` against
+``plain_nested_mlp``; ``--forms mlp_kernel``). A setting the compiler rejects (shared
+memory, registers) is listed as failed and the sweep goes on. Each setting's output is checked against the plain path's
 (``bench/kernel_check.py``'s error and bounds): a setting off by more is listed as wrong and
 never chosen, however fast.
 
@@ -48,7 +48,7 @@ SCREENED = {
     "mlp": {
         96: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2)],
         192: [(64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2), (32, 64, 8, 3), (32, 64, 8, 2), (64, 64, 8, 2)],
-        384: [(32, 32, 4, 2), (32, 64, 8, 3), (32, 32, 8, 2)],
+        384: [(32, 32, 4, 2), (32, 64, 8, 3), (64, 16, 8, 2), (32, 32, 8, 2)],
     },
 }
 """The tiles timed per kernel and width when ``--grid`` is not given, from both kernels
@@ -61,7 +61,7 @@ and "divisions per hidden element"). The kernels' defaults (``default_blocks``, 
 warps) compute each GELU once without spilling (bf16); the screen times them against other
 such tiles and, last for each width, the earlier default (which computed it twice, except
 the MLP kernel's at d = 96). At d = 192 the 32-row tiles of the default before that (32 x
-64, 8 warps) stay in the screen; at d = 384, 64 x 16 (the GELU twice, a quarter of the
+64, 8 warps) stay in the screen; at d = 384, 64 x 16 (the GELU twice, half the
 32-row tiles' weight loads) is screened beside the 32-row ones."""
 
 

@@ -89,7 +89,8 @@ def test_tile_choices_and_bad_arguments():
         True, True, True, True, False, False]
     # every program loads both weight slices whole: 2 d itemsize / block_rows bytes per hidden element,
     # against the 4 itemsize XLA's path moves through memory for it
-    assert kernel.weight_bytes_per_hidden_element(192, 32) == 24 and kernel.weight_bytes_per_hidden_element(192, 128) == 6
+    assert kernel.weight_bytes_per_hidden_element(192, 32) == 24
+    assert kernel.weight_bytes_per_hidden_element(192, 128) == 6
     assert kernel.weight_bytes_per_hidden_element(96, 128, itemsize=4) == 6
     for (width, itemsize), (rows, block_hidden) in tiles.items():
         assert width * block_hidden * itemsize <= 48 * 1024 and 3072 % block_hidden == 0

@@ -306,6 +306,31 @@ def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
 
 @pytest.mark.skipif(BACKEND != "jax" or not _cuda_plugin_installed(),
                     reason="needs jax's CUDA plugin (pip install 'jax[cuda12]'), which CI lacks")
+def test_highest_matmul_precision_reaches_every_cublas_gemm_of_the_script(tmp_path):
+    # float32 without TF32 (MoNE Table 1's V100 regime): every GEMM of both programs at HIGHEST
+    import gzip
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "bench" / "gpu_program.py"), "--batch-size", "2", "--forms", "present",
+         "--precision", "float32", "--cublas-gemms", "--matmul-precision", "highest", "--output", str(tmp_path)],
+        env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "matmuls at jax's \"highest\" precision" in (tmp_path / "gpu_program.md").read_text()
+    for model in ("dense", "MoNE"):
+        program = gzip.open(tmp_path / f"hlo_{model}_present.txt.gz", "rt").read()
+        gemms = [line for line in program.splitlines() if "custom_call_target=\"__cublas$gemm\"" in line
+                 or "__cublas$lt$matmul" in line and "custom-call(" in line]
+        assert gemms and all(re.search(r'"operand_precision":\["HIGHEST","HIGHEST"\]', g) for g in gemms), model
+
+
+@pytest.mark.skipif(BACKEND != "jax" or not _cuda_plugin_installed(),
+                    reason="needs jax's CUDA plugin (pip install 'jax[cuda12]'), which CI lacks")
 def test_xla_options_reach_the_compile_of_each_program():
     # bench/xla_gemm_fusions.py's programs: XLA's experimental GEMM fusion takes the GELU
     # into the GEMMs (2 kernels, not 4) only when the option reaches the compile

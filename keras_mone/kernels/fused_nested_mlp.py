@@ -123,9 +123,9 @@ def default_blocks(width, hidden, itemsize=2):
       (``mma.sync``): 128 rows would need ``d / 2 = 192`` accumulator registers per thread.
 
     The hidden block is halved while one weight tile passes 48 KB (float32 at d = 384: 32
-    columns; 64 would need 248 KB of shared memory, past the card's 227). Compiled for sm_90
-    at ViT-B/16's widths (``bench/kernel_compile.py``): no spills in bf16; the block kernel
-    in float32 at d = 192 spills 44 bytes."""
+    columns, where the loop computes the GELU twice; 64 would need 248 KB of shared memory,
+    past the card's 227). Compiled for sm_90 at ViT-B/16's widths (``bench/kernel_compile.py``):
+    no spills in bf16; the block kernel in float32 at d = 192 spills 44 bytes."""
     if width <= 96:
         rows, block_hidden = 128, 32
     elif width <= 192:
@@ -139,7 +139,7 @@ def default_blocks(width, hidden, itemsize=2):
 
 
 def kernel_pays(width, hidden, itemsize=2):
-    """Whether a width's default tile loads fewer weight bytes per hidden element than XLA's
+    """Whether a width's default tile loads no more weight bytes per hidden element than XLA's
     path moves through memory for it (``4 itemsize``: fc1's write, the GELU's read and write,
     fc2's read). Where it loads more (d = 384 at 32 rows: 48 bytes against 8 in bf16) the
     kernel is bound by its weight loads and is not used unless ``$KERAS_MONE_MLP_TILES`` names
