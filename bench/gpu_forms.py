@@ -53,6 +53,7 @@ from keras_mone.analysis import flop_ratio
 from keras_mone.bench.device import (
     build_timm_peer, device_batch, device_info, forward_step, precision_policy, timm_step, train_step,
 )
+from keras_mone.bench.gpu_program import MATMUL_PRECISIONS, matmul_precision_note
 from keras_mone.bench.kernel_profile import format_kernel_tables, kernel_table, trace_calls
 from keras_mone.bench.models import _batch, _build, _model_specs
 from keras_mone.layers import platform_forms
@@ -246,8 +247,7 @@ def report(args, rows, profiles, notes, ratio):
         f"{device['name']}; jax {jax.__version__}, keras {keras.__version__}; {args.family} {args.variant} "
         f"{args.image_size}px{' (tiny)' if args.tiny else ''}, MoNE e_c {args.capacity:g} (FLOP ratio "
         f"{ratio:.2f}), {args.precision}"
-        + (", matmuls at jax's \"highest\" precision (float32 without TF32)" if args.matmul_precision == "highest"
-           else "")
+        + matmul_precision_note(args.matmul_precision)
         + f", device input, medians of {args.repeats} interleaved calls; "
         f"{time.strftime('%Y-%m-%d')}."
         + "".join(f" {name}={os.environ[name]!r}." for name in ("XLA_FLAGS", "KERAS_MONE_MLP_TILES")
@@ -286,7 +286,7 @@ def parse(argv=None):
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--batch-sizes", default="64,256")
     parser.add_argument("--precision", default="mixed_bfloat16")
-    parser.add_argument("--matmul-precision", default="default", choices=("default", "highest"),
+    parser.add_argument("--matmul-precision", default="default", choices=MATMUL_PRECISIONS,
                         help="jax's matmul precision: 'highest' runs float32 matmuls without TF32, as a V100 "
                         "(MoNE Table 1) does; timm's peer then runs without TF32 too")
     parser.add_argument("--forms", default="present,free,fused_mlp,free+fused_mlp")

@@ -103,8 +103,7 @@ def report(args, rows, tops, peaks, ratio, failures=()):
         f"keras {keras.__version__}; {args.family} {args.variant} {args.image_size}px, "
         f"{'training step (AdamW)' if args.train else 'forward'}, batch {args.batch_size}, "
         f"MoNE e_c {args.capacity:g} (FLOP ratio {ratio:.2f}), {args.precision}"
-        + (", matmuls at jax's \"highest\" precision (float32 without TF32)"
-           if args.matmul_precision == "highest" else "")
+        + gpu_program.matmul_precision_note(args.matmul_precision)
         + f"; {time.strftime('%Y-%m-%d')}. "
         "Roofline: each kernel at max(FLOPs / peak, bytes / bandwidth), a lower bound (no launch gaps, "
         "narrow GEMMs at full rate); autotuning is off without a device, so "

@@ -10,9 +10,9 @@ the whole model. A width where XLA's path beat every tile (or no tile matched it
 ``plain`` there: the tuned model runs the kernel only where it pays. ``--kernel mlp`` does
 the same for the MLP kernel alone (``kernels/fused_nested_mlp`` against
 ``plain_nested_mlp``; ``--forms mlp_kernel``). A setting the compiler rejects (shared
-memory, registers) is listed as failed and the sweep goes on. Each setting's output is checked against the plain path's
-(``bench/kernel_check.py``'s error and bounds): a setting off by more is listed as wrong and
-never chosen, however fast.
+memory, registers) is listed as failed and the sweep goes on. Each setting's output is
+checked against the plain path's (``bench/kernel_check.py``'s error and bounds): a setting
+off by more is listed as wrong and never chosen, however fast.
 
     KERAS_BACKEND=jax python bench/kernel_tiles.py                       # a GPU
     KERAS_BACKEND=jax python bench/kernel_tiles.py --rows 64 --repeats 1 \\

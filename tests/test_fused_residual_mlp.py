@@ -161,6 +161,18 @@ def test_an_empty_token_group_launches_nothing():
     assert fused_nested_mlp(jnp.asarray(z), w1, b1, w2, b2, 24, _exact_gelu, interpret=True).dtype == jnp.float32
 
 
+def _tiny_mone_block(name, seed):
+    """A built MoNE ``ViTBlock`` (D = 32, H = 64) and two token groups (5 and 3 tokens) with gates."""
+    from keras_mone.layers.block import ViTBlock
+
+    block = ViTBlock(32, 4, 64, gate="mone", name=name)
+    block.build((None, None, 32))
+    rng = np.random.default_rng(seed)
+    groups = [rng.normal(size=(2, n, 32)).astype("float32") for n in (5, 3)]
+    gates = [rng.random((2, n)).astype("float32") for n in (5, 3)]
+    return block, groups, gates
+
+
 def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeypatch):
     """``$KERAS_MONE_MLP_TILES`` (what ``bench/kernel_tiles.py`` prints) sets a width's tiles; a
     ``ViTBlock`` with them gives the plain block's outputs."""
@@ -169,15 +181,10 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
     from keras_mone.kernels import fused_residual_mlp as kernel
     from keras_mone.kernels.fused_nested_mlp import TILES_ENV, tile_override
     from keras_mone.layers import platform_forms
-    from keras_mone.layers.block import ViTBlock
 
     monkeypatch.setenv(TILES_ENV, "8:16,32,4,3; 16:32,64,8,2")
     assert tile_override(16) == (32, 64, 8, 2) and tile_override(8) == (16, 32, 4, 3) and tile_override(32) is None
-    block = ViTBlock(32, 4, 64, gate="mone", name="tiled")
-    block.build((None, None, 32))
-    rng = np.random.default_rng(9)
-    groups = [rng.normal(size=(2, n, 32)).astype("float32") for n in (5, 3)]
-    gates = [rng.random((2, n)).astype("float32") for n in (5, 3)]
+    block, groups, gates = _tiny_mone_block("tiled", seed=9)
     seen = []
     original = kernel.fused_residual_mlp
     monkeypatch.setattr(kernel, "fused_residual_mlp", lambda *a, **k: seen.append(k) or original(*a, **k))
@@ -210,13 +217,8 @@ def test_a_width_whose_default_tile_does_not_pay_keeps_the_plain_path_unless_its
     from keras_mone.kernels import fused_residual_mlp as kernel
     from keras_mone.kernels.fused_nested_mlp import TILES_ENV
     from keras_mone.layers import platform_forms
-    from keras_mone.layers.block import ViTBlock
 
-    block = ViTBlock(32, 4, 64, gate="mone", name="paying")
-    block.build((None, None, 32))
-    rng = np.random.default_rng(3)
-    groups = [rng.normal(size=(2, n, 32)).astype("float32") for n in (5, 3)]
-    gates = [rng.random((2, n)).astype("float32") for n in (5, 3)]
+    block, groups, gates = _tiny_mone_block("paying", seed=3)
     seen = []
     original = kernel.fused_residual_mlp
     monkeypatch.setattr(kernel, "fused_residual_mlp", lambda *a, **k: seen.append(a[8]) or original(*a, **k))

@@ -282,10 +282,9 @@ def _cuda_plugin_installed():
         return False
 
 
-@pytest.mark.skipif(BACKEND != "jax" or not _cuda_plugin_installed(),
-                    reason="needs jax's CUDA plugin (pip install 'jax[cuda12]'), which CI lacks")
-def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
-    # A fresh process: XLA reads XLA_FLAGS (--cublas-gemms) once, when jax starts.
+def _run_gpu_program_script(output, *arguments):
+    """``bench/gpu_program.py ARGUMENTS --output OUTPUT`` in a fresh process (XLA reads XLA_FLAGS,
+    which ``--cublas-gemms`` sets, once, when jax starts); returns its report."""
     import os
     import pathlib
     import subprocess
@@ -293,11 +292,17 @@ def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
 
     root = pathlib.Path(__file__).resolve().parents[1]
     result = subprocess.run(
-        [sys.executable, str(root / "bench" / "gpu_program.py"), "--batch-size", "8", "--forms", "present",
-         "--cublas-gemms", "--top", "40", "--memory", "--output", str(tmp_path)],
+        [sys.executable, str(root / "bench" / "gpu_program.py"), *arguments, "--output", str(output)],
         env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    report = (tmp_path / "gpu_program.md").read_text()
+    return (output / "gpu_program.md").read_text()
+
+
+@pytest.mark.skipif(BACKEND != "jax" or not _cuda_plugin_installed(),
+                    reason="needs jax's CUDA plugin (pip install 'jax[cuda12]'), which CI lacks")
+def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
+    report = _run_gpu_program_script(tmp_path, "--batch-size", "8", "--forms", "present", "--cublas-gemms",
+                                     "--top", "40", "--memory")
     assert "| present | dense |" in report and "| present | MoNE |" in report
     assert "__cudnn$fmhaSoftmax" in report  # bfloat16 attention goes to cuDNN, as on the card
     assert list(tmp_path.glob("hlo_MoNE_present.txt.gz"))
@@ -309,19 +314,11 @@ def test_the_script_compiles_dense_and_mone_vit_for_an_h200(tmp_path):
 def test_highest_matmul_precision_reaches_every_cublas_gemm_of_the_script(tmp_path):
     # float32 without TF32 (MoNE Table 1's V100 regime): every GEMM of both programs at HIGHEST
     import gzip
-    import os
-    import pathlib
     import re
-    import subprocess
-    import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    result = subprocess.run(
-        [sys.executable, str(root / "bench" / "gpu_program.py"), "--batch-size", "2", "--forms", "present",
-         "--precision", "float32", "--cublas-gemms", "--matmul-precision", "highest", "--output", str(tmp_path)],
-        env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "matmuls at jax's \"highest\" precision" in (tmp_path / "gpu_program.md").read_text()
+    report = _run_gpu_program_script(tmp_path, "--batch-size", "2", "--forms", "present", "--precision", "float32",
+                                     "--cublas-gemms", "--matmul-precision", "highest")
+    assert "matmuls at jax's \"highest\" precision" in report
     for model in ("dense", "MoNE"):
         program = gzip.open(tmp_path / f"hlo_{model}_present.txt.gz", "rt").read()
         gemms = [line for line in program.splitlines() if "custom_call_target=\"__cublas$gemm\"" in line

@@ -40,6 +40,11 @@ precision (``jax.default_matmul_precision``), as on a V100, which has no TF32 (M
 timed there)."""
 MATMUL_PRECISIONS = ("default", "highest")
 
+
+def matmul_precision_note(matmul_precision):
+    """The words a report adds for ``matmul_precision`` (none for jax's default)."""
+    return ", matmuls at jax's \"highest\" precision (float32 without TF32)" if matmul_precision == "highest" else ""
+
 _SPEC = """gpu_device_info {{
   threads_per_block_limit: 1024
   threads_per_warp: 32
