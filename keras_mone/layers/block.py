@@ -9,7 +9,7 @@ from keras_mone.layers.config import ConfigMixin, register, register_old_name
 from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
-from keras_mone.layers.packed_block import packable, packed_block
+from keras_mone.layers.packed_block import eager_cast, eager_torch_tensors, packable, packed_block
 from keras_mone.layers.platform_forms import mlp_form, norms_form, residuals_form
 from keras_mone.layers.regularization import DropPath
 
@@ -161,6 +161,36 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             outputs = materialized(outputs)
         outputs = outputs[0] if single else outputs
         return (outputs, received) if return_received_attention else outputs
+
+    def direct_call(self, groups, widths, gates=None, training=None):
+        """``self(groups, widths=widths, gates=gates, training=training)`` without Keras'
+        ``Layer.__call__``, where the packed torch block runs eagerly; ``None`` elsewhere.
+
+        ``run_blocks`` calls it first: on eager torch ``Layer.__call__`` flattens every
+        argument with torch's pytree, builds its call spec and scopes, about 0.4 ms of host
+        time per MoNE block call (its groups, widths and gates) against the block's own
+        ops (``bench/torch_host_time.py``, BENCHMARKS.md). Exact where it runs: the block
+        is built, its inputs are concrete torch tensors in its input dtype (``gates`` cast
+        to it, as ``Layer.__call__`` casts floating arguments), ``training`` arrives resolved
+        from the encoder's call, and the packed block reads its weights with explicit casts;
+        the block's dtype policy is its encoder's, as every keras_mone backbone builds it.
+        Not quantized, not under a ``keras.RematScope`` (``Layer.__call__`` serves those), not
+        a subclass that overrides ``call``."""
+        groups, widths, single = as_groups(groups, widths, self.hidden_dim)
+        if not groups or not self.built or not eager_torch_tensors(groups, self.input_dtype):
+            return None
+        if self.quantization_mode is not None or getattr(self, "_remat_mode", None) is not None:
+            return None  # what ``Layer.__call__`` adds: quantized calls, rematerialisation
+        if type(self).call is not ViTBlock.call:
+            return None  # a subclass's own call
+        if gates is not None:
+            if self.gate is None and any(g is not None for g in gates):
+                return None  # ``call`` raises
+            gates = [None if g is None else eager_cast(g, self.input_dtype) for g in gates]
+        if not packable(self, groups, gates, training):
+            return None
+        outputs = packed_block(self, groups, widths, gates, training)
+        return outputs[0] if single else outputs
 
     def _fused_mlp_halves(self, mids, widths, gates, training):
         """Per group, ``z + (alpha g + 1) Pad(FFN_d(LN2(z)))`` from one Pallas kernel

@@ -74,12 +74,26 @@ def packed_block(block, groups, widths, gates, training=None):
     sizes = [g.shape[1] for g in groups]
     spans = _row_spans(sizes, ops.shape(groups[0])[0])
     rows = token_major(groups)
-    z = rows + _attention(block.attention, block.norm1(rows), spans, widths, sizes)
-    update = _mlp(block.mlp, block.norm2(z), spans, widths, training)
+    z = rows + _attention(block.attention, _norm(block.norm1, rows), spans, widths, sizes)
+    update = _mlp(block.mlp, _norm(block.norm2, z), spans, widths, training)
     if gates is not None and gates[0] is not None:
         update = block._gate.scale_mlp(update, token_major(gates).reshape(-1), block.alpha)
     outputs = (z + update).reshape(sum(sizes), -1, block.hidden_dim)
     return [_swap_first_two(outputs[start:stop]) for start, stop in _spans(sizes)]
+
+
+def eager_torch_tensors(tensors, dtype):
+    """Whether ``tensors`` are concrete torch tensors of ``dtype`` (Keras' name) on which
+    ops run eagerly (``_eager``): no KerasTensors, nothing on the meta device (Keras'
+    shape inference), nothing traced."""
+    if not _torch() or not _eager():
+        return False
+    import torch
+
+    return all(
+        isinstance(t, torch.Tensor) and t.device.type != "meta" and keras.backend.standardize_dtype(t.dtype) == dtype
+        for t in tensors
+    )
 
 
 def token_major(groups):
@@ -118,12 +132,48 @@ def fuse_groups(x):
     return x.device.type != "cpu" if _torch() else accelerator() != "cpu"
 
 
+def _norm(layer, x):
+    """``layer(x)``; a built Keras ``LayerNormalization`` on eager torch as the ops its
+    ``call`` runs there (``F.layer_norm`` in at least float32, cast back), without Keras'
+    ``Layer.__call__`` and op dispatch, which cost more host time than the LayerNorm and
+    change nothing here (the layer neither casts its input nor autocasts its weights;
+    ``tests/test_torch_direct_calls.py`` checks the outputs bit for bit)."""
+    if not (type(layer) is keras.layers.LayerNormalization and layer.built and _torch() and _eager()):
+        return layer(x)
+    if layer.rms_scaling or list(layer.axis) not in ([-1], [len(x.shape) - 1]):
+        return layer.call(x)
+    import torch
+
+    wide = torch.promote_types(x.dtype, torch.float32)  # Keras: "at least float32"
+    gamma, beta = (None if v is None else eager_cast(v, wide) for v in (layer.gamma, layer.beta))
+    outputs = torch.nn.functional.layer_norm(eager_cast(x, wide), x.shape[-1:], gamma, beta, layer.epsilon)
+    return eager_cast(eager_cast(outputs, x.dtype), layer.compute_dtype)
+
+
+def _weights(layer):
+    """A dense layer's kernel and bias (``None`` without one) in its compute dtype."""
+    bias = None if layer.bias is None else eager_cast(layer.bias, layer.compute_dtype)
+    return eager_cast(layer.kernel, layer.compute_dtype), bias
+
+
+def eager_cast(x, dtype):
+    """``ops.cast(x, dtype)`` (``dtype`` a Keras name or a torch dtype); on eager torch what
+    Keras' torch ``cast`` runs (a variable read as Keras reads it, autocast included, then
+    ``Tensor.to`` if the dtype differs), without its dispatch."""
+    if not (_torch() and _eager()):
+        return ops.cast(x, dtype)
+    import torch
+
+    target = dtype if isinstance(dtype, torch.dtype) else getattr(torch, keras.backend.standardize_dtype(dtype))
+    tensor = x.value if isinstance(x, keras.Variable) else x
+    return tensor if tensor.dtype == target else tensor.to(target)
+
+
 def _attention(attention, normed, spans, widths, sizes):
     """``Pad(out_d(SA(qkv_d(x[:, :d]))))`` on packed rows (``MoNEAttention.call``)."""
     dim, heads = attention.hidden_dim, attention.num_heads
     qkv_layer, out_layer = attention.qkv, attention.out
-    kernel = ops.cast(qkv_layer.kernel, qkv_layer.compute_dtype)
-    bias = None if qkv_layer.bias is None else ops.cast(qkv_layer.bias, qkv_layer.compute_dtype)
+    kernel, bias = _weights(qkv_layer)
     parts = []
     for (start, stop), width, size in zip(spans, widths, sizes):
         projected = _project(_rows(normed, start, stop, width), kernel[:width], bias)
@@ -152,11 +202,14 @@ def _mlp(mlp, normed, spans, widths, training):
     inference a MoNE MLP holds no more hidden activations than a dense one.
     """
     fc1 = mlp.fc1
-    kernel = ops.cast(fc1.kernel, fc1.compute_dtype)
-    bias = None if fc1.bias is None else ops.cast(fc1.bias, fc1.compute_dtype)
+    kernel, bias = _weights(fc1)
     nested = any(width < mlp.hidden_dim for width in widths)
 
     def activation(x):
+        if _torch():  # what ops.gelu runs on torch, without Keras' dispatch
+            import torch
+
+            return torch.nn.functional.gelu(x, approximate="tanh" if mlp.gelu_approximate else "none")
         return gelu(x, approximate=mlp.gelu_approximate, training=bool(training), nested=nested)
 
     if fuse_groups(normed):
@@ -194,8 +247,7 @@ def _nested_out(layer, inputs, widths, dim):
     Without autograd each group's GEMM writes its ``d`` columns of one zeroed
     buffer (``out=``: a strided view, which BLAS takes as it is) instead of
     being padded and concatenated."""
-    kernel = ops.cast(layer.kernel, layer.compute_dtype)
-    bias = None if layer.bias is None else ops.cast(layer.bias, layer.compute_dtype)
+    kernel, bias = _weights(layer)
     biases = [None if bias is None else bias[:width] for width in widths]
     if len(inputs) == 1 or not _eager_without_grad(kernel, bias, *inputs):
         return _stack([pad_features(_project(x, kernel[:, :w], b), dim) for x, w, b in zip(inputs, widths, biases)])

@@ -68,16 +68,25 @@ def run_blocks(blocks, tokens, routing, training=None, return_intermediates=Fals
             regrouped.groups = materialized(regrouped.groups)
         state = regrouped
         wants_attention = routing.wants_received_attention(index)
-        outputs = block(
-            state.groups, widths=state.widths, gates=state.gates, training=training,
-            return_received_attention=wants_attention,
-        )
+        outputs = None if wants_attention else _direct_call(block, state, training)
+        if outputs is None:
+            outputs = block(
+                state.groups, widths=state.widths, gates=state.gates, training=training,
+                return_received_attention=wants_attention,
+            )
         if wants_attention:
             outputs, received = outputs
         if record is not None:
             record.add_block(index, state)
         state = routing.after_block(index, state.with_outputs(outputs))
     return state.restored(), ({} if record is None else record.as_dict())
+
+
+def _direct_call(block, state, training):
+    """The block's outputs without Keras' ``Layer.__call__`` where the block offers that
+    exactly (``ViTBlock.direct_call``: the packed block on eager torch), else ``None``."""
+    direct_call = getattr(block, "direct_call", None)
+    return None if direct_call is None else direct_call(state.groups, state.widths, state.gates, training)
 
 
 def compute_per_token(intermediates):

@@ -1,0 +1,154 @@
+"""torch: blocks and LayerNorms run without Keras' ``Layer.__call__`` on eager torch (issue 40 item 3).
+
+``Layer.__call__`` costs host time per call (argument flattening, call spec,
+scopes) that an eager torch forward pays before its kernels run: about half the
+host time of a forward (``bench/torch_host_time.py``). ``run_blocks`` asks each
+block for ``ViTBlock.direct_call`` and the packed block runs its LayerNorms as
+torch ops. These tests check that the results are the layer calls' bit for bit,
+in float32 and mixed_bfloat16, forward and backward, and that every case the
+direct call cannot take goes through ``Layer.__call__`` as before. Skipped on
+jax and tensorflow.
+"""
+
+import importlib
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+from conftest import BACKEND, TINY, images, randomize_weights, to_numpy
+
+from keras_mone.bench.torch_ops import layer_calls
+from keras_mone.layers import ViTBlock, packed_block
+from keras_mone.models import MoNEViTBackbone, ViTBackbone
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="torch's eager path")
+
+if BACKEND == "torch":
+    import torch
+
+
+def _model(kind, dtype="float32", **kwargs):
+    config = {**TINY, "dtype": dtype, **kwargs}
+    model = MoNEViTBackbone(**config, capacity=0.3) if kind == "mone" else ViTBackbone(**config)
+    model.build()
+    randomize_weights(model, seed=3)
+    return model
+
+
+def _without_direct_calls(monkeypatch):
+    monkeypatch.setattr(ViTBlock, "direct_call", lambda self, *args, **kwargs: None)
+
+
+def _exactly_equal(a, b):
+    a, b = to_numpy(a).astype("float32"), to_numpy(b).astype("float32")
+    return a.shape == b.shape and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("kind", ["dense", "mone"])
+def test_direct_block_calls_equal_layer_calls(kind, dtype, monkeypatch):
+    """Forward outputs and gradients with and without ``direct_call``, bit for bit (MoNE's
+    gates, float32 router probabilities, are cast to bf16 as ``Layer.__call__`` casts them)."""
+    model = _model(kind, dtype)
+    x = torch.as_tensor(images())
+
+    def run():
+        outputs = model(x, training=True)  # no dropout in TINY: the packed path trains too
+        gradients = torch.autograd.grad(outputs.float().square().sum(), [v.value for v in model.trainable_weights],
+                                        allow_unused=True)
+        return outputs.detach(), [g for g in gradients if g is not None]
+
+    with torch.inference_mode():
+        direct_inference = model(x)
+    direct, direct_gradients = run()
+    _without_direct_calls(monkeypatch)
+    with torch.inference_mode():
+        called_inference = model(x)
+    called, called_gradients = run()
+    assert str(direct.dtype) == str(called.dtype)
+    assert _exactly_equal(direct_inference, called_inference)
+    assert _exactly_equal(direct, called)
+    assert len(direct_gradients) == len(called_gradients) > 0
+    assert all(_exactly_equal(a, b) for a, b in zip(direct_gradients, called_gradients))
+
+
+def test_direct_calls_are_taken_and_layer_calls_no_longer_grow_with_depth(monkeypatch):
+    """A forward's Keras layer calls are the same at depth 2 and 4 (the blocks and their
+    LayerNorms are no longer called through Keras); without direct calls they grow."""
+    x = torch.as_tensor(images())
+
+    def calls(kind, depth):
+        model = _model(kind, depth=depth)
+        model(x)
+        return layer_calls(lambda: model(x))
+
+    for kind in ("dense", "mone"):
+        assert calls(kind, 2) == calls(kind, 4), kind
+    taken = []
+    original = ViTBlock.direct_call
+    monkeypatch.setattr(ViTBlock, "direct_call", lambda self, *a, **k: taken.append(self.name) or original(self, *a, **k))
+    model = _model("mone")
+    model(x)
+    assert len(taken) == TINY["depth"]
+    _without_direct_calls(monkeypatch)
+    assert calls("dense", 4) > calls("dense", 2)
+
+
+def test_what_the_direct_call_cannot_take_goes_through_the_layer_call():
+    """``direct_call`` answers ``None`` (and ``run_blocks`` calls the layer) for an unbuilt
+    block, symbolic inputs, inputs not in the block's dtype (``Layer.__call__`` casts them),
+    gates on a block without a gate (the call raises), rematerialisation, a subclass's own
+    ``call``, and requests it does not serve."""
+    dim = TINY["hidden_dim"]
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 5, dim)).astype("float32"))
+    block = ViTBlock(dim, TINY["num_heads"], TINY["mlp_dim"])
+    assert block.direct_call([x], [dim]) is None  # not built
+    block.build((None, None, dim))
+    assert _exactly_equal(block.direct_call(x, None), block(x))
+    assert block.direct_call([keras.KerasTensor((2, 5, dim))], [dim]) is None
+    gates = [torch.ones((2, 5))]
+    assert block.direct_call([x], [dim], gates=gates) is None
+    with pytest.raises(ValueError, match="without a gate"):
+        block([x], widths=[dim], gates=gates)
+    half = ViTBlock(dim, TINY["num_heads"], TINY["mlp_dim"], dtype="mixed_bfloat16")
+    half.build((None, None, dim))
+    assert half.direct_call([x], [dim]) is None  # float32 into a bf16 block: the layer call casts
+    assert str(half(x).dtype) == "torch.bfloat16"
+    assert block.direct_call([x[:, :0]], [dim]) is None  # an empty group: the generic path
+    with keras.RematScope(mode="full"):
+        remat = ViTBlock(dim, TINY["num_heads"], TINY["mlp_dim"])
+    remat.build((None, None, dim))
+    assert remat.direct_call([x], [dim]) is None
+
+    class Scaled(ViTBlock):
+        def call(self, inputs, **kwargs):
+            return super().call(inputs, **kwargs) * 2.0
+
+    scaled = Scaled(dim, TINY["num_heads"], TINY["mlp_dim"])
+    scaled.build((None, None, dim))
+    assert scaled.direct_call([x], [dim]) is None
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_layer_norms_without_the_layer_call_are_bit_exact(policy):
+    layer = keras.layers.LayerNormalization(epsilon=1e-6, dtype=policy)
+    layer.build((None, 5, 24))
+    randomize_weights(layer, seed=4)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.as_tensor(np.random.default_rng(1).standard_normal((3, 5, 24)).astype("float32")).to(dtype)
+        expected, got = layer(x), packed_block._norm(layer, x)
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    other_axis = keras.layers.LayerNormalization(axis=(1, 2), dtype=policy)  # through its own call
+    other_axis.build((None, 5, 24))
+    assert torch.equal(packed_block._norm(other_axis, x), other_axis(x))
+
+
+def test_the_host_time_bench_reports_dense_mone_and_the_plain_torch_floor(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    importlib.import_module("torch_host_time").main(["--variant", "Ti/16", "--image-size", "32", "--repeats", "3"])
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"model", "dense", "mone e_c=0.3", "plain PyTorch ViT (same shape)"}
+    assert rows["dense"][2].strip() == "1.00x"
+    assert all(float(rows[name][0]) > 0 for name in rows if name != "model")
