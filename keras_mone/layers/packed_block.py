@@ -144,7 +144,7 @@ def _norm(layer, x):
         return layer.call(x)
     import torch
 
-    wide = torch.promote_types(x.dtype, torch.float32)  # Keras: "at least float32"
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # Keras: "at least float32"
     gamma, beta = (None if v is None else eager_cast(v, wide) for v in (layer.gamma, layer.beta))
     outputs = torch.nn.functional.layer_norm(eager_cast(x, wide), x.shape[-1:], gamma, beta, layer.epsilon)
     return eager_cast(eager_cast(outputs, x.dtype), layer.compute_dtype)
