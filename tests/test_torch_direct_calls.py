@@ -95,6 +95,27 @@ def test_direct_calls_are_taken_and_layer_calls_no_longer_grow_with_depth(monkey
     assert calls("dense", 4) > calls("dense", 2)
 
 
+def test_an_inference_forward_no_longer_holds_every_block_input(monkeypatch):
+    """Peak bytes an inference forward allocates (Python's cycle collector held off, as in
+    ``bench/torch_op_count.py``): the same at depth 2 and 6. Through ``Layer.__call__``
+    each block's inputs stayed alive to the end of the forward (the reference cycle of
+    the pytree flattening of its arguments), one more token tensor per block."""
+    from keras_mone.bench.memory import torch_peak_bytes
+
+    x = torch.as_tensor(images(batch=8))
+
+    def peak(kind, depth):
+        model = _model(kind, depth=depth, mlp_dim=256)
+        with torch.no_grad():
+            model(x)
+            return torch_peak_bytes(lambda: model(x))
+
+    for kind in ("dense", "mone"):
+        assert peak(kind, 2) == peak(kind, 6), kind
+    _without_direct_calls(monkeypatch)
+    assert peak("dense", 6) > peak("dense", 2)
+
+
 def test_what_the_direct_call_cannot_take_goes_through_the_layer_call():
     """``direct_call`` answers ``None`` (and ``run_blocks`` calls the layer) for an unbuilt
     block, symbolic inputs, inputs not in the block's dtype (``Layer.__call__`` casts them),
