@@ -9,7 +9,7 @@ from keras_mone.layers.config import ConfigMixin, register, register_old_name
 from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
-from keras_mone.layers.packed_block import eager_cast, eager_torch_tensors, packable, packed_block
+from keras_mone.layers.packed_block import direct_cast, eager_torch_tensors, packable, packed_block
 from keras_mone.layers.platform_forms import mlp_form, norms_form, residuals_form
 from keras_mone.layers.regularization import DropPath
 
@@ -186,7 +186,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         if gates is not None:
             if self.gate is None and any(g is not None for g in gates):
                 return None  # ``call`` raises
-            gates = [None if g is None else eager_cast(g, self.input_dtype) for g in gates]
+            gates = [None if g is None else direct_cast(g, self.input_dtype) for g in gates]
         if not packable(self, groups, gates, training):
             return None
         outputs = packed_block(self, groups, widths, gates, training)

@@ -145,28 +145,37 @@ def _norm(layer, x):
     import torch
 
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # Keras: "at least float32"
-    gamma, beta = (None if v is None else eager_cast(v, wide) for v in (layer.gamma, layer.beta))
-    outputs = torch.nn.functional.layer_norm(eager_cast(x, wide), x.shape[-1:], gamma, beta, layer.epsilon)
-    return eager_cast(eager_cast(outputs, x.dtype), layer.compute_dtype)
+    gamma, beta = (None if v is None else direct_cast(v, wide) for v in (layer.gamma, layer.beta))
+    outputs = torch.nn.functional.layer_norm(direct_cast(x, wide), x.shape[-1:], gamma, beta, layer.epsilon)
+    return direct_cast(direct_cast(outputs, x.dtype), layer.compute_dtype)
 
 
 def _weights(layer):
     """A dense layer's kernel and bias (``None`` without one) in its compute dtype."""
-    bias = None if layer.bias is None else eager_cast(layer.bias, layer.compute_dtype)
-    return eager_cast(layer.kernel, layer.compute_dtype), bias
+    bias = None if layer.bias is None else direct_cast(layer.bias, layer.compute_dtype)
+    return direct_cast(layer.kernel, layer.compute_dtype), bias
 
 
-def eager_cast(x, dtype):
-    """``ops.cast(x, dtype)`` (``dtype`` a Keras name or a torch dtype); on eager torch what
-    Keras' torch ``cast`` runs (a variable read as Keras reads it, autocast included, then
+def direct_cast(x, dtype):
+    """``ops.cast(x, dtype)`` (``dtype`` a Keras name or a torch dtype); on torch what Keras'
+    torch ``cast`` runs (a variable read as Keras reads it, autocast included, then
     ``Tensor.to`` if the dtype differs), without its dispatch."""
-    if not (_torch() and _eager()):
+    if not _torch():
         return ops.cast(x, dtype)
-    import torch
-
-    target = dtype if isinstance(dtype, torch.dtype) else getattr(torch, keras.backend.standardize_dtype(dtype))
+    target = _TORCH_DTYPES.get(dtype) or _torch_dtype(dtype)
     tensor = x.value if isinstance(x, keras.Variable) else x
     return tensor if tensor.dtype == target else tensor.to(target)
+
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    name = None if isinstance(dtype, torch.dtype) else keras.backend.standardize_dtype(dtype)
+    _TORCH_DTYPES[dtype] = dtype if name is None else getattr(torch, name)
+    return _TORCH_DTYPES[dtype]
 
 
 def _attention(attention, normed, spans, widths, sizes):
