@@ -24,6 +24,9 @@
 #   2. jax   the same at batch 256, device input only, timm peer
 #   3. jax   ViT-B/16 e_c 0.3, batch 64, float32: training steps (device input; train_on_batch)
 #   4. torch ViT-B/16 e_c 0.3, batch 64, float32, eager: forward on device and host input, timm peer
+#  4a. torch ViT-B/16 e_c 0.3, batch 8, float32, eager: forward on device input, timm peer
+#      (vit_b16_b8_torch: where the host's time per op shows), and torch_host_time
+#      (bench/torch_host_time.py: the host's share of an eager forward on this machine's CPU)
 #  4b. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager, under torch.compile and under
 #      torch.compile(mode="reduce-overhead") (CUDA graphs), timm peer
 #      (vit_b16_b256_torch_compile, 540 s: inductor compiles each model twice)
@@ -158,6 +161,8 @@ torch_extra=()
 [ "${TORCH_COMPILE:-0}" = 1 ] && torch_extra=(--torch-compile default,reduce-overhead)
 bench vit_b16_b64_torch torch "${B16[@]}" --capacities 0.3 --batch-size 64 --precision float32 \
     --no-train-step "${torch_extra[@]}"
+bench vit_b16_b8_torch torch "${B16[@]}" --capacities 0.3 --batch-size 8 --precision float32 \
+    --no-train-step --no-host-input
 # issue 40's torch target: batch 256, bf16, under torch.compile (inductor compiles each model for minutes)
 TIMEOUT_vit_b16_b256_torch_compile="${TIMEOUT_vit_b16_b256_torch_compile:-540}" bench vit_b16_b256_torch_compile \
     torch "${B16[@]}" --capacities 0.3 --batch-size 256 --precision mixed_bfloat16 --no-train-step --no-host-input \
@@ -196,8 +201,8 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
     [ "$rc" -eq 0 ] && forms_done=$((forms_done + 1)) || tail -5 "$OUT_DIR/$name/log.txt"
 }
 forms_reports=()
-tiles_reports=()
-tiles_done=0
+script_reports=()  # the reports of the tile screens and of torch_host_time
+scripts_done=0
 forms_done=0
 FORMS="${FORMS:-present,fused_residuals,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"
 # (fused_mlp: forms_vit_bf16_tuned; six forms take about 150 s on an H200)
@@ -218,9 +223,9 @@ tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles
             --kernel "$kernel" ${KERNEL_TILES_ARGS:-} >"$OUT_DIR/$tiles_run.md" 2>"$OUT_DIR/$tiles_run.log"
         rc=$?
         echo "[gpu.sh] $tiles_run: exit $rc (total $((SECONDS - start)) s)"
-        [ "$rc" -eq 0 ] && tiles_done=$((tiles_done + 1))
+        [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))
         grep -E "best|no tile setting|faster than every tile|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
-        tiles_reports+=("$OUT_DIR/$tiles_run.md")
+        script_reports+=("$OUT_DIR/$tiles_run.md")
     fi
     tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/$tiles_run.md" 2>/dev/null | cut -d'"' -f2)
     if [ -z "${KERAS_MONE_MLP_TILES:-}$tuned" ] && { [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $forms_run "* ]]; }; then
@@ -232,6 +237,15 @@ tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles
 }
 # the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
 # then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)
+if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" torch_host_time "* ]]; then  # seconds: tiny models
+    selected=$((selected + 1))
+    KERAS_BACKEND=torch timeout "${TIMEOUT_torch_host_time:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/torch_host_time.py" \
+        >"$OUT_DIR/torch_host_time.md" 2>"$OUT_DIR/torch_host_time.log"
+    rc=$?
+    echo "[gpu.sh] torch_host_time: exit $rc (total $((SECONDS - start)) s)"
+    [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1)) && cat "$OUT_DIR/torch_host_time.md"
+    script_reports+=("$OUT_DIR/torch_host_time.md")
+fi
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
 tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
@@ -242,7 +256,7 @@ forms forms_vivit_b1_highest --family vivit --capacity 0.4 --batch-sizes 1 --pre
 
 # -- 4. the report --------------------------------------------------------------
 REPORT="$OUT_DIR/gpu_bench.md"
-KERNEL_CHECK_REPORT="$checked" TILES_REPORTS="$(IFS=:; echo "${tiles_reports[*]}")" \
+KERNEL_CHECK_REPORT="$checked" SCRIPT_REPORTS="$(IFS=:; echo "${script_reports[*]}")" \
     FORMS_REPORTS="$(IFS=:; echo "${forms_reports[*]}")" KERAS_BACKEND=jax \
     "$PYTHON" - "$REPORT" "$((SECONDS - start))" "${runs[@]}" <<'EOF'
 import json
@@ -260,7 +274,7 @@ with open(report, "w") as f:
     check = os.environ.get("KERNEL_CHECK_REPORT", "")
     if check and os.path.exists(check):
         f.write(open(check).read() + "\n")
-    for path in os.environ.get("TILES_REPORTS", "").split(":"):  # this call's tile screens
+    for path in os.environ.get("SCRIPT_REPORTS", "").split(":"):  # this call's tile screens and host times
         if path and os.path.exists(path):
             f.write(f"## {os.path.basename(path)[:-3]}\n\n" + open(path).read() + "\n")
     if results:
@@ -273,4 +287,4 @@ with open(report, "w") as f:
 print(f"[gpu.sh] wrote {report}")
 EOF
 echo "[gpu.sh] done in $((SECONDS - start)) s"
-[ "$((${#runs[@]} + forms_done + tiles_done))" -eq "$selected" ] && [ "$check_rc" -eq 0 ]
+[ "$((${#runs[@]} + forms_done + scripts_done))" -eq "$selected" ] && [ "$check_rc" -eq 0 ]

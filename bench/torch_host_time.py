@@ -3,7 +3,7 @@
 On a GPU an eager torch forward is bounded by the host wherever its ops are
 issued more slowly than the card runs them: small batches, or a MoNE model's
 narrow groups (issue 40 item 3). Here the models keep ViT-B/16's depth
-and routing but have tiny widths and images (``--hidden-dim 16``, 64 pixels: 17
+and routing but have tiny widths and images (``--hidden-dim 16``, 64 pixels: 16
 tokens), so the arithmetic is negligible and the time per call is the host's: Keras' layer calls and op
 dispatch, torch's dispatcher, the routing's Python. A plain PyTorch ViT of the
 same shape (``nn.Linear``, ``nn.LayerNorm``, SDPA; written here, not timm's) is
@@ -25,7 +25,8 @@ from keras_mone.models.variants import decode_variant
 
 
 def plain_torch_vit(depth, hidden_dim, num_heads, mlp_dim, image_size, patch_size):
-    """A pre-LayerNorm ViT backbone in plain PyTorch modules (class token, learned positions)."""
+    """A pre-LayerNorm ViT backbone in plain PyTorch modules (learned positions, no class token: as
+    ``ViTBackbone``'s default)."""
     import torch
     from torch import nn
 
@@ -47,14 +48,12 @@ def plain_torch_vit(depth, hidden_dim, num_heads, mlp_dim, image_size, patch_siz
         def __init__(self):
             super().__init__()
             self.patches = nn.Conv2d(3, hidden_dim, patch_size, patch_size)
-            self.class_token = nn.Parameter(torch.zeros(1, 1, hidden_dim))
-            self.positions = nn.Parameter(torch.zeros(1, (image_size // patch_size) ** 2 + 1, hidden_dim))
+            self.positions = nn.Parameter(torch.zeros(1, (image_size // patch_size) ** 2, hidden_dim))
             self.blocks = nn.Sequential(*[Block() for _ in range(depth)])
             self.norm = nn.LayerNorm(hidden_dim, eps=1e-6)
 
         def forward(self, images):  # (batch, height, width, 3), as the Keras models take them
-            x = self.patches(images.permute(0, 3, 1, 2)).flatten(2).transpose(1, 2)
-            x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], 1) + self.positions
+            x = self.patches(images.permute(0, 3, 1, 2)).flatten(2).transpose(1, 2) + self.positions
             return self.norm(self.blocks(x))
 
     return Backbone().eval()
@@ -91,7 +90,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="B/16", help="depth, heads and patch size come from it")
     parser.add_argument("--hidden-dim", type=int, default=16, help="tiny, with the image size: the arithmetic vanishes")
-    parser.add_argument("--image-size", type=int, default=64, help="small: 17 tokens, the arithmetic vanishes")
+    parser.add_argument("--image-size", type=int, default=64, help="small: 16 tokens, the arithmetic vanishes")
     parser.add_argument("--capacity", type=float, default=0.3)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=40)
@@ -115,7 +114,9 @@ def main(argv=None):
     images = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, shape).astype("float32"))
     models = {"dense": dense, f"mone e_c={args.capacity:g}": mone, "plain PyTorch ViT (same shape)": plain}
     times = host_times(models, images, args.repeats)
-    print(f"ViT-{args.variant} depth and tokens ({args.image_size}px), hidden {args.hidden_dim}, {heads} heads, "
+    tokens = (args.image_size // config["patch_size"]) ** 2
+    print(f"ViT-{args.variant}'s depth and routing at {args.image_size}px ({tokens} tokens), hidden {args.hidden_dim}, "
+          f"{heads} heads, "
           f"batch {args.batch_size}, eager torch {torch.__version__}, keras {keras.__version__}, "
           f"{args.threads} thread(s), {args.repeats} interleaved calls each, {time.strftime('%Y-%m-%d')}\n")
     print(report(times))
