@@ -15,8 +15,9 @@ one zeroed buffer and, where the GELU runs once over all groups, the MLP's
 in-projections their rows of one buffer (``out=``): padding and
 concatenating them held a second copy.
 Off the CPU the GELU runs once over all groups; on the CPU per group, in
-cache (``fuse_groups``). Sub-layers are read, not called: the only layer calls are
-the two LayerNorms.
+cache (``fuse_groups``). Sub-layers are read, not called; on eager torch the
+LayerNorms run as torch ops (``_norm``) and ``ViTBlock.direct_call`` runs the block
+itself without Keras' ``Layer.__call__``, so a forward calls no Keras layer per block.
 
 Each token sees the operations of the generic path (``ViTBlock.call``) in the
 same order, so outputs agree to float32 rounding. Used (``packable``) when the block
