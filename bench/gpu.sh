@@ -235,17 +235,18 @@ tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles
     KERAS_MONE_MLP_TILES="${KERAS_MONE_MLP_TILES:-$tuned}" forms "$forms_run" --batch-sizes 256 \
         --forms "present,$form"
 }
-# the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
-# then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)
-if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" torch_host_time "* ]]; then  # seconds: tiny models
+# the host's share of an eager torch forward on this machine's CPU (seconds: tiny models)
+if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" torch_host_time "* ]]; then
     selected=$((selected + 1))
-    KERAS_BACKEND=torch timeout "${TIMEOUT_torch_host_time:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/torch_host_time.py" \
-        >"$OUT_DIR/torch_host_time.md" 2>"$OUT_DIR/torch_host_time.log"
+    KERAS_TORCH_DEVICE=cpu KERAS_BACKEND=torch timeout "${TIMEOUT_torch_host_time:-$STEP_TIMEOUT}" "$PYTHON" \
+        "$ROOT/bench/torch_host_time.py" >"$OUT_DIR/torch_host_time.md" 2>"$OUT_DIR/torch_host_time.log"
     rc=$?
     echo "[gpu.sh] torch_host_time: exit $rc (total $((SECONDS - start)) s)"
     [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1)) && cat "$OUT_DIR/torch_host_time.md"
     script_reports+=("$OUT_DIR/torch_host_time.md")
 fi
+# the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
+# then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
 tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \

@@ -8,7 +8,9 @@ tokens), so the arithmetic is negligible and the time per call is the host's: Ke
 dispatch, torch's dispatcher, the routing's Python. A plain PyTorch ViT of the
 same shape (``nn.Linear``, ``nn.LayerNorm``, SDPA; written here, not timm's) is
 the floor an eager torch model pays. One thread, inference mode, medians of
-interleaved calls; the figures are this machine's, so quote the ratios::
+interleaved calls; the figures are this machine's, so quote the ratios. The models run
+on Keras' torch device: on a GPU machine set ``KERAS_TORCH_DEVICE=cpu`` for the host's
+share alone (``bench/gpu.sh`` does), or leave it for the card, each call synchronised::
 
     KERAS_BACKEND=torch python bench/torch_host_time.py
     KERAS_BACKEND=torch python bench/torch_host_time.py --capacity 0.5 --repeats 60
@@ -60,8 +62,13 @@ def plain_torch_vit(depth, hidden_dim, num_heads, mlp_dim, image_size, patch_siz
 
 
 def host_times(models, images, repeats, warmup=3):
-    """``{name: [seconds per forward]}``, the models called round-robin under ``torch.inference_mode``."""
+    """``{name: [seconds per forward]}``, the models called round-robin under ``torch.inference_mode``
+    (on a CUDA device each call is synchronised: the time until its results exist)."""
     import torch
+
+    def synchronise():
+        if images.device.type == "cuda":
+            torch.cuda.synchronize(images.device)
 
     times = {name: [] for name in models}
     with torch.inference_mode():
@@ -70,8 +77,10 @@ def host_times(models, images, repeats, warmup=3):
                 model(images)
         for _ in range(repeats):
             for name, model in models.items():
+                synchronise()
                 started = time.perf_counter()
                 model(images)
+                synchronise()
                 times[name].append(time.perf_counter() - started)
     return times
 
@@ -111,13 +120,15 @@ def main(argv=None):
     plain = plain_torch_vit(config["depth"], args.hidden_dim, heads, 4 * args.hidden_dim, args.image_size,
                             config["patch_size"])
     shape = (args.batch_size, args.image_size, args.image_size, 3)
-    images = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, shape).astype("float32"))
+    # on Keras' torch device (``$KERAS_TORCH_DEVICE``, else a GPU where there is one), the plain ViT too
+    images = keras.ops.convert_to_tensor(np.random.default_rng(0).uniform(-1, 1, shape).astype("float32"))
+    plain = plain.to(images.device)
     models = {"dense": dense, f"mone e_c={args.capacity:g}": mone, "plain PyTorch ViT (same shape)": plain}
     times = host_times(models, images, args.repeats)
     tokens = (args.image_size // config["patch_size"]) ** 2
     print(f"ViT-{args.variant}'s depth and routing at {args.image_size}px ({tokens} tokens), hidden {args.hidden_dim}, "
           f"{heads} heads, "
-          f"batch {args.batch_size}, eager torch {torch.__version__}, keras {keras.__version__}, "
+          f"batch {args.batch_size}, on {images.device}, eager torch {torch.__version__}, keras {keras.__version__}, "
           f"{args.threads} thread(s), {args.repeats} interleaved calls each, {time.strftime('%Y-%m-%d')}\n")
     print(report(times))
 

@@ -20,6 +20,7 @@ from conftest import BACKEND, TINY, images, randomize_weights, to_numpy
 
 from keras_mone.bench.torch_ops import layer_calls
 from keras_mone.layers import ViTBlock, packed_block
+from keras_mone.layers import block as block_module
 from keras_mone.models import MoNEViTBackbone, ViTBackbone
 
 pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="torch's eager path")
@@ -40,6 +41,16 @@ def _without_direct_calls(monkeypatch):
     monkeypatch.setattr(ViTBlock, "direct_call", lambda self, *args, **kwargs: None)
 
 
+def _through_keras(monkeypatch):
+    """No direct calls, and the packed block's LayerNorms, casts and GELU through Keras' own
+    layer call and ops: the reference the direct paths must equal bit for bit."""
+    _without_direct_calls(monkeypatch)
+    monkeypatch.setattr(packed_block, "_norm", lambda layer, x: layer(x))
+    monkeypatch.setattr(packed_block, "direct_cast", keras.ops.cast)
+    monkeypatch.setattr(block_module, "direct_cast", keras.ops.cast)
+    monkeypatch.setattr(packed_block, "_gelu", lambda x, approximate, training, nested: keras.ops.gelu(x, approximate))
+
+
 def _exactly_equal(a, b):
     a, b = to_numpy(a).astype("float32"), to_numpy(b).astype("float32")
     return a.shape == b.shape and np.array_equal(a, b)
@@ -48,8 +59,9 @@ def _exactly_equal(a, b):
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
 @pytest.mark.parametrize("kind", ["dense", "mone"])
 def test_direct_block_calls_equal_layer_calls(kind, dtype, monkeypatch):
-    """Forward outputs and gradients with and without ``direct_call``, bit for bit (MoNE's
-    gates, float32 router probabilities, are cast to bf16 as ``Layer.__call__`` casts them)."""
+    """Forward outputs and gradients with and without ``direct_call`` and the packed block's
+    torch LayerNorms, casts and GELU, bit for bit (MoNE's gates, float32 router
+    probabilities, are cast to bf16 as ``Layer.__call__`` casts them)."""
     model = _model(kind, dtype)
     x = torch.as_tensor(images())
 
@@ -62,7 +74,7 @@ def test_direct_block_calls_equal_layer_calls(kind, dtype, monkeypatch):
     with torch.inference_mode():
         direct_inference = model(x)
     direct, direct_gradients = run()
-    _without_direct_calls(monkeypatch)
+    _through_keras(monkeypatch)
     with torch.inference_mode():
         called_inference = model(x)
     called, called_gradients = run()
@@ -125,8 +137,8 @@ def test_an_inference_forward_no_longer_holds_every_block_input(monkeypatch):
 def test_what_the_direct_call_cannot_take_goes_through_the_layer_call():
     """``direct_call`` answers ``None`` (and ``run_blocks`` calls the layer) for an unbuilt
     block, symbolic inputs, inputs not in the block's dtype (``Layer.__call__`` casts them),
-    gates on a block without a gate (the call raises), rematerialisation, a subclass's own
-    ``call``, and requests it does not serve."""
+    gates on a block without a gate (the call raises), rematerialisation, an activity
+    regularizer, ``autocast`` off, a subclass's own ``call``, and requests it does not serve."""
     dim = TINY["hidden_dim"]
     x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 5, dim)).astype("float32"))
     block = ViTBlock(dim, TINY["num_heads"], TINY["mlp_dim"])
@@ -148,6 +160,15 @@ def test_what_the_direct_call_cannot_take_goes_through_the_layer_call():
     remat.build((None, None, dim))
     assert remat.direct_call([x], [dim]) is None
 
+    regularized = ViTBlock(dim, TINY["num_heads"], TINY["mlp_dim"], activity_regularizer="l2")
+    regularized.build((None, None, dim))
+    assert regularized.direct_call([x], [dim]) is None
+    regularized(x)
+    assert len(regularized.losses) == 1
+    block.autocast = False
+    assert block.direct_call([x], [dim]) is None  # ``Layer.__call__``'s casting rules then differ
+    block.autocast = True
+
     class Scaled(ViTBlock):
         def call(self, inputs, **kwargs):
             return super().call(inputs, **kwargs) * 2.0
@@ -159,7 +180,7 @@ def test_what_the_direct_call_cannot_take_goes_through_the_layer_call():
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_layer_norms_without_the_layer_call_are_bit_exact(policy):
-    layer = keras.layers.LayerNormalization(epsilon=1e-6, dtype=policy)
+    layer = keras.layers.LayerNormalization(epsilon=1e-3, dtype=policy)  # not the blocks' 1e-6
     layer.build((None, 5, 24))
     randomize_weights(layer, seed=4)
     for dtype in (torch.float32, torch.bfloat16):
@@ -179,3 +200,47 @@ def test_the_host_time_bench_reports_dense_mone_and_the_plain_torch_floor(monkey
     assert set(rows) == {"model", "dense", "mone e_c=0.3", "plain PyTorch ViT (same shape)"}
     assert rows["dense"][2].strip() == "1.00x"
     assert all(float(rows[name][0]) > 0 for name in rows if name != "model")
+
+
+def test_torch_module_hooks_still_fire():
+    """Only ``torch.nn.Module.__call__`` runs hooks: with a hook on a block, on one of its
+    LayerNorms, on a part (its qkv projection), or a global one, that layer is called as a
+    layer again."""
+    model = _model("mone")
+    x = torch.as_tensor(images())
+    seen = []
+    blocks = [layer for layer in model._flatten_layers() if isinstance(layer, ViTBlock)]
+    block = blocks[0]
+    handle = block.register_forward_hook(lambda module, args, output: seen.append("block"))
+    model(x)
+    handle.remove()
+    handle = block.norm1.register_forward_hook(lambda module, args, output: seen.append("norm1"))
+    model(x)
+    handle.remove()
+    handle = block.attention.qkv.register_forward_hook(lambda module, args, output: seen.append("qkv"))
+    model(x)  # a hook on a part: that block takes the generic path, which calls its parts
+    handle.remove()
+    qkv_calls = seen.count("qkv")
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: seen.append("global") if isinstance(module, ViTBlock) else None
+    )
+    model(x)
+    handle.remove()
+    assert qkv_calls >= 1
+    assert seen == ["block", "norm1"] + ["qkv"] * qkv_calls + ["global"] * len(blocks)
+    seen.clear()
+    model(x)
+    assert not seen
+
+
+def test_stateless_calls_read_the_given_weights():
+    """``stateless_call`` (Keras' functional form, used by its trainers) with other weights
+    equals the model holding those weights: the packed block reads variables as Keras does."""
+    model = _model("mone")
+    x = torch.as_tensor(images())
+    other = [v.value * 1.5 for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    stateless, _ = model.stateless_call(other, non_trainable, x)
+    for variable, value in zip(model.trainable_variables, other):
+        variable.assign(value)
+    assert _exactly_equal(stateless, model(x))

@@ -9,7 +9,7 @@ from keras_mone.layers.config import ConfigMixin, register, register_old_name
 from keras_mone.layers.gates import get_gate
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
-from keras_mone.layers.packed_block import direct_cast, eager_torch_tensors, packable, packed_block
+from keras_mone.layers.packed_block import direct_cast, eager_torch_tensors, packable, packed_block, torch_hooks
 from keras_mone.layers.platform_forms import mlp_form, norms_form, residuals_form
 from keras_mone.layers.regularization import DropPath
 
@@ -174,13 +174,18 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         to it, as ``Layer.__call__`` casts floating arguments), ``training`` arrives resolved
         from the encoder's call, and the packed block reads its weights with explicit casts;
         the block's dtype policy is its encoder's, as every keras_mone backbone builds it.
-        Not quantized, not under a ``keras.RematScope`` (``Layer.__call__`` serves those), not
-        a subclass that overrides ``call``."""
+        ``Layer.__call__`` still serves quantized blocks, ``keras.RematScope``, activity
+        regularizers, torch module hooks (on the block or its parts, or global ones),
+        blocks with ``autocast`` off, and subclasses that override ``call``."""
         groups, widths, single = as_groups(groups, widths, self.hidden_dim)
         if not groups or not self.built or not eager_torch_tensors(groups, self.input_dtype):
             return None
         if self.quantization_mode is not None or getattr(self, "_remat_mode", None) is not None:
-            return None  # what ``Layer.__call__`` adds: quantized calls, rematerialisation
+            return None  # what ``Layer.__call__`` adds: quantized calls, rematerialisation,
+        if self.activity_regularizer is not None or torch_hooks(self):  # activity losses, the block's hooks,
+            return None
+        if not self.autocast or not getattr(self, "_convert_input_args", True):
+            return None  # and its own casting rules
         if type(self).call is not ViTBlock.call:
             return None  # a subclass's own call
         if gates is not None:

@@ -63,6 +63,10 @@ def packable(block, groups, gates, training=None, return_received_attention=Fals
         return False
     if _torch() and groups[0].device.type == "meta":  # Keras' shape inference on torch: the generic path
         return False
+    attention, mlp = block.attention, block.mlp
+    parts = (attention, attention.qkv, attention.out, attention.dropout, mlp, mlp.fc1, mlp.fc2, mlp.dropout)
+    if _torch() and torch_hooks(*parts, block.drop_path):  # the generic path calls them as layers
+        return False
     rates = (block.attention.dropout.rate, block.mlp.dropout.rate, block.drop_path.rate)
     if training and any(rates):
         return False
@@ -81,6 +85,18 @@ def packed_block(block, groups, widths, gates, training=None):
         update = block._gate.scale_mlp(update, token_major(gates).reshape(-1), block.alpha)
     outputs = (z + update).reshape(sum(sizes), -1, block.hidden_dim)
     return [_swap_first_two(outputs[start:stop]) for start, stop in _spans(sizes)]
+
+
+def torch_hooks(*layers):
+    """Whether a torch module hook would see one of ``layers`` called: one of its own forward
+    or backward hooks, or a global one (``torch.nn.modules.module``). Only
+    ``torch.nn.Module.__call__`` runs hooks, so a layer with one must be called as a layer."""
+    from torch.nn.modules import module
+
+    if (module._global_forward_hooks or module._global_forward_pre_hooks or module._global_backward_hooks
+            or module._global_backward_pre_hooks):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in layers)
 
 
 def eager_torch_tensors(tensors, dtype):
@@ -141,6 +157,8 @@ def _norm(layer, x):
     ``tests/test_torch_direct_calls.py`` checks the outputs bit for bit)."""
     if not (type(layer) is keras.layers.LayerNormalization and layer.built and _torch() and _eager()):
         return layer(x)
+    if torch_hooks(layer) or layer.activity_regularizer is not None or getattr(layer, "_remat_mode", None):
+        return layer(x)  # what ``Layer.__call__`` serves: hooks, activity losses, rematerialisation
     if layer.rms_scaling or list(layer.axis) not in ([-1], [len(x.shape) - 1]):
         return layer.call(x)
     import torch
@@ -158,25 +176,26 @@ def _weights(layer):
 
 
 def direct_cast(x, dtype):
-    """``ops.cast(x, dtype)`` (``dtype`` a Keras name or a torch dtype); on torch what Keras'
-    torch ``cast`` runs (a variable read as Keras reads it, autocast included, then
-    ``Tensor.to`` if the dtype differs), without its dispatch."""
-    if not _torch():
+    """``ops.cast(x, dtype)`` for a tensor or variable and a floating ``dtype`` (a Keras name or
+    a torch dtype); on torch what Keras' torch ``cast`` runs (a variable read as Keras reads
+    it, autocast and stateless scopes included, then ``Tensor.to`` if the dtype differs),
+    without its dispatch. Other dtypes and backends: ``ops.cast``."""
+    target = _TORCH_FLOATS.get(dtype) if _torch() else None
+    if target is None:
         return ops.cast(x, dtype)
-    target = _TORCH_DTYPES.get(dtype) or _torch_dtype(dtype)
     tensor = x.value if isinstance(x, keras.Variable) else x
     return tensor if tensor.dtype == target else tensor.to(target)
 
 
-_TORCH_DTYPES = {}
-
-
-def _torch_dtype(dtype):
+def _torch_floats():
+    """Keras' floating dtype names and torch's floating dtypes, to the torch dtype."""
     import torch
 
-    name = None if isinstance(dtype, torch.dtype) else keras.backend.standardize_dtype(dtype)
-    _TORCH_DTYPES[dtype] = dtype if name is None else getattr(torch, name)
-    return _TORCH_DTYPES[dtype]
+    names = ("float16", "bfloat16", "float32", "float64")
+    return {**{name: getattr(torch, name) for name in names}, **{getattr(torch, n): getattr(torch, n) for n in names}}
+
+
+_TORCH_FLOATS = _torch_floats() if keras.backend.backend() == "torch" else {}
 
 
 def _attention(attention, normed, spans, widths, sizes):
@@ -216,11 +235,7 @@ def _mlp(mlp, normed, spans, widths, training):
     nested = any(width < mlp.hidden_dim for width in widths)
 
     def activation(x):
-        if _torch():  # what ops.gelu runs on torch, without Keras' dispatch
-            import torch
-
-            return torch.nn.functional.gelu(x, approximate="tanh" if mlp.gelu_approximate else "none")
-        return gelu(x, approximate=mlp.gelu_approximate, training=bool(training), nested=nested)
+        return _gelu(x, mlp.gelu_approximate, training, nested)
 
     if fuse_groups(normed):
         packed = activation(_grouped_products(normed, kernel, bias, spans, widths))
@@ -231,6 +246,16 @@ def _mlp(mlp, normed, spans, widths, training):
             for (start, stop), width in zip(spans, widths)
         ]
     return _nested_out(mlp.fc2, hidden, widths, mlp.hidden_dim)
+
+
+def _gelu(x, approximate, training, nested):
+    """The MLP's GELU (``layers.activations.gelu``); on torch ``F.gelu``, what ``ops.gelu``
+    runs there, without Keras' dispatch."""
+    if _torch():
+        import torch
+
+        return torch.nn.functional.gelu(x, approximate="tanh" if approximate else "none")
+    return gelu(x, approximate=approximate, training=bool(training), nested=nested)
 
 
 def _grouped_products(x, kernel, bias, spans, widths):
