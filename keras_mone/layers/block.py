@@ -180,14 +180,17 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         groups, widths, single = as_groups(groups, widths, self.hidden_dim)
         if not groups or not self.built or not eager_torch_tensors(groups, self.input_dtype):
             return None
-        if self.quantization_mode is not None or getattr(self, "_remat_mode", None) is not None:
-            return None  # what ``Layer.__call__`` adds: quantized calls, rematerialisation,
-        if self.activity_regularizer is not None or torch_hooks(self):  # activity losses, the block's hooks,
+        served_by_layer_call = (  # what ``Layer.__call__`` adds, or casts by its own rules
+            self.quantization_mode is not None
+            or getattr(self, "_remat_mode", None) is not None
+            or self.activity_regularizer is not None
+            or torch_hooks(self)
+            or not self.autocast
+            or not getattr(self, "_convert_input_args", True)
+            or type(self).call is not ViTBlock.call  # a subclass's own call
+        )
+        if served_by_layer_call:
             return None
-        if not self.autocast or not getattr(self, "_convert_input_args", True):
-            return None  # and its own casting rules
-        if type(self).call is not ViTBlock.call:
-            return None  # a subclass's own call
         if gates is not None:
             if self.gate is None and any(g is not None for g in gates):
                 return None  # ``call`` raises

@@ -67,7 +67,7 @@ def packable(block, groups, gates, training=None, return_received_attention=Fals
     parts = (attention, attention.qkv, attention.out, attention.dropout, mlp, mlp.fc1, mlp.fc2, mlp.dropout)
     if _torch() and torch_hooks(*parts, block.drop_path):  # the generic path calls them as layers
         return False
-    rates = (block.attention.dropout.rate, block.mlp.dropout.rate, block.drop_path.rate)
+    rates = (attention.dropout.rate, mlp.dropout.rate, block.drop_path.rate)
     if training and any(rates):
         return False
     return gates is None or len({g is None for g in gates}) == 1
