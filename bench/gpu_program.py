@@ -43,7 +43,7 @@ from keras_mone.bench import gpu_program, hlo_kernels, hlo_memory  # noqa: E402
 from keras_mone.bench.device import precision_policy  # noqa: E402
 from keras_mone.bench.models import _build, _model_specs  # noqa: E402
 
-KINDS = ("gemm", "attention", "fusion", "reduce", "copy", "other")
+KINDS = ("gemm", "attention", "pallas", "fusion", "reduce", "copy", "other")
 
 
 def run(args):
@@ -111,7 +111,7 @@ def report(args, rows, tops, peaks, ratio, failures=()):
            else "GEMMs are XLA's Triton fusions where the card may pick cuBLAS.")
         + (f" XLA options: {', '.join(args.xla_option)}." if args.xla_option else ""),
         "",
-        "| form | model | kernels | " + " | ".join(KINDS) + " | GB moved | GEMM+attention TFLOP | roofline ms "
+        "| form | model | kernels | " + " | ".join(KINDS) + " | GB moved | matmul TFLOP | roofline ms "
         "| temporaries MiB |" + (" live peak MiB |" if peaks else ""),
         "|---" * (7 + len(KINDS) + bool(peaks)) + "|",
     ]

@@ -135,6 +135,48 @@ def test_cuts_unfused_dots_and_cublas_gemms_are_read_as_they_run():
     assert gemm.bytes == 4 * (100 * 64 + 64 * 32 + 100 * 32) and gemm.kind == "gemm"
 
 
+PALLAS = """HloModule jit_mlp, is_scheduled=true
+
+ENTRY %main (z: bf16[256,768], w1: bf16[768,3072], w2: bf16[3072,768]) -> bf16[256,768] {
+  %z = bf16[256,768]{1,0} parameter(0)
+  %w1 = bf16[768,3072]{1,0} parameter(1)
+  %w2 = bf16[3072,768]{1,0} parameter(2)
+  ROOT %pallas_call.1 = bf16[256,768]{1,0} custom-call(%z, %w1, %w2), """ \
+    """custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{}: (0, {})}, """ \
+    """backend_config={debug = false, grid_x = 2 : i32, ir = "ML\\EFR", name = "_residual_tile_d96_h3072", """ \
+    """num_stages = 2 : i32, num_warps = 8 : i32}
+}
+"""
+
+
+def test_a_pallas_mlp_kernel_is_read_with_its_products():
+    # The kernels' FLOPs are opaque in the program; their names carry the nested and hidden
+    # widths (``kernels.fused_nested_mlp.kernel_name``), so the roofline counts fc1 and fc2
+    # (a bound that took the kernels at memory speed put MoNE at 2.46x dense, not 2.03x).
+    (kernel,) = hlo_kernels.program_kernels(PALLAS)
+    assert (kernel.name, kernel.kind) == ("_residual_tile_d96_h3072", "pallas")
+    assert kernel.flops == 4 * 256 * 96 * 3072
+    # z read whole (the LayerNorm's statistics) with the per-row scale, the weight slices
+    # W1[:96] and W2[:, :96] (not the whole weights the call is handed) with fc1's bias and
+    # fc2's first 96, and the 96 features of each row it writes in place
+    assert kernel.bytes == 2 * (256 * 769 + 2 * 96 * 3072 + 3072 + 96 + 256 * 96)
+    summary = gpu_program.program_summary([kernel])
+    assert summary["roofline_ms"] == pytest.approx(kernel.bytes / gpu_program.CARDS["h200"]["bandwidth"] * 1e3)
+    rows = 256 * 64  # enough rows to be compute-bound: 4 d H FLOPs per row against 2 (D + 1 + d) bytes
+    (big,) = hlo_kernels.program_kernels(PALLAS.replace("bf16[256,768]", f"bf16[{rows},768]"))
+    assert big.flops == 4 * rows * 96 * 3072
+    big_summary = gpu_program.program_summary([big])
+    assert big_summary["roofline_ms"] == pytest.approx(big.flops / gpu_program.PEAK_FLOPS["bfloat16"] * 1e3)
+
+
+def test_a_kernel_name_gives_its_flops_and_only_its_own():
+    from keras_mone.kernels.fused_nested_mlp import kernel_flops, kernel_name
+
+    assert kernel_name("_mlp_tile", 192, 3072) == "_mlp_tile_d192_h3072"
+    assert kernel_flops(kernel_name("_mlp_tile", 192, 3072), 128) == 4 * 128 * 192 * 3072
+    assert kernel_flops("__gpu$xla.gpu.triton", 128) is None and kernel_flops("gemm_fusion_dot", 64) is None
+
+
 def test_the_summary_is_a_roofline_over_the_kernels():
     kernels = hlo_kernels.program_kernels(PROGRAM)
     summary = gpu_program.program_summary(kernels, "h200", "bfloat16")

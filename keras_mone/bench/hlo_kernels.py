@@ -27,7 +27,8 @@ Kernel = collections.namedtuple("Kernel", "name op kind bytes flops shape")
 """One launch: its name without the numeric suffix (as a profile names it), HLO op, kind
 (``kernel_profile.KINDS``), bytes it reads and writes (each operand once, as far as the
 output needs it: ``_bytes_read``; a custom call's scratch output not counted), FLOPs of
-its matmuls (GEMMs and cuDNN attention; elementwise work not counted) and output shape
+its matmuls (GEMMs, cuDNN attention and the Pallas MLP kernels' two products; elementwise
+work not counted) and output shape
 text without layouts."""
 
 
@@ -211,6 +212,20 @@ def _attention_flops(operand_shapes):
     return 4 * batch * heads * queries * k[1] * head_dim
 
 
+def _pallas_traffic(label, shape, operand_shapes):
+    """``(FLOPs, bytes)`` of a ``keras_mone.kernels`` Pallas kernel, from its name
+    (``fused_nested_mlp.kernel_name``) and its output's (padded) rows: its two products and
+    what it reads and writes (``kernel_bytes``: weight slices, not whole weights); ``None``
+    for another custom call."""
+    from keras_mone.kernels.fused_nested_mlp import kernel_bytes, kernel_flops
+
+    dims = _dims(shape)
+    if len(dims) != 2 or kernel_flops(label, dims[0]) is None:
+        return None
+    full = _dims(operand_shapes[0])[-1] if operand_shapes else dims[1]
+    return kernel_flops(label, dims[0]), kernel_bytes(label, dims[0], full, _element_bytes(shape))
+
+
 def program_kernels(hlo_text):
     """``[Kernel]`` of an optimised GPU program (``compiled.as_text()``), in launch order:
     every instruction of the entry computation that runs on the device (fusions, custom
@@ -232,6 +247,8 @@ def program_kernels(hlo_text):
             target = re.search(r'custom_call_target="([^"]+)"', line)
             if op == "custom-call" and target:
                 label = target.group(1)
+                kernel = re.search(r'\bname = "([^"]+)"', line)  # a Pallas kernel's own name (Triton's)
+                label = kernel.group(1) if "triton" in label and kernel else label
             operand_shapes = [shapes.get(o, "") for o in operands]
             read = [_shape_bytes(s) for s in operand_shapes]
             flops = 0
@@ -245,6 +262,10 @@ def program_kernels(hlo_text):
                 flops = _cublas_flops(line, shape, operand_shapes)
             elif op == "dot":
                 flops = _matmul_flops(shape, operand_shapes[0], _dot_contracting(line))
+            elif op == "custom-call" and _pallas_traffic(label, shape, operand_shapes):
+                flops, moved = _pallas_traffic(label, shape, operand_shapes)
+                kernels.append(Kernel(label, op, _kind(label, op), moved, flops, re.sub(r"\{[^}]*\}", "", shape)))
+                continue
             written = _shape_bytes(shape)
             if op == "custom-call" and shape.startswith("("):  # cuBLAS and cuDNN: (result, scratch workspace)
                 written = _shape_bytes(_ARRAY.search(shape).group(0))

@@ -24,6 +24,7 @@ between the passes either. ``interpret=True`` runs the kernel through Pallas' in
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -226,10 +227,44 @@ def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
     # blocks (·, width) at index 0 of (·, D) arrays: the first `width` features, not copied
     weights = [(w1, (width, hidden)), (b1.reshape(1, hidden), (1, hidden)), (w2, (hidden, width)),
                (b2.reshape(1, full), (1, width))]
-    return row_tiled_call(kernel, [(x, width)], weights, (width, width), tiles, interpret)
+    return row_tiled_call(kernel, [(x, width)], weights, (width, width), tiles, interpret,
+                          name=kernel_name("_mlp_tile", width, hidden))
 
 
-def row_tiled_call(kernel, rows, weights, out, tiles, interpret, aliases=None):
+def kernel_name(tile_function, width, hidden):
+    """The name a kernel is compiled under: its tile function, nested width and hidden width
+    (``_mlp_tile_d96_h3072``), so that a program's reader (``bench.hlo_kernels``) and a
+    profile tell the kernels apart and ``kernel_flops`` can count their products."""
+    return f"{tile_function}_d{width}_h{hidden}"
+
+
+def _named_widths(name):
+    match = re.search(r"(_mlp|_residual)_tile_d(\d+)_h(\d+)", name)
+    return None if match is None else (match.group(1), int(match.group(2)), int(match.group(3)))
+
+
+def kernel_flops(name, rows):
+    """The matmul FLOPs of a kernel named by ``kernel_name`` over ``rows`` (padded) rows:
+    fc1's and fc2's products, ``2 d H`` each per row; ``None`` for another name."""
+    widths = _named_widths(name)
+    return None if widths is None else 4 * rows * widths[1] * widths[2]
+
+
+def kernel_bytes(name, rows, full, itemsize):
+    """Bytes a kernel named by ``kernel_name`` moves through device memory over ``rows``
+    (padded) rows of a ``full``-wide stream: the weight slices ``W1[:d]`` and ``W2[:, :d]``
+    once (later programs find them in L2), the rows it reads (``x[:, :d]``; the block kernel
+    all of ``z`` and the per-row scale) and the ``(rows, d)`` it writes; ``None`` for another
+    name. A program reading an operand's BlockSpec block does not read the rest of it."""
+    widths = _named_widths(name)
+    if widths is None:
+        return None
+    kind, width, hidden = widths
+    read = rows * (full + 1) if kind == "_residual" else rows * width
+    return itemsize * (read + 2 * width * hidden + hidden + width + rows * width)
+
+
+def row_tiled_call(kernel, rows, weights, out, tiles, interpret, aliases=None, name=None):
     """``kernel`` over tiles of ``block_rows`` rows, one program each, through Pallas'
     Triton lowering (Pallas' default on GPUs, Mosaic GPU, would stage the whole weight
     blocks in shared memory: 1.2 MB at d = 96).
@@ -242,6 +277,7 @@ def row_tiled_call(kernel, rows, weights, out, tiles, interpret, aliases=None):
             first row array's dtype and is cut back to ``n`` rows.
         tiles: ``(block_rows, block_hidden, num_warps, num_stages)``.
         aliases: ``input_output_aliases`` of ``pallas_call``.
+        name: the kernel's name (``kernel_name``).
     """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
@@ -261,6 +297,7 @@ def row_tiled_call(kernel, rows, weights, out, tiles, interpret, aliases=None):
         input_output_aliases=aliases or {},
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
+        name=name,
     )(*arrays, *(array for array, _ in weights))
     return result if padded == count else result[:count]
 

@@ -24,6 +24,7 @@ from keras_mone.kernels.fused_nested_mlp import (
     feature_chunk,
     mlp_accumulators,
     plain_nested_mlp,
+    kernel_name,
     row_tiled_call,
 )
 
@@ -108,7 +109,7 @@ def _pallas_residual(z, gamma, beta, w1, b1, w2, b2, scale, width, activation, e
                (b1.reshape(1, hidden), (1, hidden)), (w2, (hidden, width)), (b2.reshape(1, full), (1, width))]
     # a program writes the first `width` features of its row tile; `z`'s buffer holds the rest
     return row_tiled_call(kernel, [(z, full), (scale.reshape(-1, 1), 1)], weights, (full, width), tiles,
-                          interpret, aliases={0: 0})
+                          interpret, aliases={0: 0}, name=kernel_name("_residual_tile", width, hidden))
 
 
 def row_statistics(z_ref, pieces, epsilon):
