@@ -115,7 +115,9 @@ def mlp_form():
     they pay (issue 40). A width whose default tile would load more weight bytes than the
     kernel saves (``kernels.fused_nested_mlp.kernel_pays``: ViT-B/16's d = 384) keeps XLA's
     path unless ``$KERAS_MONE_MLP_TILES`` names its tiles; ``width:plain`` there keeps it for
-    any width."""
+    any width. A forward form: the kernels' backward passes recompute the plain path, which
+    puts the training step's roofline bound under the plain program's (BENCHMARKS.md, "The
+    fused kernels' products counted")."""
     chosen = _env_form(MLP_ENV, MLP_FORMS, "plain")
     if chosen != "plain" and keras.backend.backend() != "jax":
         raise ValueError(
