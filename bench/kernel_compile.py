@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from keras_mone.kernels import fused_nested_mlp as kernel
 from keras_mone.kernels import fused_residual_mlp as residual_kernel
+from keras_mone.kernels import tiles
 from keras_mone.kernels.cuda_lowering import lower_for_cuda
 from keras_mone.layers.mlp import _kernel_gelu
 
@@ -162,7 +163,7 @@ def main():
           f"| weight bytes loaded per hidden element (XLA's path: {4 * itemsize} from memory) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for width in (int(w) for w in args.widths.split(",")):
-        default_rows, default_hidden = kernel.default_blocks(width, args.hidden, itemsize)
+        default_rows, default_hidden = tiles.default_blocks(width, args.hidden, itemsize)
         for rows in [int(r) for r in args.block_rows.split(",") if r] or [default_rows]:
             for block_hidden in [int(b) for b in args.block_hidden.split(",") if b] or [default_hidden]:
                 ir_text = triton_ir(width, args.hidden, args.dim, args.dtype, block_rows=rows,
@@ -174,7 +175,7 @@ def main():
                               f"{s['spill_bytes']} | {s['shared_bytes'] / 1024:.0f} | {s['mma']} | "
                               f"{s['tensor_issued_over_needed']:.2f} | {s['divisions_per_element']:.2f} | "
                               f"{s['float_per_element']:.1f} | "
-                              f"{kernel.weight_bytes_per_hidden_element(width, rows, itemsize):g} |", flush=True)
+                              f"{tiles.weight_bytes_per_hidden_element(width, rows, itemsize):g} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 
 from kernel_check import BOUNDS, GPU_BOUNDS, kernel_inputs, relative_error
 
-from keras_mone.kernels.fused_nested_mlp import PLAIN, default_blocks, fused_nested_mlp, plain_nested_mlp
+from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp, plain_nested_mlp
+from keras_mone.kernels.tiles import PLAIN, default_blocks
 from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
 from keras_mone.layers.mlp import _kernel_gelu
 

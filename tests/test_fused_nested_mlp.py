@@ -70,7 +70,8 @@ def test_gradients_equal_the_plain_paths(blocks):
 
 @jax_only
 def test_tile_choices_and_bad_arguments():
-    from keras_mone.kernels import fused_nested_mlp as kernel
+    from keras_mone.kernels import tiles as kernel
+    from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp
 
     assert kernel.feature_chunk(96) == 32 and kernel.feature_chunk(768) == 256 and kernel.feature_chunk(1024) == 256
     assert kernel.kernel_fits(96, 3072) and not kernel.kernel_fits(4, 64) and kernel.kernel_fits(4, 64, interpret=True)
@@ -96,16 +97,16 @@ def test_tile_choices_and_bad_arguments():
         assert width * block_hidden * itemsize <= 48 * 1024 and 3072 % block_hidden == 0
     x = np.zeros((8, 96), "float32")
     with pytest.raises(ValueError, match=r"`width` must lie in \[1, 96\]"):
-        kernel.fused_nested_mlp(x, *_weights(), 97, _exact_gelu, interpret=True)
+        fused_nested_mlp(x, *_weights(), 97, _exact_gelu, interpret=True)
     with pytest.raises(ValueError, match="`block_hidden`=256 must divide the MLP's hidden width 384"):
-        kernel.fused_nested_mlp(x, *_weights(), 24, _exact_gelu, block_hidden=256, interpret=True)
+        fused_nested_mlp(x, *_weights(), 24, _exact_gelu, block_hidden=256, interpret=True)
     message = r"`block_rows` must be a power of 2 of at least 16 \(Triton's tiles\), got 48"
     with pytest.raises(ValueError, match=message):
-        kernel.fused_nested_mlp(x, *_weights(), 24, _exact_gelu, block_rows=48, interpret=True)
+        fused_nested_mlp(x, *_weights(), 24, _exact_gelu, block_rows=48, interpret=True)
     with pytest.raises(ValueError, match="`block_hidden` must be a power of 2 of at least 16"):
-        kernel.fused_nested_mlp(x, *_weights(), 24, _exact_gelu, block_hidden=8, interpret=True)
+        fused_nested_mlp(x, *_weights(), 24, _exact_gelu, block_hidden=8, interpret=True)
     with pytest.raises(ValueError, match="must share a dtype"):
-        kernel.fused_nested_mlp(x.astype("bfloat16"), *_weights(), 24, _exact_gelu, interpret=True)
+        fused_nested_mlp(x.astype("bfloat16"), *_weights(), 24, _exact_gelu, interpret=True)
     assert not kernel.kernel_fits(4, 24, interpret=True)  # no hidden block of 16: the plain path
 
 

@@ -179,7 +179,7 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
     import keras
 
     from keras_mone.kernels import fused_residual_mlp as kernel
-    from keras_mone.kernels.fused_nested_mlp import TILES_ENV, tile_override
+    from keras_mone.kernels.tiles import TILES_ENV, tile_override
     from keras_mone.layers import platform_forms
 
     monkeypatch.setenv(TILES_ENV, "8:16,32,4,3; 16:32,64,8,2")
@@ -213,16 +213,16 @@ def test_a_width_whose_default_tile_does_not_pay_keeps_the_plain_path_unless_its
     names that width's tiles (a card's screen found some that pay)."""
     import keras
 
-    from keras_mone.kernels import fused_nested_mlp
+    from keras_mone.kernels import fused_nested_mlp, tiles
     from keras_mone.kernels import fused_residual_mlp as kernel
-    from keras_mone.kernels.fused_nested_mlp import TILES_ENV
+    from keras_mone.kernels.tiles import TILES_ENV
     from keras_mone.layers import platform_forms
 
     block, groups, gates = _tiny_mone_block("paying", seed=3)
     seen = []
     original = kernel.fused_residual_mlp
     monkeypatch.setattr(kernel, "fused_residual_mlp", lambda *a, **k: seen.append(a[8]) or original(*a, **k))
-    monkeypatch.setattr(fused_nested_mlp, "kernel_pays", lambda width, hidden, itemsize=2: width != 16)
+    monkeypatch.setattr(tiles, "kernel_pays", lambda width, hidden, itemsize=2: width != 16)
     monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
     monkeypatch.delenv(TILES_ENV, raising=False)
     unpaid = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
@@ -248,7 +248,7 @@ def test_a_width_whose_default_tile_does_not_pay_keeps_the_plain_path_unless_its
 
 
 def test_a_malformed_tile_setting_is_named(monkeypatch):
-    from keras_mone.kernels.fused_nested_mlp import TILES_ENV, tile_override
+    from keras_mone.kernels.tiles import TILES_ENV, tile_override
 
     for value in ("96:128,64,4", "abc:1,2,3,4", "96:0,64,4,3", "96:128,64,4,3;junk", "96:plain,1", "0:plain"):
         monkeypatch.setenv(TILES_ENV, value)

@@ -151,7 +151,7 @@ ENTRY %main (z: bf16[256,768], w1: bf16[768,3072], w2: bf16[3072,768]) -> bf16[2
 
 def test_a_pallas_mlp_kernel_is_read_with_its_products():
     # The kernels' FLOPs are opaque in the program; their names carry the nested and hidden
-    # widths (``kernels.fused_nested_mlp.kernel_name``), so the roofline counts fc1 and fc2
+    # widths (``kernels.tiles.kernel_name``), so the roofline counts fc1 and fc2
     # (a bound that took the kernels at memory speed put MoNE at 2.46x dense, not 2.03x).
     (kernel,) = hlo_kernels.program_kernels(PALLAS)
     assert (kernel.name, kernel.kind) == ("_residual_tile_d96_h3072", "pallas")
@@ -170,7 +170,7 @@ def test_a_pallas_mlp_kernel_is_read_with_its_products():
 
 
 def test_a_kernel_name_gives_its_flops_and_only_its_own():
-    from keras_mone.kernels.fused_nested_mlp import kernel_flops, kernel_name
+    from keras_mone.kernels.tiles import kernel_flops, kernel_name
 
     assert kernel_name("_mlp_tile", 192, 3072) == "_mlp_tile_d192_h3072"
     assert kernel_flops(kernel_name("_mlp_tile", 192, 3072), 128) == 4 * 128 * 192 * 3072

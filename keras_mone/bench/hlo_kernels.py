@@ -214,10 +214,10 @@ def _attention_flops(operand_shapes):
 
 def _pallas_traffic(label, shape, operand_shapes):
     """``(FLOPs, bytes)`` of a ``keras_mone.kernels`` Pallas kernel, from its name
-    (``fused_nested_mlp.kernel_name``) and its output's (padded) rows: its two products and
+    (``kernels.tiles.kernel_name``) and its output's (padded) rows: its two products and
     what it reads and writes (``kernel_bytes``: weight slices, not whole weights); ``None``
     for another custom call."""
-    from keras_mone.kernels.fused_nested_mlp import kernel_bytes, kernel_flops
+    from keras_mone.kernels.tiles import kernel_bytes, kernel_flops
 
     dims = _dims(shape)
     if len(dims) != 2 or kernel_flops(label, dims[0]) is None:

@@ -24,14 +24,11 @@ between the passes either. ``interpret=True`` runs the kernel through Pallas' in
 """
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
 
-MIN_CHUNK = 16
-"""The smallest feature chunk a tensor-core ``dot`` takes (Triton: K >= 16)."""
-
+from keras_mone.kernels.tiles import MIN_CHUNK, default_blocks, feature_chunk, kernel_name
 
 def plain_nested_mlp(x, w1, b1, w2, b2, width, activation):
     """``activation(x[:, :d] @ W1[:d] + b1) @ W2[:, :d] + b2[:d]`` with XLA's ops (``d = width``).
@@ -43,110 +40,6 @@ def plain_nested_mlp(x, w1, b1, w2, b2, width, activation):
     hidden = activation(hidden).astype(x.dtype)
     out = jnp.dot(hidden, w2[:, :width], preferred_element_type=jnp.float32) + b2[:width].astype(jnp.float32)
     return out.astype(x.dtype)
-
-
-def feature_chunk(width):
-    """The largest power of 2 dividing ``width``, at most 256."""
-    return min(width & -width, 256)
-
-
-def kernel_fits(width, hidden, interpret=False, full=None):
-    """Whether the compiled kernel takes a group of ``width`` and an MLP ``hidden`` wide:
-    feature chunks of at least ``MIN_CHUNK`` and a hidden width with a power-of-2 block
-    of at least ``MIN_CHUNK``. ``full``: the token rows' whole width ``D`` where a kernel
-    reads all of it (``fused_residual_mlp``'s LayerNorm statistics, summed in chunks of
-    ``feature_chunk(D)``: a ``D`` with a small power-of-2 factor would unroll hundreds of
-    them). The interpreter takes any width (the hidden blocks are checked all the same)."""
-    if feature_chunk(hidden) < MIN_CHUNK:
-        return False
-    return interpret or all(feature_chunk(w) >= MIN_CHUNK for w in (width, full) if w is not None)
-
-
-TILES_ENV = "KERAS_MONE_MLP_TILES"
-"""Tile settings for the kernels, per nested width, read when a call is traced (for tuning on
-a card: ``bench/kernel_tiles.py`` finds them, ``bench/gpu_forms.py`` times a model with
-them): ``"96:128,64,4,3;192:64,128,8,3;384:plain"`` = ``width:block_rows,block_hidden,
-num_warps,num_stages``, or ``width:plain`` for a width that keeps XLA's plain path (where
-the card ran it faster than every tile); widths not named keep the defaults."""
-
-PLAIN = "plain"
-"""``tile_override``'s answer for a width that keeps the plain path."""
-
-
-def tile_override(width):
-    """``(block_rows, block_hidden, num_warps, num_stages)`` for ``width`` from ``$KERAS_MONE_MLP_TILES``,
-    ``PLAIN`` (the width keeps XLA's plain path), or ``None``. The whole value is checked
-    (positive integers, each width once), whichever width is asked for; both kernels take
-    the tiles it names (``bench/kernel_tiles.py --kernel residual`` or ``mlp`` tunes either)."""
-    import os
-
-    text = os.environ.get(TILES_ENV, "").strip()
-    tiles = {}
-    for entry in filter(None, (part.strip() for part in text.split(";"))):
-        try:
-            key, values = entry.split(":")
-            numbers = (int(key),) if values.strip() == PLAIN else tuple(int(v) for v in (key, *values.split(",")))
-        except ValueError:
-            numbers = ()
-        if len(numbers) not in (1, 5) or min(numbers, default=0) < 1:
-            raise ValueError(f"${TILES_ENV} entries are width:block_rows,block_hidden,num_warps,num_stages "
-                             f"(positive integers) or width:{PLAIN}, separated by ';', e.g. '96:128,64,4,3;"
-                             f"384:{PLAIN}'; got {entry!r}.")
-        if numbers[0] in tiles:
-            raise ValueError(f"${TILES_ENV} names width {numbers[0]} twice: {text!r}.")
-        tiles[numbers[0]] = numbers[1:] or PLAIN
-    return tiles.get(width)
-
-
-def weight_bytes_per_hidden_element(width, block_rows, itemsize=2):
-    """Bytes of the weight slices ``W1[:d]`` and ``W2[:, :d]`` a program loads per hidden
-    element it computes: every program of ``block_rows`` rows reads both slices whole, so
-    ``2 d itemsize / block_rows``. These loads come from L2 (the slices fit in it), and the
-    kernel is bound by them where they exceed what it saves. XLA's path moves ``4 itemsize``
-    per hidden element through memory (fc1 writes it, the GELU reads and writes it, fc2
-    reads it): at d = 192 in bf16, 32-row tiles load 24 bytes from L2 to save 8 from memory,
-    128-row tiles 6."""
-    return 2 * width * itemsize / block_rows
-
-
-def default_blocks(width, hidden, itemsize=2):
-    """``(block_rows, block_hidden)`` for 8 warps, for both kernels (``fused_residual_mlp``
-    too), chosen so that the compiled loop computes each hidden element's GELU once (a tile
-    small for its warps has Triton give two warpgroups copies of the same fc1 and GELU,
-    BENCHMARKS.md, "The block kernel computed its GELU twice") and loads the weights as few
-    times as the registers allow (``weight_bytes_per_hidden_element``: every program loads
-    both weight slices whole):
-
-    * ``d <= 192``: 128 rows (each warpgroup its own 64, on Hopper's ``wgmma``; the float32
-      accumulator takes ``d / 2 <= 96`` registers per thread), 32 hidden columns up to d = 96,
-      16 beyond (the block kernel at d = 192 fits 255 registers only so);
-    * wider: 32 rows x 64 hidden columns, which Triton spreads over the 8 warps
-      (``mma.sync``): 128 rows would need ``d / 2 = 192`` accumulator registers per thread.
-
-    The hidden block is halved while one weight tile passes 48 KB (float32 at d = 384: 32
-    columns, where the loop computes the GELU twice; 64 would need 248 KB of shared memory,
-    past the card's 227). Compiled for sm_90 at ViT-B/16's widths (``bench/kernel_compile.py``):
-    no spills in bf16; the block kernel in float32 at d = 192 spills 44 bytes."""
-    if width <= 96:
-        rows, block_hidden = 128, 32
-    elif width <= 192:
-        rows, block_hidden = 128, 16
-    else:
-        rows, block_hidden = 32, 64
-    block_hidden = min(block_hidden, feature_chunk(hidden))
-    while block_hidden > MIN_CHUNK and width * block_hidden * itemsize > 48 * 1024:
-        block_hidden //= 2
-    return rows, block_hidden
-
-
-def kernel_pays(width, hidden, itemsize=2):
-    """Whether a width's default tile loads no more weight bytes per hidden element than XLA's
-    path moves through memory for it (``4 itemsize``: fc1's write, the GELU's read and write,
-    fc2's read). Where it loads more (d = 384 at 32 rows: 48 bytes against 8 in bf16) the
-    kernel is bound by its weight loads and is not used unless ``$KERAS_MONE_MLP_TILES`` names
-    the width (a card's screen, ``bench/kernel_tiles.py``, found a tile that pays)."""
-    rows, _ = default_blocks(width, hidden, itemsize)
-    return weight_bytes_per_hidden_element(width, rows, itemsize) <= 4 * itemsize
 
 
 def fused_nested_mlp(
@@ -229,39 +122,6 @@ def _pallas_mlp(x, w1, b1, w2, b2, width, activation, tiles, interpret):
                (b2.reshape(1, full), (1, width))]
     return row_tiled_call(kernel, [(x, width)], weights, (width, width), tiles, interpret,
                           name=kernel_name("_mlp_tile", width, hidden))
-
-
-def kernel_name(tile_function, width, hidden):
-    """The name a kernel is compiled under: its tile function, nested width and hidden width
-    (``_mlp_tile_d96_h3072``), so that a program's reader (``bench.hlo_kernels``) and a
-    profile tell the kernels apart and ``kernel_flops`` can count their products."""
-    return f"{tile_function}_d{width}_h{hidden}"
-
-
-def _named_widths(name):
-    match = re.search(r"(_mlp|_residual)_tile_d(\d+)_h(\d+)", name)
-    return None if match is None else (match.group(1), int(match.group(2)), int(match.group(3)))
-
-
-def kernel_flops(name, rows):
-    """The matmul FLOPs of a kernel named by ``kernel_name`` over ``rows`` (padded) rows:
-    fc1's and fc2's products, ``2 d H`` each per row; ``None`` for another name."""
-    widths = _named_widths(name)
-    return None if widths is None else 4 * rows * widths[1] * widths[2]
-
-
-def kernel_bytes(name, rows, full, itemsize):
-    """Bytes a kernel named by ``kernel_name`` moves through device memory over ``rows``
-    (padded) rows of a ``full``-wide stream: the weight slices ``W1[:d]`` and ``W2[:, :d]``
-    once (later programs find them in L2), the rows it reads (``x[:, :d]``; the block kernel
-    all of ``z`` and the per-row scale) and the ``(rows, d)`` it writes; ``None`` for another
-    name. A program reading an operand's BlockSpec block does not read the rest of it."""
-    widths = _named_widths(name)
-    if widths is None:
-        return None
-    kind, width, hidden = widths
-    read = rows * (full + 1) if kind == "_residual" else rows * width
-    return itemsize * (read + 2 * width * hidden + hidden + width + rows * width)
 
 
 def row_tiled_call(kernel, rows, weights, out, tiles, interpret, aliases=None, name=None):

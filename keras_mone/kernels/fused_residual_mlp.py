@@ -18,15 +18,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from keras_mone.kernels.fused_nested_mlp import (
-    checked_tiles,
-    default_blocks,
-    feature_chunk,
-    mlp_accumulators,
-    plain_nested_mlp,
-    kernel_name,
-    row_tiled_call,
-)
+from keras_mone.kernels.fused_nested_mlp import checked_tiles, mlp_accumulators, plain_nested_mlp, row_tiled_call
+from keras_mone.kernels.tiles import default_blocks, feature_chunk, kernel_name
 
 
 STATISTICS_CHUNK = 64

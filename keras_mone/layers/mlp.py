@@ -114,7 +114,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         name."""
         import jax.numpy as jnp  # the kernels are jax's
 
-        from keras_mone.kernels import fused_nested_mlp as kernel
+        from keras_mone.kernels import tiles as kernel
 
         if not kernel.kernel_fits(width, self.mlp_dim, interpret, full=full):
             return None
@@ -143,7 +143,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
 def _tiles(width):
     """The kernels' tile arguments for ``width`` from ``$KERAS_MONE_MLP_TILES`` (``{}``: their
     defaults), or ``None`` where it names the width ``plain`` (XLA's path, no kernel)."""
-    from keras_mone.kernels.fused_nested_mlp import PLAIN, tile_override
+    from keras_mone.kernels.tiles import PLAIN, tile_override
 
     tiles = tile_override(width)
     if tiles == PLAIN:

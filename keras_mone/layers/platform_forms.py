@@ -113,7 +113,7 @@ def mlp_form():
     when set, else plain. The kernels are compiled on a GPU and interpreted elsewhere
     (exact, slow: for tests); they stay opt-in until the GPU run of ``bench/gpu.sh`` shows
     they pay (issue 40). A width whose default tile would load more weight bytes than the
-    kernel saves (``kernels.fused_nested_mlp.kernel_pays``: ViT-B/16's d = 384) keeps XLA's
+    kernel saves (``kernels.tiles.kernel_pays``: ViT-B/16's d = 384) keeps XLA's
     path unless ``$KERAS_MONE_MLP_TILES`` names its tiles; ``width:plain`` there keeps it for
     any width. A forward form: the kernels' backward passes recompute the plain path, which
     puts the training step's roofline bound under the plain program's (BENCHMARKS.md, "The
