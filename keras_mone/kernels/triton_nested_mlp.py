@@ -1,0 +1,278 @@
+"""A nested MLP in one Triton kernel for torch: the hidden activations never leave the chip.
+
+The torch twin of ``fused_nested_mlp`` (Pallas, jax), for the same reason (issue 40): a
+MoNE token group of width ``d`` runs ``gelu(x[:, :d] @ W1[:d] + b1) @ W2[:, :d] + b2[:d]``
+(MoNE App. A.1 Eq. 6), and only the GEMMs shrink with ``d``. Through torch's ops the
+``(rows, 4D)`` hidden activations go to device memory and back three times (fc1 writes
+them, the GELU reads and writes them, fc2 reads them), as much traffic as the dense MLP.
+
+Here each program takes ``block_rows`` rows and loops over the hidden width in
+``block_hidden`` columns: fc1's block with its bias (accumulated in float32), the GELU,
+then that block's product with fc2's rows, added into float32 accumulators of the
+``(block_rows, d)`` output. The row tile ``x[:, :d]`` is loaded once. ``d`` is cut into
+one to four power-of-2 chunks (``d = 96``: three of 32), as ``tl.dot`` needs; a width that
+does not cut so (``kernel_fits``) keeps the plain path. Raw Triton, unlike Pallas' Triton
+lowering, lets the compiler pipeline the weight loads of the hidden loop (``num_stages``).
+
+``nested_mlp`` is differentiable: its backward pass recomputes ``plain_nested_mlp`` from the
+saved inputs, so training keeps no hidden activations between the passes. Off CUDA (or with
+``interpret=True``) the kernel runs through Triton's interpreter: exact and slow, for tests.
+Without Triton installed (``available``) the plain path is all there is.
+"""
+
+import functools
+
+from keras_mone.kernels.tiles import MIN_CHUNK, default_blocks, feature_chunk
+
+MAX_CHUNKS = 4
+"""The most power-of-2 chunks a width is cut into (one accumulator each)."""
+
+
+def available():
+    """Whether Triton is installed (torch's CUDA wheels bring it; the ``test`` extra too)."""
+    return triton is not None
+
+
+def kernel_fits(width, hidden):
+    """Whether the kernel takes a group of ``width`` in an MLP ``hidden`` wide: ``width`` cut into
+    at most ``MAX_CHUNKS`` power-of-2 chunks of at least ``MIN_CHUNK`` (ViT widths: 3 x 2^k), and
+    a power-of-2 hidden block of at least ``MIN_CHUNK``."""
+    chunk = feature_chunk(width)
+    return chunk >= MIN_CHUNK and width // chunk <= MAX_CHUNKS and feature_chunk(hidden) >= MIN_CHUNK
+
+
+def plain_nested_mlp(x, w1, b1, w2, b2, width, approximate=False):
+    """``gelu(x[:, :d] @ W1[:d] + b1) @ W2[:, :d] + b2[:d]`` with torch's ops (``d = width``):
+    the reference the kernel equals, and its backward pass. ``b1``, ``b2`` may be ``None``."""
+    import torch
+    from torch.nn import functional
+
+    hidden = x[:, :width] @ w1[:width] if b1 is None else torch.addmm(b1, x[:, :width], w1[:width])
+    hidden = functional.gelu(hidden, approximate="tanh" if approximate else "none")
+    return hidden @ w2[:, :width] if b2 is None else torch.addmm(b2[:width], hidden, w2[:, :width])
+
+
+def nested_mlp(x, w1, b1, w2, b2, width, approximate=False, out=None, block_rows=None, block_hidden=None,
+               num_warps=8, num_stages=3, interpret=None):
+    """``plain_nested_mlp`` as one Triton kernel (see the module docstring).
+
+    Args:
+        x: ``(rows, D)`` (or ``(rows, d)``) token rows; columns past ``width`` are not read.
+        w1, b1: fc1's ``(D, H)`` kernel and ``(H,)`` bias (or ``None``).
+        w2, b2: fc2's ``(H, D)`` kernel and ``(D,)`` bias (or ``None``).
+        width: the group's nested width ``d``.
+        approximate: the tanh GELU (else the exact, erf one).
+        out: a ``(rows, d)`` tensor to write into (e.g. the first ``d`` columns of a zeroed
+            ``(rows, D)`` buffer: no padding copy); only without autograd.
+        block_rows, block_hidden: tile sizes (powers of 2); ``tiles.default_blocks`` if ``None``.
+        num_warps, num_stages: Triton's launch settings.
+        interpret: run through Triton's interpreter; default: unless ``x`` is on CUDA.
+
+    Returns:
+        ``(rows, width)`` in ``x``'s dtype (``out`` when given).
+    """
+    import torch
+
+    tiles = _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps, num_stages)
+    interpret = x.device.type != "cuda" if interpret is None else bool(interpret)
+    recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w1, b1, w2, b2))
+    if not recording:
+        return _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret)
+    if out is not None:
+        raise ValueError("`out` takes no gradient: call `nested_mlp` under `torch.no_grad()` to write into it.")
+    return _function().apply(x, w1, b1, w2, b2, width, approximate, tiles, interpret)
+
+
+def _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps, num_stages):
+    """``(block_rows, block_hidden, num_warps, num_stages)`` after checking every argument."""
+    full, hidden = w1.shape
+    if x.dim() != 2 or not 0 < width <= min(x.shape[1], full) or tuple(w2.shape) != (hidden, full):
+        raise ValueError(f"`width` must lie in [1, {min(x.shape[1], full)}] with x (rows, D), w1 (D, H) and "
+                         f"w2 (H, D); got width={width}, x {tuple(x.shape)}, w1 {tuple(w1.shape)}, "
+                         f"w2 {tuple(w2.shape)}.")
+    if not kernel_fits(width, hidden):
+        raise ValueError(f"`width`={width} with hidden width {hidden} does not fit the kernel: `width` must be at "
+                         f"most {MAX_CHUNKS} power-of-2 chunks of at least {MIN_CHUNK} (kernel_fits).")
+    tensors = {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    if len({t.dtype for t in tensors.values() if t is not None}) != 1:
+        raise ValueError("The rows, kernels and biases must share a dtype; got "
+                         + ", ".join(f"{k} {t.dtype}" for k, t in tensors.items() if t is not None) + ".")
+    if len({t.device for t in tensors.values() if t is not None}) != 1:
+        raise ValueError("The rows, kernels and biases must be on one device.")
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.stride(-1) != 1:
+            raise ValueError(f"`{name}` must be contiguous in its last dimension (stride 1); "
+                             f"got strides {tensor.stride()}.")
+    if out is not None and (tuple(out.shape) != (x.shape[0], width) or out.dtype != x.dtype or out.stride(1) != 1):
+        raise ValueError(f"`out` must be a ({x.shape[0]}, {width}) {x.dtype} tensor with unit column stride; "
+                         f"got {tuple(out.shape)} {out.dtype}, strides {out.stride()}.")
+    defaults = default_blocks(width, hidden, x.element_size())
+    tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
+    for name, tile in zip(("block_rows", "block_hidden"), tiles):
+        if tile < MIN_CHUNK or tile & (tile - 1):
+            raise ValueError(f"`{name}` must be a power of 2 of at least {MIN_CHUNK} (Triton's tiles), got {tile}.")
+    if hidden % tiles[1]:
+        raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
+    return tiles
+
+
+def _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret):
+    import torch
+
+    rows, hidden = x.shape[0], w1.shape[1]
+    out = x.new_empty((rows, width)) if out is None else out
+    if rows == 0:
+        return out
+    block_rows, block_hidden, num_warps, num_stages = tiles
+    chunk = feature_chunk(width)
+    float32 = x.dtype == torch.float32
+    precision = "ieee" if float32 and torch.get_float32_matmul_precision() == "highest" else "tf32"
+    kernel = _kernel(interpret)
+    options = {} if interpret else {"num_warps": num_warps, "num_stages": num_stages}
+    kernel[(triton.cdiv(rows, block_rows),)](
+        x, w1, w2 if b1 is None else b1, w2, w2 if b2 is None else b2, out, rows,
+        x.stride(0), w1.stride(0), w2.stride(0), out.stride(0),
+        HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_HIDDEN=block_hidden, CHUNK=chunk, CHUNKS=width // chunk,
+        HAS_B1=b1 is not None, HAS_B2=b2 is not None, APPROXIMATE=bool(approximate),
+        PRECISION=precision if float32 else "tf32", UPCAST=interpret, **options,
+    )
+    return out
+
+
+@functools.cache
+def _function():
+    """The ``torch.autograd.Function``: the kernel forward, the plain path's gradients backward."""
+    import torch
+
+    class NestedMLP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w1, b1, w2, b2, width, approximate, tiles, interpret):
+            ctx.save_for_backward(x, w1, b1, w2, b2)
+            ctx.settings = (width, approximate)
+            return _launch(x, w1, b1, w2, b2, width, approximate, None, tiles, interpret)
+
+        @staticmethod
+        def backward(ctx, upstream):
+            saved = [None if t is None else t.detach().requires_grad_(need)
+                     for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad)]
+            wanted = [t for t in saved if t is not None and t.requires_grad]
+            with torch.enable_grad():
+                output = plain_nested_mlp(*saved, *ctx.settings)
+                grads = iter(torch.autograd.grad(output, wanted, upstream))
+            return (*(next(grads) if t is not None and t.requires_grad else None for t in saved), None, None, None, None)
+
+    return NestedMLP
+
+
+def compile_for_cuda(width, hidden, dtype="bf16", block_rows=None, block_hidden=None, num_warps=8, num_stages=3,
+                     capability=90, approximate=False):
+    """The kernel for a group of ``width`` compiled by Triton for a CUDA card of compute
+    ``capability`` (90: H100/H200), without one: Triton's ``CompiledKernel`` (``.asm["ptx"]``,
+    ``.metadata.shared``). ``dtype``: Triton's name ("bf16", "fp16", "fp32")."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    itemsize = 4 if dtype == "fp32" else 2
+    defaults = default_blocks(width, hidden, itemsize)
+    chunk = feature_chunk(width)
+    constants = dict(HIDDEN=hidden, BLOCK_ROWS=block_rows or defaults[0], BLOCK_HIDDEN=block_hidden or defaults[1],
+                     CHUNK=chunk, CHUNKS=width // chunk, HAS_B1=True, HAS_B2=True, APPROXIMATE=approximate,
+                     PRECISION="tf32", UPCAST=False)
+    function = _kernel(False)
+    signature = {name: f"*{dtype}" for name in ("x_ptr", "w1_ptr", "b1_ptr", "w2_ptr", "b2_ptr", "out_ptr")}
+    signature.update({name: "i32" for name in ("rows", "x_stride", "w1_stride", "w2_stride", "out_stride")})
+    signature.update({name: "constexpr" for name in constants})
+    source = ASTSource(function, signature, constexprs={(function.arg_names.index(k),): v for k, v in constants.items()})
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+@functools.cache
+def _kernel(interpret):
+    """The Triton kernel, compiled (``triton.jit``) or for Triton's interpreter."""
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(_nested_mlp_tile)
+    return triton.jit(_nested_mlp_tile)
+
+
+try:  # the kernel is defined where Triton is installed (``available``)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the plain path runs
+    triton = tl = None
+
+if tl is not None:
+
+    def _nested_mlp_tile(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, out_ptr, rows,
+                         x_stride, w1_stride, w2_stride, out_stride,
+                         HIDDEN: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_HIDDEN: tl.constexpr,
+                         CHUNK: tl.constexpr,
+                         CHUNKS: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr,
+                         APPROXIMATE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        """One tile of ``BLOCK_ROWS`` rows: fc1 block, GELU, fc2 block, over the hidden width.
+        Builtins only (``tl.full``, not ``tl.zeros``; no ``tl.sigmoid``): Triton's own ``@jit``
+        helpers do not run under an interpreter chosen after Triton was imported. ``UPCAST``
+        (the interpreter): 16-bit operands go to ``tl.dot`` as float32, whose products of
+        bf16 values are exact, as on tensor cores (Triton 3.5's interpreter misreads bf16 there)."""
+        row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        live = (row < rows)[:, None]
+        feature = tl.arange(0, CHUNK)
+        column = tl.arange(0, BLOCK_HIDDEN)
+        x_tile = x_ptr + row[:, None] * x_stride + feature[None, :]
+        # the row tile's chunks, loaded once; chunks past CHUNKS are never used (constexpr branches)
+        dot_type = tl.float32 if UPCAST else x_ptr.dtype.element_ty
+        x0 = tl.load(x_tile, mask=live, other=0.0).to(dot_type)
+        x1, x2, x3 = x0, x0, x0
+        if CHUNKS > 1:
+            x1 = tl.load(x_tile + CHUNK, mask=live, other=0.0).to(dot_type)
+        if CHUNKS > 2:
+            x2 = tl.load(x_tile + 2 * CHUNK, mask=live, other=0.0).to(dot_type)
+        if CHUNKS > 3:
+            x3 = tl.load(x_tile + 3 * CHUNK, mask=live, other=0.0).to(dot_type)
+        acc0 = tl.full((BLOCK_ROWS, CHUNK), 0.0, tl.float32)
+        acc1, acc2, acc3 = acc0, acc0, acc0
+        for start in range(0, HIDDEN, BLOCK_HIDDEN):
+            columns = start + column
+            pre = tl.full((BLOCK_ROWS, BLOCK_HIDDEN), 0.0, tl.float32)
+            if HAS_B1:
+                pre += tl.load(b1_ptr + columns).to(tl.float32)[None, :]
+            w1_block = w1_ptr + feature[:, None] * w1_stride + columns[None, :]
+            pre = tl.dot(x0, tl.load(w1_block).to(dot_type), pre, input_precision=PRECISION)
+            if CHUNKS > 1:
+                pre = tl.dot(x1, tl.load(w1_block + CHUNK * w1_stride).to(dot_type), pre, input_precision=PRECISION)
+            if CHUNKS > 2:
+                pre = tl.dot(x2, tl.load(w1_block + 2 * CHUNK * w1_stride).to(dot_type), pre, input_precision=PRECISION)
+            if CHUNKS > 3:
+                pre = tl.dot(x3, tl.load(w1_block + 3 * CHUNK * w1_stride).to(dot_type), pre, input_precision=PRECISION)
+            if APPROXIMATE:  # 0.5 x (1 + tanh(u)) = x sigmoid(2u)
+                activated = pre / (1.0 + tl.exp(-1.5957691216057308 * (pre + 0.044715 * pre * pre * pre)))
+            else:
+                activated = 0.5 * pre * (1.0 + tl.math.erf(pre * 0.7071067811865476))
+            activated = activated.to(x_ptr.dtype.element_ty).to(dot_type)  # rounded as torch's path rounds
+            w2_block = w2_ptr + columns[:, None] * w2_stride + feature[None, :]
+            acc0 = tl.dot(activated, tl.load(w2_block).to(dot_type), acc0, input_precision=PRECISION)
+            if CHUNKS > 1:
+                acc1 = tl.dot(activated, tl.load(w2_block + CHUNK).to(dot_type), acc1, input_precision=PRECISION)
+            if CHUNKS > 2:
+                acc2 = tl.dot(activated, tl.load(w2_block + 2 * CHUNK).to(dot_type), acc2, input_precision=PRECISION)
+            if CHUNKS > 3:
+                acc3 = tl.dot(activated, tl.load(w2_block + 3 * CHUNK).to(dot_type), acc3, input_precision=PRECISION)
+        out_tile = out_ptr + row[:, None] * out_stride + feature[None, :]
+        if HAS_B2:  # fc2's bias, chunk by chunk
+            acc0 += tl.load(b2_ptr + feature).to(tl.float32)[None, :]
+            if CHUNKS > 1:
+                acc1 += tl.load(b2_ptr + CHUNK + feature).to(tl.float32)[None, :]
+            if CHUNKS > 2:
+                acc2 += tl.load(b2_ptr + 2 * CHUNK + feature).to(tl.float32)[None, :]
+            if CHUNKS > 3:
+                acc3 += tl.load(b2_ptr + 3 * CHUNK + feature).to(tl.float32)[None, :]
+        dtype = out_ptr.dtype.element_ty
+        tl.store(out_tile, acc0.to(dtype), mask=live)
+        if CHUNKS > 1:
+            tl.store(out_tile + CHUNK, acc1.to(dtype), mask=live)
+        if CHUNKS > 2:
+            tl.store(out_tile + 2 * CHUNK, acc2.to(dtype), mask=live)
+        if CHUNKS > 3:
+            tl.store(out_tile + 3 * CHUNK, acc3.to(dtype), mask=live)

@@ -1,0 +1,137 @@
+"""The nested MLP as one Triton kernel for torch (``keras_mone.kernels.triton_nested_mlp``):
+equal to the plain torch path through Triton's interpreter (CI has no GPU), and compiled
+for an H100's sm_90 without one."""
+
+import numpy as np
+import pytest
+from conftest import BACKEND
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="a Triton kernel for the torch backend")
+
+
+def _kernel_module():
+    from keras_mone.kernels import triton_nested_mlp
+
+    if not triton_nested_mlp.available():
+        pytest.skip("Triton is not installed (the test extra installs it)")
+    return triton_nested_mlp
+
+
+def _weights(dim=96, hidden=128, dtype="float32", seed=0):
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    shapes = ((dim, hidden), (hidden,), (hidden, dim), (dim,))
+    return [(torch.randn(shape, generator=generator) / 8).to(getattr(torch, dtype)) for shape in shapes]
+
+
+@pytest.mark.parametrize("width, tiles", [(96, (32, 32)), (48, (16, 64)), (64, (64, 16)), (32, (32, 128))])
+@pytest.mark.parametrize("approximate", [False, True])
+def test_the_kernel_equals_the_plain_path_in_float32(width, tiles, approximate):
+    """Widths cut into 3, 1 (a power of 2) and 2 chunks; rows not a multiple of the tile; both GELUs."""
+    import torch
+
+    kernel = _kernel_module()
+    x = torch.randn(70, 96, generator=torch.Generator().manual_seed(1))
+    weights = _weights()
+    got = kernel.nested_mlp(x, *weights, width, approximate, block_rows=tiles[0], block_hidden=tiles[1])
+    want = kernel.plain_nested_mlp(x.double(), *(w.double() for w in weights), width, approximate)
+    assert got.shape == (70, width) and got.dtype == torch.float32
+    # float32 sums of 96 + 128 products in another order: a few ulps of the largest output
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=2e-6 * float(want.abs().max()))
+
+
+def test_bfloat16_agrees_with_torchs_bfloat16_path():
+    """bf16 operands, float32 accumulation: within bf16 rounding of torch's own bf16 path (which
+    rounds the pre-activation to bf16 before its GELU, where the kernel keeps it in float32)."""
+    import torch
+
+    kernel = _kernel_module()
+    x = torch.randn(50, 96, generator=torch.Generator().manual_seed(2)).bfloat16()
+    weights = _weights(dtype="bfloat16")
+    got = kernel.nested_mlp(x, *weights, 96, block_rows=16, block_hidden=32).float()
+    torch_path = kernel.plain_nested_mlp(x, *weights, 96).float()
+    exact = kernel.plain_nested_mlp(x.double(), *(w.double() for w in weights), 96)
+    scale = float(exact.abs().max())
+    # two bf16 roundings (hidden activations, output), relative to the largest value; Triton
+    # 3.5's interpreter casts to bf16 by truncation (a card rounds to nearest): up to 2^-7 each
+    assert float((got.double() - exact).abs().max()) < 2 ** -6 * scale
+    assert float((got - torch_path).abs().max()) < 2e-2 * scale
+
+
+def test_writes_into_the_columns_of_a_wider_buffer_and_biases_may_be_absent():
+    import torch
+
+    kernel = _kernel_module()
+    x = torch.randn(40, 96)
+    w1, _, w2, _ = _weights()
+    padded = torch.zeros(40, 96)
+    with torch.no_grad():
+        result = kernel.nested_mlp(x, w1, None, w2, None, 48, out=padded[:, :48], block_rows=16, block_hidden=32)
+    assert result.data_ptr() == padded.data_ptr()
+    want = kernel.plain_nested_mlp(x, w1, None, w2, None, 48)
+    np.testing.assert_allclose(padded[:, :48].numpy(), want.numpy(), atol=2e-6 * float(want.abs().max()))
+    assert not padded[:, 48:].any()  # the other columns are untouched
+    assert kernel.nested_mlp(x[:0], w1, None, w2, None, 48).shape == (0, 48)  # no rows: no launch
+
+
+def test_gradients_are_the_plain_paths():
+    import torch
+
+    kernel = _kernel_module()
+    x = torch.randn(30, 96, requires_grad=True)
+    weights = [w.requires_grad_() for w in _weights()]
+    upstream = torch.randn(30, 96)
+    grads = {}
+    for name, function in (("kernel", kernel.nested_mlp), ("plain", kernel.plain_nested_mlp)):
+        output = function(x, *weights, 96) if name == "plain" else function(x, *weights, 96, block_rows=16)
+        grads[name] = torch.autograd.grad(output, [x, *weights], upstream)
+    for got, want in zip(grads["kernel"], grads["plain"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * float(want.abs().max()))
+    frozen = kernel.nested_mlp(x.detach(), weights[0], None, weights[2].detach(), None, 96, block_rows=16)
+    (only_w1,) = torch.autograd.grad(frozen.sum(), [weights[0]])  # inputs without gradients get none
+    assert only_w1.shape == weights[0].shape
+
+
+def test_bad_arguments_are_named():
+    import torch
+
+    kernel = _kernel_module()
+    x = torch.randn(8, 96)
+    weights = _weights()
+    with pytest.raises(ValueError, match=r"`width` must lie in \[1, 96\]"):
+        kernel.nested_mlp(x, *weights, 97)
+    with pytest.raises(ValueError, match="`width`=40 with hidden width 128 does not fit the kernel"):
+        kernel.nested_mlp(x, *weights, 40)  # 5 chunks of 8
+    with pytest.raises(ValueError, match="must share a dtype"):
+        kernel.nested_mlp(x.double(), *weights, 96)
+    with pytest.raises(ValueError, match="`w1` must be contiguous in its last dimension"):
+        kernel.nested_mlp(x, weights[0].t().contiguous().t(), *weights[1:], 96)
+    with pytest.raises(ValueError, match=r"`out` must be a \(8, 96\) torch.float32 tensor"):
+        kernel.nested_mlp(x, *weights, 96, out=torch.zeros(8, 48))
+    with pytest.raises(ValueError, match="`block_rows` must be a power of 2 of at least 16"):
+        kernel.nested_mlp(x, *weights, 96, block_rows=24)
+    with pytest.raises(ValueError, match="`block_hidden`=256 must divide the MLP's hidden width 128"):
+        kernel.nested_mlp(x, *weights, 96, block_hidden=256)
+    with pytest.raises(ValueError, match="`out` takes no gradient"):
+        kernel.nested_mlp(x.requires_grad_(), *weights, 96, out=torch.zeros(8, 96))
+    assert kernel.kernel_fits(96, 3072) and kernel.kernel_fits(768, 3072) and not kernel.kernel_fits(40, 3072)
+
+
+def test_compiles_for_an_h100_with_warpgroup_mma():
+    """ViT-B/16's narrow groups in bf16 at the default tiles: Triton compiles the kernel for
+    sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``. In a fresh process: the
+    interpreter of the tests above leaves ``triton.language`` patched."""
+    import subprocess
+    import sys
+
+    _kernel_module()
+    script = (
+        "from keras_mone.kernels import triton_nested_mlp as kernel\n"
+        "for width in (96, 192):\n"
+        "    ptx = kernel.compile_for_cuda(width, 3072, 'bf16').asm['ptx']\n"
+        "    print(width, 'wgmma' in ptx)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:2] == ["96 True", "192 True"], result.stdout
