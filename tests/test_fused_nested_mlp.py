@@ -118,12 +118,21 @@ def test_the_form_is_opt_in_and_named_when_wrong(monkeypatch):
         platform_forms.mlp_form()
     for form in ("fused", "mlp_kernel"):
         monkeypatch.setenv(platform_forms.MLP_ENV, form)
-        if BACKEND == "jax":
+        if BACKEND == "jax" or (BACKEND == "torch" and _triton_installed()):
             assert platform_forms.mlp_form() == form
-        else:
-            with pytest.raises(ValueError, match=f"'{form}' is a Pallas kernel and needs the jax backend; "
-                                                 f"the {BACKEND} backend takes 'plain'"):
+        elif BACKEND == "torch":
+            with pytest.raises(ValueError, match=f"'{form}' on torch is a Triton kernel and needs Triton"):
                 platform_forms.mlp_form()
+        else:
+            with pytest.raises(ValueError, match=f"'{form}' is a Pallas kernel \\(jax\\) or a Triton kernel "
+                                                 f"\\(torch\\); the {BACKEND} backend takes 'plain'"):
+                platform_forms.mlp_form()
+
+
+def _triton_installed():
+    from keras_mone.kernels.triton_nested_mlp import available
+
+    return available()
 
 
 def _forward(monkeypatch, form, model, inputs, **kw):

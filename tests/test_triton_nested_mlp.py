@@ -135,3 +135,67 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[:2] == ["96 True", "192 True"], result.stdout
+
+
+def _mone_model(seed=6):
+    from conftest import randomize_weights
+
+    from keras_mone import models
+
+    # nested widths 24 (chunks of 8: too small for tl.dot, torch's ops), 48 and 96 (three chunks of
+    # 16 and 32: the kernel), and the full 192
+    config = dict(image_size=32, patch_size=8, hidden_dim=192, depth=2, num_heads=4, mlp_dim=128)
+    model = models.ImageClassifier(models.MoNEViTBackbone(**config, capacity=0.5), num_classes=5)
+    randomize_weights(model, seed=seed)
+    return model
+
+
+def _counting_kernel(monkeypatch):
+    from keras_mone.kernels import triton_nested_mlp
+
+    widths = []
+    original = triton_nested_mlp.nested_mlp
+    monkeypatch.setattr(triton_nested_mlp, "nested_mlp", lambda *a, **k: widths.append(a[5]) or original(*a, **k))
+    return widths
+
+
+def test_a_mone_vit_on_eager_torch_takes_the_kernel_and_agrees(monkeypatch):
+    """``$KERAS_MONE_MLP=fused`` on torch: the packed blocks run every nested group's MLP through
+    the Triton kernel (interpreted here), written into the block's padded buffer, and the
+    logits are the plain path's."""
+    import torch
+    from conftest import assert_f32_close, images
+
+    from keras_mone.layers import platform_forms
+
+    _kernel_module()
+    model = _mone_model()
+    widths = _counting_kernel(monkeypatch)
+    x = images()
+    logits = {}
+    for form in ("fused", "plain"):
+        monkeypatch.setenv(platform_forms.MLP_ENV, form)
+        with torch.no_grad():
+            logits[form] = model(x).cpu().numpy()
+    assert set(widths) == {48, 96}  # in both blocks; 24 does not fit the kernel, 192 is not nested
+    assert_f32_close(logits["fused"], logits["plain"])
+
+
+def test_training_gradients_through_the_kernel_are_the_plain_paths(monkeypatch):
+    import torch
+    from conftest import assert_f32_close, images
+
+    from keras_mone.layers import platform_forms
+
+    _kernel_module()
+    model = _mone_model(seed=7)
+    widths = _counting_kernel(monkeypatch)
+    x = torch.as_tensor(images())
+    grads = {}
+    for form in ("fused", "plain"):
+        monkeypatch.setenv(platform_forms.MLP_ENV, form)
+        loss = (model(x, training=True) ** 2).sum()
+        grads[form] = torch.autograd.grad(loss, [v.value for v in model.trainable_variables])
+    assert set(widths) == {48, 96}
+    for got, want in zip(grads["fused"], grads["plain"]):
+        assert_f32_close(got.cpu().numpy(), want.cpu().numpy(), ulps=256)

@@ -1,6 +1,7 @@
 """NestedMLP: the ViT MLP with nested in/out projections (App. A.1 Eq. 6)."""
 
 import functools
+import re
 
 import keras
 from keras import ops
@@ -76,7 +77,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         from keras_mone.kernels import fused_nested_mlp as kernel
 
         interpret = accelerator() != "gpu"
-        tiles = self._kernel_tiles(width, interpret)
+        tiles = self.kernel_tiles(width, interpret)
         if tiles is None:
             return None
         activation = _kernel_gelu(self.gelu_approximate)
@@ -88,14 +89,14 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         """``z + Pad(scale * self(norm(z), width))`` as one Pallas kernel
         (``kernels.fused_residual_mlp``: a block's MLP half), or ``None`` where it does
         not apply: a width that is not nested, a LayerNorm other than Keras' default
-        over the last axis, or a width that keeps the plain path (``_kernel_tiles``).
+        over the last axis, or a width that keeps the plain path (``kernel_tiles``).
         ``z``: ``(batch, k, D)``; ``scale``: ``(batch, k)`` or ``None``."""
         from keras_mone.kernels import fused_residual_mlp as kernel
 
         interpret = accelerator() != "gpu"
         plain_norm = norm.center and norm.scale and not getattr(norm, "rms_scaling", False)
         plain_norm = plain_norm and norm.axis in (-1, [-1], 2, [2])
-        tiles = self._kernel_tiles(width, interpret, full=self.hidden_dim)
+        tiles = self.kernel_tiles(width, interpret, full=self.hidden_dim)
         if width >= self.hidden_dim or not plain_norm or tiles is None:
             return None
         # the LayerNorm's own weights stay in their (float32) dtype: it normalises in float32, as Keras' does
@@ -106,20 +107,19 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
                                             epsilon=norm.epsilon, interpret=interpret, **tiles)
         return ops.reshape(outputs, ops.shape(z))
 
-    def _kernel_tiles(self, width, interpret, full=None):
+    def kernel_tiles(self, width, interpret, full=None, fits=None):
         """A kernel's tile arguments for ``width`` (``{}``: its defaults), or ``None`` where the
-        plain path runs: a width the compiled kernel does not take (``kernel_fits``), one that
-        ``$KERAS_MONE_MLP_TILES`` names ``plain``, or one whose default tile would load more
-        weight bytes than the kernel saves (``kernel_pays``) and which that variable does not
-        name."""
-        import jax.numpy as jnp  # the kernels are jax's
-
+        plain path runs: a width the kernel does not take (``fits(width, mlp_dim)``; default
+        the Pallas kernels' ``kernels.tiles.kernel_fits``), one that ``$KERAS_MONE_MLP_TILES``
+        names ``plain``, or one whose default tile would load more weight bytes than the
+        kernel saves (``kernel_pays``) and which that variable does not name."""
         from keras_mone.kernels import tiles as kernel
 
-        if not kernel.kernel_fits(width, self.mlp_dim, interpret, full=full):
+        fits = fits or functools.partial(kernel.kernel_fits, interpret=interpret, full=full)
+        if not fits(width, self.mlp_dim):
             return None
         tiles = _tiles(width)
-        itemsize = jnp.dtype(self.compute_dtype).itemsize
+        itemsize = int(re.search(r"\d+", keras.backend.standardize_dtype(self.compute_dtype)).group()) // 8
         if tiles == {} and not kernel.kernel_pays(width, self.mlp_dim, itemsize):
             return None
         return tiles

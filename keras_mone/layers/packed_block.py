@@ -232,6 +232,9 @@ def _mlp(mlp, normed, spans, widths, training):
     """
     fc1 = mlp.fc1
     kernel, bias = _weights(fc1)
+    tiles = _triton_tiles(mlp, normed, kernel, widths)
+    if any(t is not None for t in tiles):
+        return _mlp_with_kernels(mlp, normed, spans, widths, tiles)
     nested = any(width < mlp.hidden_dim for width in widths)
 
     def activation(x):
@@ -246,6 +249,50 @@ def _mlp(mlp, normed, spans, widths, training):
             for (start, stop), width in zip(spans, widths)
         ]
     return _nested_out(mlp.fc2, hidden, widths, mlp.hidden_dim)
+
+
+def _triton_tiles(mlp, normed, kernel, widths):
+    """Per group, the tile arguments of the Triton MLP kernel (``kernels.triton_nested_mlp``),
+    or ``None`` where torch's ops run it: torch with ``$KERAS_MONE_MLP`` set, eager (under
+    ``torch.compile`` the plain path), a nested width the kernel takes and that pays
+    (``NestedMLP.kernel_tiles``), the rows in the weights' dtype (not under autocast)."""
+    none = [None] * len(widths)
+    if not _torch() or mlp_form() == "plain" or not _eager() or normed.dtype != kernel.dtype:
+        return none
+    import torch
+
+    if torch.is_autocast_enabled(normed.device.type):
+        return none
+    from keras_mone.kernels.triton_nested_mlp import kernel_fits
+
+    interpret = normed.device.type != "cuda"
+    return [mlp.kernel_tiles(w, interpret, fits=kernel_fits) if w < mlp.hidden_dim else None for w in widths]
+
+
+def _mlp_with_kernels(mlp, normed, spans, widths, tiles):
+    """``_mlp`` with the groups of ``tiles`` through the Triton kernel (fc1, GELU and fc2 in
+    one launch, the hidden activations on chip) and the others through torch's ops. Without
+    autograd every group writes its ``d`` columns of one zeroed ``(rows, D)`` buffer."""
+    from keras_mone.kernels.triton_nested_mlp import nested_mlp
+
+    fc1_kernel, fc1_bias = _weights(mlp.fc1)
+    fc2_kernel, fc2_bias = _weights(mlp.fc2)
+    approximate, dim = mlp.gelu_approximate, mlp.hidden_dim
+    in_place = _eager_without_grad(normed, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias)
+    outputs = normed.new_zeros((normed.shape[0], dim)) if in_place else None
+    parts = []
+    for (start, stop), width, tile in zip(spans, widths, tiles):
+        rows = _rows(normed, start, stop)
+        target = _rows(outputs, start, stop, width) if in_place else None
+        if tile is not None:
+            result = nested_mlp(rows, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias, width, approximate, out=target,
+                                **tile)
+        else:
+            hidden = _gelu(_project(rows[:, :width], fc1_kernel[:width], fc1_bias), approximate, None, True)
+            result = _project(hidden, fc2_kernel[:, :width], None if fc2_bias is None else fc2_bias[:width],
+                              out=target)
+        parts.append(None if in_place else pad_features(result, dim))
+    return outputs if in_place else _stack(parts)
 
 
 def _gelu(x, approximate, training, nested):

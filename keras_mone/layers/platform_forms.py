@@ -109,8 +109,10 @@ def mlp_form():
     included, as one Pallas kernel, ``kernels.fused_residual_mlp``; a ``NestedMLP`` called
     on its own takes ``kernels.fused_nested_mlp``) or ``"mlp_kernel"`` (the MLP alone as
     ``kernels.fused_nested_mlp`` everywhere: XLA applies the LayerNorm and adds the
-    residual). Jax only: ``$KERAS_MONE_MLP``
-    when set, else plain. The kernels are compiled on a GPU and interpreted elsewhere
+    residual). On torch both name the Triton kernel ``kernels.triton_nested_mlp`` (the MLP
+    alone), which eager torch's packed blocks run (``layers.packed_block``; under
+    ``torch.compile`` the plain path runs); it needs Triton. Tensorflow takes "plain" only.
+    ``$KERAS_MONE_MLP`` when set, else plain. The kernels are compiled on a GPU and interpreted elsewhere
     (exact, slow: for tests); they stay opt-in until the GPU run of ``bench/gpu.sh`` shows
     they pay (issue 40). A width whose default tile would load more weight bytes than the
     kernel saves (``kernels.tiles.kernel_pays``: ViT-B/16's d = 384) keeps XLA's
@@ -119,11 +121,18 @@ def mlp_form():
     puts the training step's roofline bound under the plain program's (BENCHMARKS.md, "The
     fused kernels' products counted")."""
     chosen = _env_form(MLP_ENV, MLP_FORMS, "plain")
-    if chosen != "plain" and keras.backend.backend() != "jax":
+    backend = keras.backend.backend()
+    if chosen != "plain" and backend not in ("jax", "torch"):
         raise ValueError(
-            f"${MLP_ENV}={chosen!r} is a Pallas kernel and needs the jax backend; "
-            f"the {keras.backend.backend()} backend takes 'plain' (or leave it unset)."
+            f"${MLP_ENV}={chosen!r} is a Pallas kernel (jax) or a Triton kernel (torch); "
+            f"the {backend} backend takes 'plain' (or leave it unset)."
         )
+    if chosen != "plain" and backend == "torch":
+        from keras_mone.kernels.triton_nested_mlp import available
+
+        if not available():
+            raise ValueError(f"${MLP_ENV}={chosen!r} on torch is a Triton kernel and needs Triton "
+                             "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
     if chosen != "plain" and accelerator() == "tpu":
         raise ValueError(f"${MLP_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
                          "on a TPU leave it unset.")
