@@ -30,6 +30,9 @@
 #  4b. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager, under torch.compile and under
 #      torch.compile(mode="reduce-overhead") (CUDA graphs), timm peer
 #      (vit_b16_b256_torch_compile, 540 s: inductor compiles each model twice)
+#  4c. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager (vit_b16_b256_torch), and the same
+#      with the nested MLPs through the Triton kernel (vit_b16_b256_torch_fused_mlp, KERAS_MONE_MLP=fused);
+#      triton_mlp: that kernel against torch's ops per nested group, with its tile grid (bench/triton_mlp.py)
 #   5. jax   ViViT-FE-B/16 32x256x256, e_c 0.4, batch 1, float32, device input
 #   6. jax   ViViT-FE-B/16 32x256x256, e_c 0.3, batch 8, float32 + mixed_bfloat16, device input
 #   7. jax   run 1 at e_c 0.3, mixed_bfloat16, device input, with the CPU's explicit attention
@@ -167,6 +170,12 @@ bench vit_b16_b8_torch torch "${B16[@]}" --capacities 0.3 --batch-size 8 --preci
 TIMEOUT_vit_b16_b256_torch_compile="${TIMEOUT_vit_b16_b256_torch_compile:-540}" bench vit_b16_b256_torch_compile \
     torch "${B16[@]}" --capacities 0.3 --batch-size 256 --precision mixed_bfloat16 --no-train-step --no-host-input \
     --torch-compile default,reduce-overhead
+# eager torch, bf16, batch 256: the packed blocks' nested MLPs through torch's ops, then through
+# the Triton kernel (KERAS_MONE_MLP=fused on torch: kernels/triton_nested_mlp.py)
+bench vit_b16_b256_torch torch "${B16[@]}" --capacities 0.3 --batch-size 256 --precision mixed_bfloat16 \
+    --no-train-step --no-host-input
+MLP=fused bench vit_b16_b256_torch_fused_mlp torch "${B16[@]}" --capacities 0.3 --batch-size 256 \
+    --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
 bench vivit_b16_b1 jax "${VIVIT[@]}" --capacities 0.4 --batch-size 1 --precision float32
 bench vivit_b16_b8 jax "${VIVIT[@]}" --capacities 0.3 --batch-size 8 --precision float32,mixed_bfloat16
 # the CPU's attention form on the GPU: what the fused kernel (the GPU's default) gains, dense and MoNE alike
@@ -201,7 +210,7 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
     [ "$rc" -eq 0 ] && forms_done=$((forms_done + 1)) || tail -5 "$OUT_DIR/$name/log.txt"
 }
 forms_reports=()
-script_reports=()  # the reports of the tile screens and of torch_host_time
+script_reports=()  # the reports of the tile screens, triton_mlp and torch_host_time
 scripts_done=0
 forms_done=0
 FORMS="${FORMS:-present,fused_residuals,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"
@@ -244,6 +253,19 @@ if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" torch_host_time "* ]]; then
     echo "[gpu.sh] torch_host_time: exit $rc (total $((SECONDS - start)) s)"
     [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1)) && cat "$OUT_DIR/torch_host_time.md"
     script_reports+=("$OUT_DIR/torch_host_time.md")
+fi
+# the Triton MLP kernel (torch) against torch's ops per nested group of ViT-B/16 at batch 256, bf16,
+# with its tile grid (rows print as they are measured: a run cut short keeps them)
+if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" triton_mlp "* ]]; then
+    selected=$((selected + 1))
+    # shellcheck disable=SC2086  # TRITON_MLP_ARGS: one word per argument
+    KERAS_BACKEND=torch timeout "${TIMEOUT_triton_mlp:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/triton_mlp.py" \
+        ${TRITON_MLP_ARGS:---sweep} >"$OUT_DIR/triton_mlp.md" 2>"$OUT_DIR/triton_mlp.log"
+    rc=$?
+    echo "[gpu.sh] triton_mlp: exit $rc (total $((SECONDS - start)) s)"
+    [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))
+    grep -E "^- d = |KERAS_MONE_MLP_TILES|No setting" "$OUT_DIR/triton_mlp.md"
+    script_reports+=("$OUT_DIR/triton_mlp.md")
 fi
 # the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
 # then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)

@@ -199,3 +199,20 @@ def test_training_gradients_through_the_kernel_are_the_plain_paths(monkeypatch):
     assert set(widths) == {48, 96}
     for got, want in zip(grads["fused"], grads["plain"]):
         assert_f32_close(got.cpu().numpy(), want.cpu().numpy(), ulps=256)
+
+
+def test_the_gpu_benchmark_script_runs_and_checks_every_setting(monkeypatch):
+    """``bench/triton_mlp.py`` (in ``bench/gpu.sh``) at a tiny size, interpreted: a width too
+    narrow for the kernel is named, the others checked against torch's ops and timed."""
+    import pathlib
+
+    _kernel_module()
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import triton_mlp
+
+    text = triton_mlp.main(["--batch-size", "1", "--tokens", "24", "--dim", "192", "--hidden", "128",
+                            "--repeats", "1"])
+    assert "| 24 | 12 | does not fit the kernel" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 48 ") or line.startswith("| 96 ")]
+    assert len(rows) == 2 and all("defaults" in row and "not timed" not in row for row in rows)
+    assert [n for n, _ in triton_mlp.group_shapes(0.3, 196, 768)] == [84, 61, 37]  # ViT-B/16's nested groups
