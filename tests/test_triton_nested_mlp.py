@@ -216,3 +216,31 @@ def test_the_gpu_benchmark_script_runs_and_checks_every_setting(monkeypatch):
     rows = [line for line in text.splitlines() if line.startswith("| 48 ") or line.startswith("| 96 ")]
     assert len(rows) == 2 and all("defaults" in row and "not timed" not in row for row in rows)
     assert [n for n, _ in triton_mlp.group_shapes(0.3, 196, 768)] == [84, 61, 37]  # ViT-B/16's nested groups
+
+
+def test_paths_outside_the_packed_blocks_keep_torchs_ops(monkeypatch):
+    """A ``NestedMLP`` called on its own and a block that is not packed (received attention
+    asked for) run torch's ops under ``$KERAS_MONE_MLP=fused``: the Pallas kernels are jax's."""
+    import torch
+    from conftest import assert_f32_close, randomize_weights
+
+    from keras_mone.layers import NestedMLP, platform_forms
+
+    _kernel_module()
+    widths = _counting_kernel(monkeypatch)
+    layer = NestedMLP(96, 128)
+    layer.build((None, None, 96))
+    randomize_weights(layer, seed=3)
+    x = torch.randn(2, 5, 96)
+    outputs = {}
+    for form in ("fused", "plain"):
+        monkeypatch.setenv(platform_forms.MLP_ENV, form)
+        outputs[form] = layer(x, width=48).detach().cpu().numpy()
+    assert_f32_close(outputs["fused"], outputs["plain"])
+    block = _mone_model().backbone.blocks[0]
+    groups = [torch.randn(2, 3, 192), torch.randn(2, 4, 192)]
+    monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
+    with torch.no_grad():
+        outputs, received = block(groups, widths=[48, 96], return_received_attention=True)
+    assert [tuple(o.shape) for o in outputs] == [(2, 3, 192), (2, 4, 192)] and received is not None
+    assert widths == []

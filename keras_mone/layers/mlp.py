@@ -57,7 +57,8 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         leading = ops.shape(inputs)[:-1]
         # token rows (tokens, D): a 2-D matmul, whose bias and GELU tensorflow fuses into it (``add_bias``)
         inputs = ops.reshape(inputs, (-1, inputs.shape[-1]))
-        if nested and not (training and self.dropout_rate) and mlp_form() != "plain":
+        # the Pallas kernels (jax); torch's Triton kernel runs in its packed blocks (``layers.packed_block``)
+        if nested and not (training and self.dropout_rate) and mlp_form() != "plain" and _jax():
             outputs = self._fused(inputs, width, pad_output)
             if outputs is not None:
                 return ops.reshape(outputs, tuple(leading) + (outputs.shape[-1],))
@@ -138,6 +139,10 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
     def compute_output_spec(self, inputs, width=None, pad_output=True, training=None):
         last = self.hidden_dim if (pad_output or width is None) else width
         return keras.KerasTensor(tuple(inputs.shape[:-1]) + (last,), dtype=self.compute_dtype)
+
+
+def _jax():
+    return keras.backend.backend() == "jax"
 
 
 def _tiles(width):
