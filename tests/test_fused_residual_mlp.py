@@ -238,11 +238,11 @@ def test_a_width_whose_default_tile_does_not_pay_keeps_the_plain_path_unless_its
     alone = fused_nested_mlp.fused_nested_mlp
     monkeypatch.setattr(fused_nested_mlp, "fused_nested_mlp", lambda *a, **k: mlp_calls.append(a[5]) or alone(*a, **k))
     monkeypatch.setenv(platform_forms.MLP_ENV, "mlp_kernel")
-    for tiles, expected in (("", []), ("16:plain", []), ("16:16,32,4,2", [16])):
-        monkeypatch.setenv(TILES_ENV, tiles)
+    for setting, expected in (("", []), ("16:plain", []), ("16:16,32,4,2", [16])):
+        monkeypatch.setenv(TILES_ENV, setting)
         mlp_calls.clear()
         outputs = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
-        assert mlp_calls == expected, tiles
+        assert mlp_calls == expected, setting
         for got, want in zip(outputs, unpaid):
             assert_f32_close(got, want, ulps=64)
 
