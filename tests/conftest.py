@@ -126,7 +126,10 @@ def relative_weights(model):
 def randomize_weights(layer, seed=0, scale=0.3):
     """Overwrites every float weight of ``layer`` with N(0, scale) values (LayerNorm
     gammas around 1), so that biases, class tokens, alphas... all matter.
-    ``alpha`` weights get a value in (0.2, 0.8)."""
+    ``alpha`` weights get a value in (0.2, 0.8). An unbuilt layer (no weights yet) is an
+    error: nothing would change, and a comparison of its outputs would prove nothing."""
+    if not layer.weights:
+        raise ValueError(f"randomize_weights: {layer.name} has no weights yet; build it (call it once) first.")
     rng = np.random.default_rng(seed)
     for v in layer.weights:
         if not str(v.dtype).startswith(("float", "bfloat")):

@@ -194,6 +194,7 @@ def test_mone_model_outputs_and_gradients_agree_with_the_plain_path(monkeypatch)
     original = kernel.fused_residual_mlp
     monkeypatch.setattr(kernel, "fused_residual_mlp", lambda z, *a, **kw: widths.append(a[7]) or original(z, *a, **kw))
     model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=0.5), num_classes=5)
+    model(images()[:1])  # built: every weight exists to be randomised
     randomize_weights(model, seed=6)
     x = images()
     assert_f32_close(_forward(monkeypatch, "fused", model, x), _forward(monkeypatch, "plain", model, x))
@@ -219,6 +220,7 @@ def test_the_mlp_kernel_form_runs_each_nested_group_through_the_mlp_kernel_alone
                         lambda x, *a, **kw: widths.append(a[4]) or original(x, *a, **kw))
     monkeypatch.setattr(block_kernel, "fused_residual_mlp", lambda *a, **kw: blocks.append(a) or 1 / 0)
     model = models.ImageClassifier(models.MoNEViTBackbone(**TINY, capacity=0.5), num_classes=5)
+    model(images()[:1])  # built: every weight exists to be randomised
     randomize_weights(model, seed=6)
     x = images()
     assert_f32_close(_forward(monkeypatch, "mlp_kernel", model, x), _forward(monkeypatch, "plain", model, x))

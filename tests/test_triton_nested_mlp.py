@@ -93,6 +93,29 @@ def test_gradients_are_the_plain_paths():
     assert only_w1.shape == weights[0].shape
 
 
+def test_forward_mode_tangents_and_second_derivatives():
+    """Forward-mode AD takes torch's ops (its tangent kept); second derivatives through the
+    kernel's backward pass (``create_graph=True``) are the plain path's."""
+    import torch
+    from torch.autograd import forward_ad
+
+    kernel = _kernel_module()
+    x, direction = torch.randn(10, 96), torch.randn(10, 96)
+    weights = _weights()
+    with forward_ad.dual_level():
+        dual = kernel.nested_mlp(forward_ad.make_dual(x, direction), *weights, 48, block_rows=16)
+        tangent = forward_ad.unpack_dual(dual).tangent
+    _, want = torch.func.jvp(lambda t: kernel.plain_nested_mlp(t, *weights, 48), (x,), (direction,))
+    torch.testing.assert_close(tangent, want)
+    second = {}
+    for name, function in (("kernel", kernel.nested_mlp), ("plain", kernel.plain_nested_mlp)):
+        leaf, w1 = x.clone().requires_grad_(), weights[0].clone().requires_grad_()
+        (grad,) = torch.autograd.grad((function(leaf, w1, *weights[1:], 48) ** 2).sum(), [leaf], create_graph=True)
+        second[name] = torch.autograd.grad(grad.pow(2).sum(), [leaf, w1])
+    for got, want in zip(second["kernel"], second["plain"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+
+
 def test_bad_arguments_are_named():
     import torch
 
@@ -104,7 +127,9 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="`width`=40 with hidden width 128 does not fit the kernel"):
         kernel.nested_mlp(x, *weights, 40)  # 5 chunks of 8
     with pytest.raises(ValueError, match="must share a dtype"):
-        kernel.nested_mlp(x.double(), *weights, 96)
+        kernel.nested_mlp(x.half(), *weights, 96)
+    with pytest.raises(ValueError, match="takes float16, bfloat16 or float32 rows"):
+        kernel.nested_mlp(x.double(), *(w.double() for w in weights), 96)
     with pytest.raises(ValueError, match="`w1` must be contiguous in its last dimension"):
         kernel.nested_mlp(x, weights[0].t().contiguous().t(), *weights[1:], 96)
     with pytest.raises(ValueError, match=r"`out` must be a \(8, 96\) torch.float32 tensor"):
@@ -138,7 +163,7 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
 
 
 def _mone_model(seed=6):
-    from conftest import randomize_weights
+    from conftest import images, randomize_weights
 
     from keras_mone import models
 
@@ -146,6 +171,7 @@ def _mone_model(seed=6):
     # 16 and 32: the kernel), and the full 192
     config = dict(image_size=32, patch_size=8, hidden_dim=192, depth=2, num_heads=4, mlp_dim=128)
     model = models.ImageClassifier(models.MoNEViTBackbone(**config, capacity=0.5), num_classes=5)
+    model(images()[:1])  # built: every weight exists to be randomised
     randomize_weights(model, seed=seed)
     return model
 
@@ -178,6 +204,7 @@ def test_a_mone_vit_on_eager_torch_takes_the_kernel_and_agrees(monkeypatch):
         with torch.no_grad():
             logits[form] = model(x).cpu().numpy()
     assert set(widths) == {48, 96}  # in both blocks; 24 does not fit the kernel, 192 is not nested
+    assert np.abs(logits["plain"]).max() > 0.1  # randomised weights: logits that can disagree
     assert_f32_close(logits["fused"], logits["plain"])
 
 
@@ -197,6 +224,7 @@ def test_training_gradients_through_the_kernel_are_the_plain_paths(monkeypatch):
         loss = (model(x, training=True) ** 2).sum()
         grads[form] = torch.autograd.grad(loss, [v.value for v in model.trainable_variables])
     assert set(widths) == {48, 96}
+    assert sum(float(g.abs().max()) > 0 for g in grads["plain"]) > len(grads["plain"]) // 2
     for got, want in zip(grads["fused"], grads["plain"]):
         assert_f32_close(got.cpu().numpy(), want.cpu().numpy(), ulps=256)
 

@@ -15,8 +15,11 @@ does not cut so (``kernel_fits``) keeps the plain path. Raw Triton, unlike Palla
 lowering, lets the compiler pipeline the weight loads of the hidden loop (``num_stages``).
 
 ``nested_mlp`` is differentiable: its backward pass recomputes ``plain_nested_mlp`` from the
-saved inputs, so training keeps no hidden activations between the passes. Off CUDA (or with
-``interpret=True``) the kernel runs through Triton's interpreter: exact and slow, for tests.
+saved inputs, so training keeps no hidden activations between the passes (with
+``create_graph=True`` the recomputation is differentiable: second derivatives are torch's
+path's); forward-mode AD takes torch's ops. Off CUDA (or with ``interpret=True``) the
+kernel runs through Triton's interpreter: slow, for tests, float32 to float32 rounding (its
+casts to 16-bit types truncate where a card rounds).
 Without Triton installed (``available``) the plain path is all there is.
 """
 
@@ -33,6 +36,17 @@ def available():
     return triton is not None
 
 
+def _dtypes():
+    import torch
+
+    return (torch.float16, torch.bfloat16, torch.float32)
+
+
+def takes_dtype(dtype):
+    """Whether the kernel takes rows of ``dtype`` (a ``torch.dtype``): float16, bfloat16, float32."""
+    return dtype in _dtypes()
+
+
 def kernel_fits(width, hidden):
     """Whether the kernel takes a group of ``width`` in an MLP ``hidden`` wide: ``width`` cut into
     at most ``MAX_CHUNKS`` power-of-2 chunks of at least ``MIN_CHUNK`` (ViT widths: 3 x 2^k), and
@@ -41,15 +55,39 @@ def kernel_fits(width, hidden):
     return chunk >= MIN_CHUNK and width // chunk <= MAX_CHUNKS and feature_chunk(hidden) >= MIN_CHUNK
 
 
-def plain_nested_mlp(x, w1, b1, w2, b2, width, approximate=False):
+def plain_nested_mlp(x, w1, b1, w2, b2, width, approximate=False, out=None):
     """``gelu(x[:, :d] @ W1[:d] + b1) @ W2[:, :d] + b2[:d]`` with torch's ops (``d = width``):
-    the reference the kernel equals, and its backward pass. ``b1``, ``b2`` may be ``None``."""
+    the reference the kernel equals, and its backward pass. ``b1``, ``b2`` may be ``None``;
+    ``out``: where fc2 writes (no autograd)."""
     import torch
     from torch.nn import functional
 
     hidden = x[:, :width] @ w1[:width] if b1 is None else torch.addmm(b1, x[:, :width], w1[:width])
     hidden = functional.gelu(hidden, approximate="tanh" if approximate else "none")
-    return hidden @ w2[:, :width] if b2 is None else torch.addmm(b2[:width], hidden, w2[:, :width])
+    if b2 is None:
+        return torch.mm(hidden, w2[:, :width], out=out)
+    return torch.addmm(b2[:width], hidden, w2[:, :width], out=out)
+
+
+def grouped_nested_mlp(x, spans, widths, tiles, w1, b1, w2, b2, approximate=False, in_place=False):
+    """Token groups, each the rows ``x[start:stop]`` of a span, through their nested MLPs at
+    ``widths``: through the kernel where ``tiles`` holds a group's settings (a dict for
+    ``nested_mlp``), else through torch's ops. Returns ``(rows, D)``, each group's output
+    zero-padded to ``D``: with ``in_place`` (no autograd) every group writes its ``d`` columns
+    of one zeroed buffer, else the groups are padded and stacked."""
+    import torch
+
+    dim = w2.shape[1]
+    outputs = x.new_zeros((x.shape[0], dim)) if in_place else None
+    parts = []
+    for (start, stop), width, tile in zip(spans, widths, tiles):
+        target = outputs[start:stop, :width] if in_place else None
+        if tile is not None:
+            result = nested_mlp(x[start:stop], w1, b1, w2, b2, width, approximate, out=target, **tile)
+        else:
+            result = plain_nested_mlp(x[start:stop], w1, b1, w2, b2, width, approximate, out=target)
+        parts.append(None if in_place else torch.nn.functional.pad(result, (0, dim - width)))
+    return outputs if in_place else torch.cat(parts)
 
 
 def nested_mlp(x, w1, b1, w2, b2, width, approximate=False, out=None, block_rows=None, block_hidden=None,
@@ -75,12 +113,23 @@ def nested_mlp(x, w1, b1, w2, b2, width, approximate=False, out=None, block_rows
 
     tiles = _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps, num_stages)
     interpret = x.device.type != "cuda" if interpret is None else bool(interpret)
-    recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w1, b1, w2, b2))
+    tensors = (x, w1, b1, w2, b2)
+    if _has_tangents(tensors):  # forward-mode AD: torch's ops carry the tangents
+        result = plain_nested_mlp(*tensors, width, approximate)
+        return result if out is None else out.copy_(result)
+    recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     if not recording:
         return _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret)
     if out is not None:
         raise ValueError("`out` takes no gradient: call `nested_mlp` under `torch.no_grad()` to write into it.")
     return _function().apply(x, w1, b1, w2, b2, width, approximate, tiles, interpret)
+
+
+def _has_tangents(tensors):
+    """Whether any of ``tensors`` is a dual tensor of forward-mode AD (``torch.autograd.forward_ad``)."""
+    from torch.autograd import forward_ad
+
+    return any(t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps, num_stages):
@@ -94,6 +143,8 @@ def _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps,
         raise ValueError(f"`width`={width} with hidden width {hidden} does not fit the kernel: `width` must be at "
                          f"most {MAX_CHUNKS} power-of-2 chunks of at least {MIN_CHUNK} (kernel_fits).")
     tensors = {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    if x.dtype not in _dtypes():
+        raise ValueError(f"The kernel takes float16, bfloat16 or float32 rows (tensor cores); got {x.dtype}.")
     if len({t.dtype for t in tensors.values() if t is not None}) != 1:
         raise ValueError("The rows, kernels and biases must share a dtype; got "
                          + ", ".join(f"{k} {t.dtype}" for k, t in tensors.items() if t is not None) + ".")
@@ -153,13 +204,17 @@ def _function():
 
         @staticmethod
         def backward(ctx, upstream):
-            saved = [None if t is None else t.detach().requires_grad_(need)
-                     for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad)]
-            wanted = [t for t in saved if t is not None and t.requires_grad]
+            # create_graph=True runs this with grad mode on: the gradients are differentiable too
+            higher = torch.is_grad_enabled()
+            needs = ctx.needs_input_grad[:5]
+            saved = [t if higher or t is None else t.detach().requires_grad_(need)
+                     for t, need in zip(ctx.saved_tensors, needs)]
+            wanted = [t for t, need in zip(saved, needs) if t is not None and need]
             with torch.enable_grad():
                 output = plain_nested_mlp(*saved, *ctx.settings)
-                grads = iter(torch.autograd.grad(output, wanted, upstream))
-            return (*(next(grads) if t is not None and t.requires_grad else None for t in saved), None, None, None, None)
+                grads = iter(torch.autograd.grad(output, wanted, upstream, create_graph=higher))
+            return (*(next(grads) if t is not None and need else None for t, need in zip(saved, needs)),
+                    None, None, None, None)
 
     return NestedMLP
 
@@ -216,7 +271,8 @@ if tl is not None:
         helpers do not run under an interpreter chosen after Triton was imported. ``UPCAST``
         (the interpreter): 16-bit operands go to ``tl.dot`` as float32, whose products of
         bf16 values are exact, as on tensor cores (Triton 3.5's interpreter misreads bf16 there)."""
-        row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        # 64-bit row offsets: rows x stride passes 2^31 elements from about 2.8 M rows at D = 768
+        row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         live = (row < rows)[:, None]
         feature = tl.arange(0, CHUNK)
         column = tl.arange(0, BLOCK_HIDDEN)

@@ -1,42 +1,40 @@
 """``ViTBlock`` with its token groups packed into one token-major row tensor (torch; jax opt-in).
 
-Eager torch pays on the host for every op (Keras' dispatch, then a kernel
-launch), and a MoNE block that runs each token group through its own
-LayerNorms, projection layers, GELU, gate and residuals issues several times
-the ops and layer calls of a dense block: the GPU waits on the host (issue 40).
-Here a block's groups sit in one ``(tokens * batch, D)`` tensor in token-major
-order (row ``n * batch + b``), so every group is a contiguous run of rows:
-LayerNorms, gate and residuals run once over all groups, the nested
-projections are one matmul per group at its width (row slices, no copies),
-and Q, K, V come out of one concatenation, heads first, ready for
-torch's SDPA. Every projection's bias is added inside its GEMM (``addmm``).
-Without autograd (or autocast) the out-projections write their columns of
-one zeroed buffer and, where the GELU runs once over all groups, the MLP's
-in-projections their rows of one buffer (``out=``): padding and
-concatenating them held a second copy.
-Off the CPU the GELU runs once over all groups; on the CPU per group, in
-cache (``fuse_groups``). Sub-layers are read, not called; on eager torch the
+Eager torch pays on the host for every op (Keras' dispatch, then a kernel launch), and a
+MoNE block that runs each token group through its own LayerNorms, projection layers, GELU,
+gate and residuals issues several times the ops and layer calls of a dense block: the GPU
+waits on the host (issue 40). Here a block's groups sit in one ``(tokens * batch, D)``
+tensor in token-major order (row ``n * batch + b``), so every group is a contiguous run of
+rows: LayerNorms, gate and residuals run once over all groups, the nested projections are
+one matmul per group at its width (row slices, no copies), and Q, K, V come out of one
+concatenation, heads first, ready for torch's SDPA. Every projection's bias is added inside
+its GEMM (``addmm``). Without autograd (or autocast) the out-projections write their
+columns of one zeroed buffer and, where the GELU runs once over all groups, the MLP's
+in-projections their rows of one buffer (``out=``): padding and concatenating them held a
+second copy.
+Off the CPU the GELU runs once over all groups; on the CPU per group, in cache
+(``fuse_groups``); with ``$KERAS_MONE_MLP=fused`` a nested group's whole MLP is one Triton
+kernel (``kernels.triton_nested_mlp``). Sub-layers are read, not called; on eager torch the
 LayerNorms run as torch ops (``_norm``) and ``ViTBlock.direct_call`` runs the block
 itself without Keras' ``Layer.__call__``, so a forward calls no Keras layer per block.
 
-Each token sees the operations of the generic path (``ViTBlock.call``) in the
-same order, so outputs agree to float32 rounding. Used (``packable``) when the block
-has its default parts, a gate of ``None`` or "mone", no active dropout and no
-request for received attention, on torch and on jax with ``$KERAS_MONE_LAYOUT=packed``
+Each token sees the operations of the generic path (``ViTBlock.call``) in the same order,
+so outputs agree to float32 rounding. Used (``packable``) when the block has its default
+parts, a gate of ``None`` or "mone", no active dropout and no request for received
+attention, on torch and on jax with ``$KERAS_MONE_LAYOUT=packed``
 (``platform_forms.layout_form``); everything else takes the generic path.
 
-On jax the point is XLA's GPU program: a group's rows are one contiguous range, which
-XLA reads inside a GEMM, where batch-major groups are strided and each cut is a copy
-kernel; and one LayerNorm, one residual add per block instead of one per group
-(an H200's program: BENCHMARKS.md). There attention is the generic path's
-(``multi_head_attention``, in the platform's form); torch gets q, k and v heads first
-for SDPA. jax packs only blocks of several groups, not with the Pallas MLP kernels, and
-without the CPU's weight-slice ties (``platform_forms.order_form``): it is a GPU form.
+On jax the point is XLA's GPU program: a group's rows are one contiguous range, which XLA
+reads inside a GEMM, where batch-major groups are strided and each cut is a copy kernel;
+and one LayerNorm, one residual add per block instead of one per group (an H200's program:
+BENCHMARKS.md). There attention is the generic path's (``multi_head_attention``, in the
+platform's form); torch gets q, k and v heads first for SDPA. jax packs only blocks of
+several groups, not with the Pallas MLP kernels, and without the CPU's weight-slice ties
+(``platform_forms.order_form``): it is a GPU form.
 
-Layout work (reshapes, transposes, slices, concatenations, products) uses torch's
-tensor methods: Keras' dispatch of each costs more host
-time than the op itself (host time of a MoNE forward -28% against
-``keras.ops``, tiny deep model).
+Layout work (reshapes, transposes, slices, concatenations, products) uses torch's tensor
+methods: Keras' dispatch of each costs more host time than the op itself (host time of a
+MoNE forward -28% against ``keras.ops``, tiny deep model).
 """
 
 import keras
@@ -233,8 +231,12 @@ def _mlp(mlp, normed, spans, widths, training):
     fc1 = mlp.fc1
     kernel, bias = _weights(fc1)
     tiles = _triton_tiles(mlp, normed, kernel, widths)
-    if any(t is not None for t in tiles):
-        return _mlp_with_kernels(mlp, normed, spans, widths, tiles)
+    if any(t is not None for t in tiles):  # torch: nested groups through the Triton kernel
+        from keras_mone.kernels.triton_nested_mlp import grouped_nested_mlp
+        fc2_kernel, fc2_bias = _weights(mlp.fc2)
+        in_place = _eager_without_grad(normed, kernel, bias, fc2_kernel, fc2_bias)
+        return grouped_nested_mlp(normed, spans, widths, tiles, kernel, bias, fc2_kernel, fc2_bias,
+                                  mlp.gelu_approximate, in_place)
     nested = any(width < mlp.hidden_dim for width in widths)
 
     def activation(x):
@@ -252,47 +254,19 @@ def _mlp(mlp, normed, spans, widths, training):
 
 
 def _triton_tiles(mlp, normed, kernel, widths):
-    """Per group, the tile arguments of the Triton MLP kernel (``kernels.triton_nested_mlp``),
-    or ``None`` where torch's ops run it: torch with ``$KERAS_MONE_MLP`` set, eager (under
-    ``torch.compile`` the plain path), a nested width the kernel takes and that pays
-    (``NestedMLP.kernel_tiles``), the rows in the weights' dtype (not under autocast)."""
-    none = [None] * len(widths)
+    """Per group, the Triton MLP kernel's tile arguments (``kernels.triton_nested_mlp``), or
+    ``None`` for torch's ops: torch with ``$KERAS_MONE_MLP`` set, eager, rows of a 16- or 32-bit
+    float in the weights' dtype, no autocast, a nested width the kernel takes and that pays."""
     if not _torch() or mlp_form() == "plain" or not _eager() or normed.dtype != kernel.dtype:
-        return none
+        return [None] * len(widths)
     import torch
 
-    if torch.is_autocast_enabled(normed.device.type):
-        return none
-    from keras_mone.kernels.triton_nested_mlp import kernel_fits
+    from keras_mone.kernels.triton_nested_mlp import kernel_fits, takes_dtype
 
+    if torch.is_autocast_enabled(normed.device.type) or not takes_dtype(normed.dtype):
+        return [None] * len(widths)
     interpret = normed.device.type != "cuda"
     return [mlp.kernel_tiles(w, interpret, fits=kernel_fits) if w < mlp.hidden_dim else None for w in widths]
-
-
-def _mlp_with_kernels(mlp, normed, spans, widths, tiles):
-    """``_mlp`` with the groups of ``tiles`` through the Triton kernel (fc1, GELU and fc2 in
-    one launch, the hidden activations on chip) and the others through torch's ops. Without
-    autograd every group writes its ``d`` columns of one zeroed ``(rows, D)`` buffer."""
-    from keras_mone.kernels.triton_nested_mlp import nested_mlp
-
-    fc1_kernel, fc1_bias = _weights(mlp.fc1)
-    fc2_kernel, fc2_bias = _weights(mlp.fc2)
-    approximate, dim = mlp.gelu_approximate, mlp.hidden_dim
-    in_place = _eager_without_grad(normed, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias)
-    outputs = normed.new_zeros((normed.shape[0], dim)) if in_place else None
-    parts = []
-    for (start, stop), width, tile in zip(spans, widths, tiles):
-        rows = _rows(normed, start, stop)
-        target = _rows(outputs, start, stop, width) if in_place else None
-        if tile is not None:
-            result = nested_mlp(rows, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias, width, approximate, out=target,
-                                **tile)
-        else:
-            hidden = _gelu(_project(rows[:, :width], fc1_kernel[:width], fc1_bias), approximate, None, True)
-            result = _project(hidden, fc2_kernel[:, :width], None if fc2_bias is None else fc2_bias[:width],
-                              out=target)
-        parts.append(None if in_place else pad_features(result, dim))
-    return outputs if in_place else _stack(parts)
 
 
 def _gelu(x, approximate, training, nested):
