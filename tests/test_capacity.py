@@ -188,3 +188,21 @@ def test_recompiling_does_not_bring_back_functions_of_the_old_loss():
     # torch runs its steps eagerly, so a stale function there still reads the
     # new loss: that the function was rebuilt is checked on every backend.
     assert model.test_function is not old_function
+
+
+def test_just_above_the_smallest_capacity_the_solver_still_finds_eq3s_optimum():
+    """SLSQP reports "Inequality constraints incompatible" at e_c 0.0361 with 6 experts (a
+    case hypothesis found); Eq. 3's maximiser then comes from its Lagrangian's stationary
+    point, which equals SLSQP's answer to 1e-8 wherever SLSQP succeeds."""
+    from keras_mone.routing import capacity
+
+    widths = capacity.expert_width_fractions(6)
+    c = capacity.capacity_distribution(0.03609375, num_experts=6)
+    assert np.all(c >= 0) and abs(c.sum() - 1) < 1e-9 and abs(c @ widths - 0.03609375) < 1e-9
+    for experts in (3, 4, 6):
+        widths = capacity.expert_width_fractions(experts)
+        reward = 2.0 ** -np.arange(experts)
+        for e_c in np.linspace(widths[0] + 0.01, 0.99, 9):
+            slsqp = np.array(capacity._solve_eq3(float(e_c), experts, 10.0, 2.0))
+            dual = capacity._solve_eq3_dual(float(e_c), widths, reward, 10.0)
+            np.testing.assert_allclose(dual, slsqp, atol=1e-8)

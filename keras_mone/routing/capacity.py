@@ -97,16 +97,40 @@ def _solve_eq3(e_c, num_experts, beta, delta):
         options={"ftol": 1e-15, "maxiter": 1000},
     )
     c = _project_onto_constraints(np.clip(result.x, 0.0, 1.0), e_c, widths)
-    if (
-        np.any(c < -_SOLVER_TOLERANCE)
-        or abs(c.sum() - 1.0) > 1e-9
-        or abs(c @ widths - e_c) > 1e-9
-    ):
-        raise RuntimeError(
-            f"SLSQP did not find a feasible capacity distribution for "
-            f"effective_capacity={e_c}: {result.message}"
-        )
+    if not _feasible(c, e_c, widths):
+        # SLSQP can fail just above the smallest capacity (e.g. e_c 0.036 with 6 experts:
+        # "Inequality constraints incompatible"); the stationary point of the Lagrangian
+        # is the same optimum (the problem is strictly concave), found in one dimension
+        c = _solve_eq3_dual(e_c, widths, reward, beta)
+        if not _feasible(c, e_c, widths):
+            raise RuntimeError(
+                f"SLSQP did not find a feasible capacity distribution for "
+                f"effective_capacity={e_c}: {result.message}"
+            )
     return tuple(np.clip(c, 0.0, 1.0))
+
+
+def _feasible(c, e_c, widths):
+    return not (np.any(c < -_SOLVER_TOLERANCE) or abs(c.sum() - 1.0) > 1e-9 or abs(c @ widths - e_c) > 1e-9)
+
+
+def _solve_eq3_dual(e_c, widths, reward, beta):
+    """Eq. 3's maximiser from its Lagrangian: ``c_i ~ exp((reward_i - lambda d_i / D) / beta)``,
+    with ``lambda`` the root of ``sum_i c_i d_i / D = e_c`` (strictly decreasing in
+    ``lambda``: its slope is minus the variance of the widths under ``c``, over beta)."""
+    from scipy.optimize import brentq
+    from scipy.special import softmax
+
+    def mean_width(lam):
+        return softmax((reward - lam * widths) / beta) @ widths - e_c
+
+    low, high = -1.0, 1.0
+    while mean_width(low) < 0:
+        low *= 2.0
+    while mean_width(high) > 0:
+        high *= 2.0
+    lam = brentq(mean_width, low, high, xtol=1e-14, rtol=1e-15, maxiter=500)
+    return _project_onto_constraints(softmax((reward - lam * widths) / beta), e_c, widths)
 
 
 def capacity_distribution(effective_capacity, num_experts=4, beta=10.0, delta=2.0):
