@@ -262,8 +262,8 @@ def program_kernels(hlo_text):
                 flops = _cublas_flops(line, shape, operand_shapes)
             elif op == "dot":
                 flops = _matmul_flops(shape, operand_shapes[0], _dot_contracting(line))
-            elif op == "custom-call" and _pallas_traffic(label, shape, operand_shapes):
-                flops, moved = _pallas_traffic(label, shape, operand_shapes)
+            elif op == "custom-call" and (pallas := _pallas_traffic(label, shape, operand_shapes)):
+                flops, moved = pallas
                 kernels.append(Kernel(label, op, _kind(label, op), moved, flops, re.sub(r"\{[^}]*\}", "", shape)))
                 continue
             written = _shape_bytes(shape)

@@ -28,7 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from keras_mone.kernels.tiles import MIN_CHUNK, default_blocks, feature_chunk, kernel_name
+from keras_mone.kernels.tiles import feature_chunk, kernel_name, resolved_tiles
 
 def plain_nested_mlp(x, w1, b1, w2, b2, width, activation):
     """``activation(x[:, :d] @ W1[:d] + b1) @ W2[:, :d] + b2[:d]`` with XLA's ops (``d = width``).
@@ -80,14 +80,8 @@ def checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_sta
     if not jnp.dtype(x.dtype) == jnp.dtype(w1.dtype) == jnp.dtype(w2.dtype):
         raise ValueError(f"The rows and both MLP kernels must share a dtype (Triton's dot); got {x.dtype}, "
                          f"{w1.dtype} and {w2.dtype}.")
-    defaults = default_blocks(width, hidden, jnp.dtype(x.dtype).itemsize)
-    tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
-    for name, tile in zip(("block_rows", "block_hidden"), tiles):
-        if tile < MIN_CHUNK or tile & (tile - 1):
-            raise ValueError(f"`{name}` must be a power of 2 of at least {MIN_CHUNK} (Triton's tiles), got {tile}.")
-    if hidden % tiles[1]:
-        raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
-    return tiles
+    itemsize = jnp.dtype(x.dtype).itemsize
+    return resolved_tiles(width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))

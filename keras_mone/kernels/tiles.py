@@ -104,6 +104,21 @@ def default_blocks(width, hidden, itemsize=2):
     return rows, block_hidden
 
 
+def resolved_tiles(width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages):
+    """``(block_rows, block_hidden, num_warps, num_stages)`` for a kernel call: the tiles given,
+    ``default_blocks`` where ``None``, checked (powers of 2 of at least ``MIN_CHUNK``, a hidden
+    block dividing ``hidden``) with errors naming the argument. Both the Pallas and the Triton
+    kernels take their tiles so."""
+    defaults = default_blocks(width, hidden, itemsize)
+    tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
+    for name, tile in zip(("block_rows", "block_hidden"), tiles):
+        if tile < MIN_CHUNK or tile & (tile - 1):
+            raise ValueError(f"`{name}` must be a power of 2 of at least {MIN_CHUNK} (Triton's tiles), got {tile}.")
+    if hidden % tiles[1]:
+        raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
+    return tiles
+
+
 def kernel_pays(width, hidden, itemsize=2):
     """Whether a width's default tile loads no more weight bytes per hidden element than XLA's
     path moves through memory for it (``4 itemsize``: fc1's write, the GELU's read and write,

@@ -25,7 +25,7 @@ Without Triton installed (``available``) the plain path is all there is.
 
 import functools
 
-from keras_mone.kernels.tiles import MIN_CHUNK, default_blocks, feature_chunk
+from keras_mone.kernels.tiles import MIN_CHUNK, default_blocks, feature_chunk, resolved_tiles
 
 MAX_CHUNKS = 4
 """The most power-of-2 chunks a width is cut into (one accumulator each)."""
@@ -157,14 +157,7 @@ def _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps,
     if out is not None and (tuple(out.shape) != (x.shape[0], width) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"`out` must be a ({x.shape[0]}, {width}) {x.dtype} tensor with unit column stride; "
                          f"got {tuple(out.shape)} {out.dtype}, strides {out.stride()}.")
-    defaults = default_blocks(width, hidden, x.element_size())
-    tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
-    for name, tile in zip(("block_rows", "block_hidden"), tiles):
-        if tile < MIN_CHUNK or tile & (tile - 1):
-            raise ValueError(f"`{name}` must be a power of 2 of at least {MIN_CHUNK} (Triton's tiles), got {tile}.")
-    if hidden % tiles[1]:
-        raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
-    return tiles
+    return resolved_tiles(width, hidden, x.element_size(), block_rows, block_hidden, num_warps, num_stages)
 
 
 def _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret):
@@ -176,8 +169,8 @@ def _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret):
         return out
     block_rows, block_hidden, num_warps, num_stages = tiles
     chunk = feature_chunk(width)
-    float32 = x.dtype == torch.float32
-    precision = "ieee" if float32 and torch.get_float32_matmul_precision() == "highest" else "tf32"
+    # float32 at torch's "highest" matmul precision: no TF32 (the argument is ignored for 16-bit rows)
+    exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
     kernel = _kernel(interpret)
     options = {} if interpret else {"num_warps": num_warps, "num_stages": num_stages}
     kernel[(triton.cdiv(rows, block_rows),)](
@@ -185,7 +178,7 @@ def _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret):
         x.stride(0), w1.stride(0), w2.stride(0), out.stride(0),
         HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_HIDDEN=block_hidden, CHUNK=chunk, CHUNKS=width // chunk,
         HAS_B1=b1 is not None, HAS_B2=b2 is not None, APPROXIMATE=bool(approximate),
-        PRECISION=precision if float32 else "tf32", UPCAST=interpret, **options,
+        PRECISION="ieee" if exact else "tf32", UPCAST=interpret, **options,
     )
     return out
 
