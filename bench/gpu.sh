@@ -4,6 +4,10 @@
 # H200 (2026-11-27): forms_vit_bf16 122 s, forms_vivit_b1 60 s, forms_vit_bf16_triton_gemm
 # 38 s, vit_b16_b64_torch 43 s; forms_vit_train needs about 150 s (MoNE's training step
 # compiles in 53 s), forms_vit_f32 about 60 s; the kernel check over 60 s (its float32 half alone took 60).
+# On an H200 (2026-11-28, docs/gpu_runs/2026-11-28-*): forms_vit_bf16 with FORMS="present,packed" 82 s,
+# kernel_tiles 48 s, forms_vit_bf16_tuned 24 s, forms_vivit_b1_highest 87 s, forms_vivit_b1 35 s,
+# forms_vit_train 77 s, forms_vit_f32 (present) 44 s, vit_b16_b256_torch(_fused_mlp) 35-37 s,
+# vit_b16_b64_torch 32 s; triton_mlp 17 s without --sweep, over 80 s with it (TRITON_MLP_ARGS).
 #
 #   bash bench/gpu.sh                  # from the repository root or anywhere
 #   OUT=/some/dir bash bench/gpu.sh    # results under $OUT/gpu_bench (default: runs/gpu_bench)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from kernel_check import BOUNDS, GPU_BOUNDS, kernel_inputs, relative_error
 
 from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp, plain_nested_mlp
-from keras_mone.kernels.tiles import PLAIN, default_blocks
+from keras_mone.kernels.tiles import PLAIN, default_tiles
 from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
 from keras_mone.layers.mlp import _kernel_gelu
 
@@ -58,10 +58,10 @@ with ``--block-rows 32,64,128 --block-hidden 16,32,64 --warps 4,8``, stage 3 for
 BENCHMARKS.md). Where a tile is small for its warps,
 Triton gives several warps copies of the same product, and the compiled loop computes fc1
 and the GELU two or four times per hidden element (its columns "MMA FLOPs issued / needed"
-and "divisions per hidden element"). The kernels' defaults (``default_blocks``, 8
-warps) compute each GELU once without spilling (bf16); the screen times them against other
-such tiles and, last for each width, the earlier default (which computed it twice, except
-the MLP kernel's at d = 96). At d = 192 the 32-row tiles of the default before that (32 x
+and "divisions per hidden element"). The kernels' defaults (``tiles.default_tiles``: the
+block kernel's since the H200's screen of 2026-11-28, ``CARD_TILES``; the MLP kernel's from
+``default_blocks``, 8 warps) are timed first; the rest are such tiles and, last for each
+width, an earlier default (which computed the GELU twice, except the MLP kernel's at d = 96). At d = 192 the 32-row tiles of the default before that (32 x
 64, 8 warps) stay in the screen; at d = 384, 64 x 16 (the GELU twice, half the
 32-row tiles' weight loads) is screened beside the 32-row ones."""
 
@@ -94,7 +94,7 @@ def sweep(width, rows, args, interpret, log):
     bound = (BOUNDS if interpret else GPU_BOUNDS)[args.dtype]
     results = [("plain (XLA)", median_ms(plain, arguments, args.repeats), 0.0, "")]
     log(f"d={width}: plain {results[0][1]:.3f} ms")
-    default = default_blocks(width, args.hidden, jnp.dtype(args.dtype).itemsize) + (8, 2)
+    default = default_tiles(width, args.hidden, jnp.dtype(args.dtype).itemsize, args.kernel)
     if args.grid is None and width in SCREENED[args.kernel]:
         candidates = SCREENED[args.kernel][width]
     else:

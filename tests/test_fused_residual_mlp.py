@@ -208,8 +208,8 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
 
 
 def test_a_width_whose_default_tile_does_not_pay_keeps_the_plain_path_unless_its_tiles_are_named(monkeypatch):
-    """``kernel_pays`` false (ViT-B/16's d = 384: 32-row tiles load 48 weight bytes per hidden
-    element against the 8 XLA's path moves): the plain path, unless ``$KERAS_MONE_MLP_TILES``
+    """``kernel_pays`` false (ViT-B/16's d = 384, where XLA's path beat every tile on an H200):
+    the plain path, unless ``$KERAS_MONE_MLP_TILES``
     names that width's tiles (a card's screen found some that pay)."""
     import keras
 
@@ -222,7 +222,7 @@ def test_a_width_whose_default_tile_does_not_pay_keeps_the_plain_path_unless_its
     seen = []
     original = kernel.fused_residual_mlp
     monkeypatch.setattr(kernel, "fused_residual_mlp", lambda *a, **k: seen.append(a[8]) or original(*a, **k))
-    monkeypatch.setattr(tiles, "kernel_pays", lambda width, hidden, itemsize=2: width != 16)
+    monkeypatch.setattr(tiles, "kernel_pays", lambda width, hidden, itemsize=2, kernel="mlp": width != 16)
     monkeypatch.setenv(platform_forms.MLP_ENV, "fused")
     monkeypatch.delenv(TILES_ENV, raising=False)
     unpaid = [keras.ops.convert_to_numpy(x) for x in block(groups, widths=[16, 32], gates=gates)]
@@ -286,7 +286,7 @@ def test_the_tile_sweep_takes_the_screened_tiles_of_a_width_unless_given_a_grid(
     kernel_tiles.main(["--rows", "32", "--repeats", "1", "--dim", "64", "--hidden", "128", "--widths", "16"])
     swept = [line.split("|")[3].strip() for line in capsys.readouterr().out.splitlines()
              if line.startswith("| 16 | 32 |")]
-    default = str(kernel_tiles.default_blocks(16, 128, 2) + (8, 2))
+    default = str(kernel_tiles.default_tiles(16, 128, 2, "residual"))
     assert swept == ["plain (XLA)", default, "(32, 64, 4, 2)"]
 
 

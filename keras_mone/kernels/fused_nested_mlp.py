@@ -43,7 +43,7 @@ def plain_nested_mlp(x, w1, b1, w2, b2, width, activation):
 
 
 def fused_nested_mlp(
-    x, w1, b1, w2, b2, width, activation, block_rows=None, block_hidden=None, num_warps=8, num_stages=2,
+    x, w1, b1, w2, b2, width, activation, block_rows=None, block_hidden=None, num_warps=None, num_stages=None,
     interpret=False,
 ):
     """The nested MLP of ``plain_nested_mlp`` as one Pallas kernel (see the module docstring).
@@ -54,9 +54,8 @@ def fused_nested_mlp(
         w2, b2: fc2's ``(H, D)`` kernel and ``(D,)`` bias.
         width: the group's nested width ``d``.
         activation: an elementwise function (float32 in, float32 out), e.g. GELU.
-        block_rows, block_hidden: tile sizes (powers of 2); ``default_blocks`` if ``None``.
-        num_warps, num_stages: Triton's launch settings (8 warps: no register spills at
-            ViT-B/16's widths, where 4 spilled; ``bench/kernel_compile.py``).
+        block_rows, block_hidden, num_warps, num_stages: tile sizes (powers of 2) and Triton's
+            launch settings; ``tiles.default_tiles(..., kernel="mlp")`` where ``None``.
         interpret: run through Pallas' interpreter (no accelerator needed).
 
     Returns:
@@ -68,9 +67,10 @@ def fused_nested_mlp(
     return _jitted_mlp(x, w1, b1, w2, b2, width, activation, tiles, bool(interpret))
 
 
-def checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_stages):
+def checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_stages, kernel="mlp"):
     """``(block_rows, block_hidden, num_warps, num_stages)`` for a kernel call, after
-    checking the shapes (clear errors naming the argument)."""
+    checking the shapes (clear errors naming the argument); ``kernel``: whose defaults fill
+    the ``None`` (``tiles.KERNELS``)."""
     hidden = w1.shape[1]
     if not 0 < width <= x.shape[1] or width > w1.shape[0] or w2.shape != (hidden, w1.shape[0]):
         raise ValueError(
@@ -81,7 +81,7 @@ def checked_tiles(x, w1, w2, width, block_rows, block_hidden, num_warps, num_sta
         raise ValueError(f"The rows and both MLP kernels must share a dtype (Triton's dot); got {x.dtype}, "
                          f"{w1.dtype} and {w2.dtype}.")
     itemsize = jnp.dtype(x.dtype).itemsize
-    return resolved_tiles(width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages)
+    return resolved_tiles(width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages, kernel)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))

@@ -75,12 +75,13 @@ def weight_bytes_per_hidden_element(width, block_rows, itemsize=2):
 
 
 def default_blocks(width, hidden, itemsize=2):
-    """``(block_rows, block_hidden)`` for 8 warps, for both kernels (``fused_residual_mlp``
-    too), chosen so that the compiled loop computes each hidden element's GELU once (a tile
-    small for its warps has Triton give two warpgroups copies of the same fc1 and GELU,
-    BENCHMARKS.md, "The block kernel computed its GELU twice") and loads the weights as few
-    times as the registers allow (``weight_bytes_per_hidden_element``: every program loads
-    both weight slices whole):
+    """``(block_rows, block_hidden)`` for 8 warps, derived from the compiled code rather than
+    timed: the rule for a kernel and width no card has screened (``default_tiles``). Chosen
+    so that the compiled loop computes each hidden element's GELU once (a tile small for its
+    warps has Triton give two warpgroups copies of the same fc1 and GELU, BENCHMARKS.md, "The
+    block kernel computed its GELU twice") and loads the weights as few times as the
+    registers allow (``weight_bytes_per_hidden_element``: every program loads both weight
+    slices whole):
 
     * ``d <= 192``: 128 rows (each warpgroup its own 64, on Hopper's ``wgmma``; the float32
       accumulator takes ``d / 2 <= 96`` registers per thread), 32 hidden columns up to d = 96,
@@ -88,44 +89,102 @@ def default_blocks(width, hidden, itemsize=2):
     * wider: 32 rows x 64 hidden columns, which Triton spreads over the 8 warps
       (``mma.sync``): 128 rows would need ``d / 2 = 192`` accumulator registers per thread.
 
-    The hidden block is halved while one weight tile passes 48 KB (float32 at d = 384: 32
-    columns, where the loop computes the GELU twice; 64 would need 248 KB of shared memory,
-    past the card's 227). Compiled for sm_90 at ViT-B/16's widths (``bench/kernel_compile.py``):
-    no spills in bf16; the block kernel in float32 at d = 192 spills 44 bytes."""
+    The hidden block is halved while one weight tile passes 48 KB (``fitted_hidden_block``).
+    Compiled for sm_90 at ViT-B/16's widths (``bench/kernel_compile.py``): no spills in bf16;
+    the block kernel in float32 at d = 192 spills 44 bytes."""
     if width <= 96:
         rows, block_hidden = 128, 32
     elif width <= 192:
         rows, block_hidden = 128, 16
     else:
         rows, block_hidden = 32, 64
+    return rows, fitted_hidden_block(block_hidden, width, hidden, itemsize)
+
+
+def fitted_hidden_block(block_hidden, width, hidden, itemsize):
+    """``block_hidden`` cut to a power-of-2 block of ``hidden`` and halved while one weight tile
+    (``width x block_hidden``) passes 48 KB: float32 at d = 384 takes 32 columns, since 64
+    would need 248 KB of shared memory at 3 stages, past an H100's or H200's 227."""
     block_hidden = min(block_hidden, feature_chunk(hidden))
     while block_hidden > MIN_CHUNK and width * block_hidden * itemsize > 48 * 1024:
         block_hidden //= 2
-    return rows, block_hidden
+    return block_hidden
 
 
-def resolved_tiles(width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages):
-    """``(block_rows, block_hidden, num_warps, num_stages)`` for a kernel call: the tiles given,
-    ``default_blocks`` where ``None``, checked (powers of 2 of at least ``MIN_CHUNK``, a hidden
-    block dividing ``hidden``) with errors naming the argument. Both the Pallas and the Triton
-    kernels take their tiles so."""
-    defaults = default_blocks(width, hidden, itemsize)
-    tiles = (block_rows or defaults[0], block_hidden or defaults[1], num_warps, num_stages)
+KERNELS = ("mlp", "residual", "triton")
+"""The fused kernels, by the names ``default_tiles`` and ``kernel_pays`` take: the Pallas MLP
+kernel (``fused_nested_mlp``), the Pallas block kernel (``fused_residual_mlp``) and the
+Triton MLP kernel for torch (``triton_nested_mlp``)."""
+
+CARD_TILES = {
+    "residual": ((96, (64, 64, 4, 2)), (192, (64, 32, 4, 2))),
+    "triton": ((96, (64, 64, 4, 2)), (192, (128, 32, 8, 3)), (None, (64, 16, 4, 2))),
+}
+"""Each kernel's fastest ``(block_rows, block_hidden, num_warps, num_stages)`` up to the
+nested width named (``None``: any wider), timed on one H200 on 2026-11-28 in bf16 at the
+token groups of MoNE-ViT-B/16 at e_c 0.3 and batch 256 (BENCHMARKS.md, "MoNE on an H200,
+measured again"):
+
+* the block kernel (``bench/kernel_tiles.py``): 0.357 ms against XLA's 0.536 at d = 96
+  (the old default 0.491), 0.397 against 0.407 at d = 192 (the old default 0.627); at
+  d = 384 XLA's path beat every tile (``kernel_pays``);
+* the Triton kernel (``bench/triton_mlp.py --sweep``, 36 settings per width; d = 384's
+  sweep was cut after 10): 0.237, 0.239 and 0.407 ms, against torch's ops at about 0.22,
+  0.18 and 0.16 ms: slower at every width, which is why it stays opt-in.
+
+Four warps and 64 rows (one warpgroup's ``wgmma``) beat the 8-warp, 128-row tiles that the
+compiled code suggested for the block kernel. The Pallas MLP kernel alone was not screened
+on a card; it and the widths past a table keep ``default_blocks``."""
+
+CARD_PAYS = {"residual": 192}
+"""The widest nested width at which a kernel beat XLA's path on a card in bf16 (``CARD_TILES``)."""
+
+
+def default_tiles(width, hidden, itemsize=2, kernel="mlp"):
+    """``(block_rows, block_hidden, num_warps, num_stages)`` of ``kernel`` (one of ``KERNELS``)
+    for a nested group of ``width`` and an MLP ``hidden`` wide: the card's fastest tiles
+    (``CARD_TILES``) where it screened the kernel, else ``default_blocks`` with 8 warps and
+    Triton's 2 stages (3 for the Triton kernel). The hidden block is fitted to ``hidden`` and
+    to shared memory (``fitted_hidden_block``)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"`kernel` must be one of {list(KERNELS)}, got {kernel!r}.")
+    for limit, tiles in CARD_TILES.get(kernel, ()):
+        if limit is None or width <= limit:
+            rows, block_hidden, num_warps, num_stages = tiles
+            return rows, fitted_hidden_block(block_hidden, width, hidden, itemsize), num_warps, num_stages
+    return default_blocks(width, hidden, itemsize) + (8, 3 if kernel == "triton" else 2)
+
+
+def resolved_tiles(width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages, kernel="mlp"):
+    """``(block_rows, block_hidden, num_warps, num_stages)`` for a call of ``kernel``: the tiles
+    given, ``default_tiles`` where ``None``, checked (powers of 2 of at least ``MIN_CHUNK``, a
+    hidden block dividing ``hidden``) with errors naming the argument. The Pallas and the
+    Triton kernels take their tiles so."""
+    defaults = default_tiles(width, hidden, itemsize, kernel)
+    given = (block_rows, block_hidden, num_warps, num_stages)
+    tiles = tuple(default if value is None else value for value, default in zip(given, defaults))
     for name, tile in zip(("block_rows", "block_hidden"), tiles):
         if tile < MIN_CHUNK or tile & (tile - 1):
             raise ValueError(f"`{name}` must be a power of 2 of at least {MIN_CHUNK} (Triton's tiles), got {tile}.")
     if hidden % tiles[1]:
         raise ValueError(f"`block_hidden`={tiles[1]} must divide the MLP's hidden width {hidden}.")
+    for name, value in zip(("num_warps", "num_stages"), tiles[2:]):
+        if value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {value}.")
     return tiles
 
 
-def kernel_pays(width, hidden, itemsize=2):
-    """Whether a width's default tile loads no more weight bytes per hidden element than XLA's
-    path moves through memory for it (``4 itemsize``: fc1's write, the GELU's read and write,
-    fc2's read). Where it loads more (d = 384 at 32 rows: 48 bytes against 8 in bf16) the
-    kernel is bound by its weight loads and is not used unless ``$KERAS_MONE_MLP_TILES`` names
-    the width (a card's screen, ``bench/kernel_tiles.py``, found a tile that pays)."""
-    rows, _ = default_blocks(width, hidden, itemsize)
+def kernel_pays(width, hidden, itemsize=2, kernel="mlp"):
+    """Whether ``kernel`` runs a group of ``width`` by default. In bf16, where a card screened
+    the kernel against XLA's path (``CARD_PAYS``), its verdict: the block kernel up to
+    d = 192. Elsewhere, whether the default tile loads no more weight bytes per hidden
+    element than XLA's path moves through memory for it (``4 itemsize``: fc1's write, the
+    GELU's read and write, fc2's read): at d = 384, 32-row tiles load 48 bytes against 8 in
+    bf16, and the kernel is bound by its weight loads. A width that does not pay keeps the
+    plain path unless ``$KERAS_MONE_MLP_TILES`` names it."""
+    if itemsize == 2 and kernel in CARD_PAYS:
+        return width <= CARD_PAYS[kernel]
+    rows = default_tiles(width, hidden, itemsize, kernel)[0]
     return weight_bytes_per_hidden_element(width, rows, itemsize) <= 4 * itemsize
 
 

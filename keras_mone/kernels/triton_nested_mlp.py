@@ -21,11 +21,15 @@ path's); forward-mode AD takes torch's ops. Off CUDA (or with ``interpret=True``
 kernel runs through Triton's interpreter: slow, for tests, float32 to float32 rounding (its
 casts to 16-bit types truncate where a card rounds).
 Without Triton installed (``available``) the plain path is all there is.
+
+On an H200 (2026-11-28, bf16, MoNE-ViT-B/16's groups at batch 256) it was slower than torch's
+ops at every width and tile: 0.237 against 0.218 ms at d = 96, its best (BENCHMARKS.md, "MoNE
+on an H200, measured again"). Its defaults are that sweep's fastest tiles (``tiles.CARD_TILES``).
 """
 
 import functools
 
-from keras_mone.kernels.tiles import MIN_CHUNK, default_blocks, feature_chunk, resolved_tiles
+from keras_mone.kernels.tiles import MIN_CHUNK, feature_chunk, resolved_tiles
 
 MAX_CHUNKS = 4
 """The most power-of-2 chunks a width is cut into (one accumulator each)."""
@@ -91,7 +95,7 @@ def grouped_nested_mlp(x, spans, widths, tiles, w1, b1, w2, b2, approximate=Fals
 
 
 def nested_mlp(x, w1, b1, w2, b2, width, approximate=False, out=None, block_rows=None, block_hidden=None,
-               num_warps=8, num_stages=3, interpret=None):
+               num_warps=None, num_stages=None, interpret=None):
     """``plain_nested_mlp`` as one Triton kernel (see the module docstring).
 
     Args:
@@ -102,8 +106,8 @@ def nested_mlp(x, w1, b1, w2, b2, width, approximate=False, out=None, block_rows
         approximate: the tanh GELU (else the exact, erf one).
         out: a ``(rows, d)`` tensor to write into (e.g. the first ``d`` columns of a zeroed
             ``(rows, D)`` buffer: no padding copy); only without autograd.
-        block_rows, block_hidden: tile sizes (powers of 2); ``tiles.default_blocks`` if ``None``.
-        num_warps, num_stages: Triton's launch settings.
+        block_rows, block_hidden, num_warps, num_stages: tile sizes (powers of 2) and Triton's
+            launch settings; ``tiles.default_tiles(..., kernel="triton")`` where ``None``.
         interpret: run through Triton's interpreter; default: unless ``x`` is on CUDA.
 
     Returns:
@@ -157,7 +161,8 @@ def _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps,
     if out is not None and (tuple(out.shape) != (x.shape[0], width) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"`out` must be a ({x.shape[0]}, {width}) {x.dtype} tensor with unit column stride; "
                          f"got {tuple(out.shape)} {out.dtype}, strides {out.stride()}.")
-    return resolved_tiles(width, hidden, x.element_size(), block_rows, block_hidden, num_warps, num_stages)
+    return resolved_tiles(width, hidden, x.element_size(), block_rows, block_hidden, num_warps, num_stages,
+                          kernel="triton")
 
 
 def _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret):
@@ -212,8 +217,8 @@ def _function():
     return NestedMLP
 
 
-def compile_for_cuda(width, hidden, dtype="bf16", block_rows=None, block_hidden=None, num_warps=8, num_stages=3,
-                     capability=90, approximate=False):
+def compile_for_cuda(width, hidden, dtype="bf16", block_rows=None, block_hidden=None, num_warps=None,
+                     num_stages=None, capability=90, approximate=False):
     """The kernel for a group of ``width`` compiled by Triton for a CUDA card of compute
     ``capability`` (90: H100/H200), without one: Triton's ``CompiledKernel`` (``.asm["ptx"]``,
     ``.metadata.shared``). ``dtype``: Triton's name ("bf16", "fp16", "fp32")."""
@@ -221,9 +226,10 @@ def compile_for_cuda(width, hidden, dtype="bf16", block_rows=None, block_hidden=
     from triton.compiler import ASTSource
 
     itemsize = 4 if dtype == "fp32" else 2
-    defaults = default_blocks(width, hidden, itemsize)
+    block_rows, block_hidden, num_warps, num_stages = resolved_tiles(
+        width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages, kernel="triton")
     chunk = feature_chunk(width)
-    constants = dict(HIDDEN=hidden, BLOCK_ROWS=block_rows or defaults[0], BLOCK_HIDDEN=block_hidden or defaults[1],
+    constants = dict(HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_HIDDEN=block_hidden,
                      CHUNK=chunk, CHUNKS=width // chunk, HAS_B1=True, HAS_B2=True, APPROXIMATE=approximate,
                      PRECISION="tf32", UPCAST=False)
     function = _kernel(False)

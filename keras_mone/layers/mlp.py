@@ -97,7 +97,7 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
         interpret = accelerator() != "gpu"
         plain_norm = norm.center and norm.scale and not getattr(norm, "rms_scaling", False)
         plain_norm = plain_norm and norm.axis in (-1, [-1], 2, [2])
-        tiles = self.kernel_tiles(width, interpret, full=self.hidden_dim)
+        tiles = self.kernel_tiles(width, interpret, full=self.hidden_dim, kernel="residual")
         if width >= self.hidden_dim or not plain_norm or tiles is None:
             return None
         # the LayerNorm's own weights stay in their (float32) dtype: it normalises in float32, as Keras' does
@@ -108,20 +108,20 @@ class NestedMLP(ConfigMixin, keras.layers.Layer):
                                             epsilon=norm.epsilon, interpret=interpret, **tiles)
         return ops.reshape(outputs, ops.shape(z))
 
-    def kernel_tiles(self, width, interpret, full=None, fits=None):
-        """A kernel's tile arguments for ``width`` (``{}``: its defaults), or ``None`` where the
-        plain path runs: a width the kernel does not take (``fits(width, mlp_dim)``; default
-        the Pallas kernels' ``kernels.tiles.kernel_fits``), one that ``$KERAS_MONE_MLP_TILES``
-        names ``plain``, or one whose default tile would load more weight bytes than the
-        kernel saves (``kernel_pays``) and which that variable does not name."""
-        from keras_mone.kernels import tiles as kernel
+    def kernel_tiles(self, width, interpret, full=None, fits=None, kernel="mlp"):
+        """The tile arguments of ``kernel`` (``kernels.tiles.KERNELS``) for ``width`` (``{}``: its
+        defaults), or ``None`` where the plain path runs: a width the kernel does not take
+        (``fits(width, mlp_dim)``; default the Pallas kernels' ``kernels.tiles.kernel_fits``),
+        one that ``$KERAS_MONE_MLP_TILES`` names ``plain``, or one where the kernel does not
+        pay by default (``kernels.tiles.kernel_pays``) and which that variable does not name."""
+        from keras_mone.kernels import tiles as rules
 
-        fits = fits or functools.partial(kernel.kernel_fits, interpret=interpret, full=full)
+        fits = fits or functools.partial(rules.kernel_fits, interpret=interpret, full=full)
         if not fits(width, self.mlp_dim):
             return None
         tiles = _tiles(width)
         itemsize = int(re.search(r"\d+", keras.backend.standardize_dtype(self.compute_dtype)).group()) // 8
-        if tiles == {} and not kernel.kernel_pays(width, self.mlp_dim, itemsize):
+        if tiles == {} and not rules.kernel_pays(width, self.mlp_dim, itemsize, kernel):
             return None
         return tiles
 

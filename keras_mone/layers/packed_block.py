@@ -265,8 +265,8 @@ def _triton_tiles(mlp, normed, kernel, widths):
 
     if torch.is_autocast_enabled(normed.device.type) or not takes_dtype(normed.dtype):
         return [None] * len(widths)
-    interpret = normed.device.type != "cuda"
-    return [mlp.kernel_tiles(w, interpret, fits=kernel_fits) if w < mlp.hidden_dim else None for w in widths]
+    interpret, full = normed.device.type != "cuda", mlp.hidden_dim
+    return [mlp.kernel_tiles(w, interpret, fits=kernel_fits, kernel="triton") if w < full else None for w in widths]
 
 
 def _gelu(x, approximate, training, nested):

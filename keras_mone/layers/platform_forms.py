@@ -113,10 +113,11 @@ def mlp_form():
     alone), which eager torch's packed blocks run (``layers.packed_block``; under
     ``torch.compile`` the plain path runs); it needs Triton. Tensorflow takes "plain" only.
     ``$KERAS_MONE_MLP`` when set, else plain. The kernels are compiled on a GPU and interpreted elsewhere
-    (exact, slow: for tests); they stay opt-in until the GPU run of ``bench/gpu.sh`` shows
-    they pay (issue 40). A width whose default tile would load more weight bytes than the
-    kernel saves (``kernels.tiles.kernel_pays``: ViT-B/16's d = 384) keeps XLA's
-    path unless ``$KERAS_MONE_MLP_TILES`` names its tiles; ``width:plain`` there keeps it for
+    (exact, slow: for tests). They stay opt-in: on an H200 (BENCHMARKS.md, "MoNE on an H200,
+    measured again") the block kernel at its screened tiles made MoNE-ViT-B/16's bf16 forward
+    2% faster, and the Triton kernel was slower than torch's ops at every width. A width where
+    a kernel does not pay by default (``kernels.tiles.kernel_pays``: the block kernel at
+    ViT-B/16's d = 384, where XLA's path beat every tile) keeps the plain path unless ``$KERAS_MONE_MLP_TILES`` names its tiles; ``width:plain`` there keeps it for
     any width. A forward form: the kernels' backward passes recompute the plain path, which
     puts the training step's roofline bound under the plain program's (BENCHMARKS.md, "The
     fused kernels' products counted")."""
@@ -191,9 +192,9 @@ def layout_form():
     ``(batch, k_j, D)`` tensors of their own or packed into one token-major tensor, each
     group a contiguous run of rows (``layers.packed_block``; blocks it can take).
     ``$KERAS_MONE_LAYOUT`` when set, else packed on torch (eager torch pays per op:
-    issue 40) and grouped on jax (packed is opt-in: compiled for an H200, MoNE-ViT-B/16's
-    forward has 30% fewer kernels but moves 12% more bytes, BENCHMARKS.md; not yet timed
-    on a card) and tensorflow (which has no packed path)."""
+    issue 40) and grouped on jax (packed is opt-in: MoNE-ViT-B/16's forward has 30% fewer
+    kernels but moves 12% more bytes, and an H200 ran it in 21.07 ms against grouped's 18.60
+    at batch 256 in bf16, BENCHMARKS.md) and tensorflow (which has no packed path)."""
     backend = keras.backend.backend()
     chosen = _env_form(LAYOUT_ENV, LAYOUT_FORMS, "packed" if backend == "torch" else "grouped")
     if chosen == "packed" and backend == "tensorflow":
@@ -209,7 +210,8 @@ def residuals_form():
     once, at the block's end; "half_block": also after its attention. Compiled for an H200,
     MoNE-ViT-B/16's forward at batch 256 keeps an XLA heap of 670.8 / 567.3 / 514.8 MiB
     (dense: 514.5) for 847 / 893 / 941 kernels and a roofline bound of 1.62x / 1.58x / 1.54x
-    (BENCHMARKS.md). None is timed on a card: the default, "block", trades an estimated 2.5%
+    (BENCHMARKS.md). Only the default is timed on a card (an H200: 18.60 ms against dense's
+    22.17, "MoNE on an H200, measured again"); it trades an estimated 2.5%
     of the bound for 15% of the heap. Every form gives the same values; nothing is written
     apart on the CPU, on torch and tensorflow, or under ``$KERAS_MONE_ORDER=free``.
     ``$KERAS_MONE_RESIDUALS`` when set, else block."""
