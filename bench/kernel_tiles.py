@@ -42,9 +42,9 @@ GRID = "32,64,128:64,128:4,8:2,3"
 
 SCREENED = {
     "residual": {
-        96: [(128, 64, 8, 2), (128, 16, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 64, 8, 2)],
-        192: [(32, 64, 4, 2), (64, 32, 4, 2), (128, 16, 8, 3), (32, 64, 8, 3), (32, 64, 8, 2), (64, 64, 8, 2)],
-        384: [(32, 32, 4, 2), (32, 64, 8, 3), (64, 16, 8, 2), (32, 32, 8, 2)],
+        96: [(64, 128, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 4, 2), (128, 32, 8, 2)],
+        192: [(64, 64, 4, 2), (64, 32, 4, 3), (64, 16, 4, 2), (32, 64, 4, 2), (128, 32, 4, 2), (128, 16, 8, 2)],
+        384: [(32, 64, 4, 2), (64, 32, 4, 2), (32, 64, 8, 3), (64, 16, 4, 2), (32, 32, 4, 2)],
     },
     "mlp": {
         96: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2)],
@@ -52,18 +52,19 @@ SCREENED = {
         384: [(32, 32, 4, 2), (32, 64, 8, 3), (64, 16, 8, 2), (32, 32, 8, 2)],
     },
 }
-"""The tiles timed per kernel and width when ``--grid`` is not given, from both kernels
-compiled for sm_90 here (``bench/kernel_compile.py --kernel residual`` and ``--kernel mlp``
-with ``--block-rows 32,64,128 --block-hidden 16,32,64 --warps 4,8``, stage 3 for a few,
-BENCHMARKS.md). Where a tile is small for its warps,
-Triton gives several warps copies of the same product, and the compiled loop computes fc1
-and the GELU two or four times per hidden element (its columns "MMA FLOPs issued / needed"
-and "divisions per hidden element"). The kernels' defaults (``tiles.default_tiles``: the
-block kernel's since the H200's screen of 2026-11-28, ``CARD_TILES``; the MLP kernel's from
-``default_blocks``, 8 warps) are timed first; the rest are such tiles and, last for each
-width, an earlier default (which computed the GELU twice, except the MLP kernel's at d = 96). At d = 192 the 32-row tiles of the default before that (32 x
-64, 8 warps) stay in the screen; at d = 384, 64 x 16 (the GELU twice, half the
-32-row tiles' weight loads) is screened beside the 32-row ones."""
+"""The tiles timed per kernel and width when ``--grid`` is not given, after the kernel's
+default (``tiles.default_tiles``), which is timed first.
+
+* The block kernel (``residual``): the neighbours of the tiles an H200 timed fastest on
+  2026-11-28, now its defaults (``tiles.CARD_TILES``: one warpgroup of 4 warps on 64 rows):
+  other hidden blocks and stages, 32 and 128 rows at 4 warps, and the 8-warp, 128-row
+  default before them (``default_blocks``).
+* The MLP kernel alone (``mlp``), never screened on a card: tiles compiled for sm_90 here
+  without spills or copies of the GELU (``bench/kernel_compile.py --kernel mlp`` with
+  ``--block-rows 32,64,128 --block-hidden 16,32,64 --warps 4,8``, BENCHMARKS.md). Where a
+  tile is small for its warps, Triton gives several warps copies of the same product and
+  the compiled loop computes fc1 and the GELU two or four times per hidden element.
+"""
 
 
 def median_ms(function, arguments, repeats):

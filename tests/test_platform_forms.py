@@ -4,7 +4,7 @@ on jax and tensorflow's CPU, both equal within float rounding on every backend."
 import keras
 import numpy as np
 import pytest
-from conftest import BACKEND, TINY, assert_f32_close, gradients, images, randomize_weights, to_numpy
+from conftest import BACKEND, TINY, TINY_VIDEO, assert_f32_close, gradients, images, randomize_weights, to_numpy, videos
 
 from keras_mone import models
 from keras_mone.layers import platform_forms
@@ -301,6 +301,35 @@ def test_patches_by_matmul_equal_the_strided_convolution(monkeypatch, video):
         outputs[form] = to_numpy(layer(x))
     # the same 192 (or 384) products per output, summed in another order
     assert_f32_close(outputs["matmul"], outputs["conv"], ulps=64)
+
+
+def test_the_gpus_patch_matmul_is_an_inference_form(monkeypatch):
+    """On jax's GPU the patches are one matmul at inference and the convolution in training
+    (with the matmul XLA laid the dense ViT-B/16's training step out batch-minor: 78.2 GB
+    moved against 59.2, BENCHMARKS.md); ``$KERAS_MONE_PATCHES`` wins either way."""
+    monkeypatch.delenv(platform_forms.PATCHES_ENV, raising=False)
+    with platform_forms.compiling_for("gpu"):
+        assert platform_forms.patches_form() == ("matmul" if BACKEND == "jax" else "conv")
+        assert platform_forms.patches_form(training=True) == "conv"
+        monkeypatch.setenv(platform_forms.PATCHES_ENV, "matmul")
+        assert platform_forms.patches_form(training=True) == "matmul"
+
+
+@pytest.mark.parametrize("family", ["vit", "vivit"])
+def test_a_models_training_flag_reaches_its_patch_embedding(monkeypatch, family):
+    """Keras' call context carries ``training`` from the model to the patch (or tubelet)
+    embedding, which picks its form with it."""
+    from keras_mone.layers import patch_embedding
+
+    seen = []
+    monkeypatch.setattr(patch_embedding, "patches_form", lambda training=False: seen.append(training) or "conv")
+    if family == "vit":
+        model, x = models.MoNEViTBackbone(**TINY, capacity=0.5), images()
+    else:
+        model, x = models.MoNEViViTBackbone(**TINY_VIDEO, capacity=0.5), videos()
+    model(x, training=True)
+    model(x)
+    assert seen == [True, False]
 
 
 def test_a_convolution_that_is_not_a_patch_projection_stays_a_convolution(monkeypatch):

@@ -59,9 +59,9 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
         """Raises a ``ValueError`` if ``images`` (any array with a shape and dtype) do not fit."""
         check_images(images, self.image_size, self.num_channels)
 
-    def call(self, images):
+    def call(self, images, training=None):
         self.check_inputs(images)
-        tokens = strided_projection(self.projection, images)
+        tokens = strided_projection(self.projection, images, training)
         tokens = ops.reshape(tokens, (-1, tokens.shape[1] * tokens.shape[2], self.hidden_dim))
         return prepend_class_token_and_add_positions(tokens, self.class_token, self.position_embedding)
 
@@ -69,10 +69,11 @@ class PatchEmbedding(ConfigMixin, keras.layers.Layer):
         return (input_shape[0], self.num_tokens, self.hidden_dim)
 
 
-def strided_projection(conv, inputs):
+def strided_projection(conv, inputs, training=None):
     """``conv(inputs)`` for a convolution whose strides equal its kernel (patches, tubelets).
 
-    With ``$KERAS_MONE_PATCHES=matmul`` (``layers.platform_forms.patches_form``) it is one
+    Where ``layers.platform_forms.patches_form(training)`` is "matmul" (jax's GPU at
+    inference, or ``$KERAS_MONE_PATCHES=matmul``) it is one
     matmul: ``inputs`` cut into windows, each flattened in the kernel's ``(*window,
     channels)`` order, times the kernel reshaped to ``(window * channels, filters)``,
     plus the bias. The same sums as the convolution, in another order (float
@@ -85,7 +86,7 @@ def strided_projection(conv, inputs):
         tuple(conv.strides) == window and conv.padding == "valid" and conv.data_format == "channels_last"
         and set(conv.dilation_rate) == {1} and conv.groups == 1 and conv.activation is keras.activations.linear
     )
-    if not plain or patches_form() != "matmul":
+    if not plain or patches_form(bool(training)) != "matmul":
         return conv(inputs)
     dims, channels = len(window), inputs.shape[-1]
     grid = [size // step for size, step in zip(inputs.shape[1:-1], window)]

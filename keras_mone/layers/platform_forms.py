@@ -165,14 +165,19 @@ def gelu_form():
     return _env_form(GELU_ENV, GELU_FORMS, "rational" if _jax_gpu() else "library")
 
 
-def patches_form():
+def patches_form(training=False):
     """``"conv"`` or ``"matmul"``: a patch (or tubelet) embedding as Keras' strided
     convolution, or as one matmul over the image cut into patches (the same sum:
     ``layers.patch_embedding.strided_projection``). ``$KERAS_MONE_PATCHES`` when set,
-    else matmul on jax's GPU (cuDNN's strided convolution took 1.5 ms of a ViT-B/16
-    forward at batch 256 on an H200, the matmul 0.12 with its transpose; BENCHMARKS.md) and conv
-    elsewhere (the measured CPU form; torch's and tensorflow's GPUs are not measured)."""
-    return _env_form(PATCHES_ENV, PATCHES_FORMS, "matmul" if _jax_gpu() else "conv")
+    else matmul in jax's GPU inference (cuDNN's strided convolution took 1.5 ms of a
+    ViT-B/16 forward at batch 256 on an H200, the matmul 0.12 with its transpose;
+    BENCHMARKS.md) and conv elsewhere: in training (``training=True``; with the matmul,
+    XLA lays the dense ViT-B/16's token stream out batch-minor through the whole training
+    step compiled for an H200, 150 more transposes and 78.2 GB moved against 59.2, which
+    the card's dense step time followed: BENCHMARKS.md, "The dense training step's
+    transposes"), on the CPU (the measured form) and on torch's and tensorflow's GPUs (not
+    measured)."""
+    return _env_form(PATCHES_ENV, PATCHES_FORMS, "matmul" if _jax_gpu() and not training else "conv")
 
 
 def norms_form():

@@ -82,9 +82,9 @@ class TubeletEmbedding(ConfigMixin, keras.layers.Layer):
         """Raises a ``ValueError`` if ``videos`` (any array with a shape and dtype) do not fit."""
         check_videos(videos, self.num_frames, self.image_size, self.num_channels)
 
-    def call(self, videos):
+    def call(self, videos, training=None):
         self.check_inputs(videos)
-        tokens = strided_projection(self.projection, videos)  # (batch, T/t, H/p, W/p, D)
+        tokens = strided_projection(self.projection, videos, training)  # (batch, T/t, H/p, W/p, D)
         patches = self.grid_size[0] * self.grid_size[1]
         tokens = ops.reshape(tokens, (-1, patches, self.hidden_dim))
         return prepend_class_token_and_add_positions(tokens, self.class_token, self.position_embedding)
