@@ -4,7 +4,8 @@ A form is a set of the switches of ``layers.platform_forms``, which a layer read
 call is traced, so one process compiles every form of the same two models:
 
     present        the platform's defaults (on jax's GPU: fused attention, plain MLP, tied
-                   slices, rational GELU, patches by matmul)
+                   slices, rational GELU, patches by matmul at inference, by convolution in
+                   training steps)
     free           $KERAS_MONE_ORDER=free: no ties (``nested_dense.after``) between the
                    weight slices, token groups and the tensors they follow
     fused_mlp      $KERAS_MONE_MLP=fused: each nested group's MLP half as one Pallas kernel

@@ -1,7 +1,9 @@
 """Tile settings of a fused kernel against XLA's plain path, timed on this device (jax).
 
-On an H200 the block kernel (``kernels/fused_residual_mlp``) with its default tiles took
-0.5 ms per launch, 3x XLA's MLP (BENCHMARKS.md, "MoNE on an H200, measured"). This times
+On an H200 the block kernel (``kernels/fused_residual_mlp``) at its first tiles took 0.5 ms
+per launch, 3x XLA's MLP (BENCHMARKS.md, "MoNE on an H200, measured"); this screen found
+tiles 1.5x faster than XLA's path at d = 96 (2026-11-28, "measured again"), now the
+defaults (``kernels.tiles.CARD_TILES``). This times
 the kernel for a grid of ``(block_rows, block_hidden, num_warps, num_stages)`` at the token
 groups of MoNE-ViT-B/16 at e_c 0.3 and batch 256 (rows of width 96, 192, 384), each against
 ``plain_residual_mlp`` compiled by XLA, and prints the best setting per width as a
@@ -60,10 +62,10 @@ default (``tiles.default_tiles``), which is timed first.
   other hidden blocks and stages, 32 and 128 rows at 4 warps, and the 8-warp, 128-row
   default before them (``default_blocks``).
 * The MLP kernel alone (``mlp``), never screened on a card: tiles compiled for sm_90 here
-  without spills or copies of the GELU (``bench/kernel_compile.py --kernel mlp`` with
-  ``--block-rows 32,64,128 --block-hidden 16,32,64 --warps 4,8``, BENCHMARKS.md). Where a
-  tile is small for its warps, Triton gives several warps copies of the same product and
-  the compiled loop computes fc1 and the GELU two or four times per hidden element.
+  (``bench/kernel_compile.py --kernel mlp`` with ``--block-rows 32,64,128 --block-hidden
+  16,32,64 --warps 4,8``, BENCHMARKS.md), most without spills or copies of the GELU, and
+  earlier defaults that compute it twice (32 rows at 8 warps: where a tile is small for its
+  warps, Triton gives several warps copies of the same product).
 """
 
 

@@ -317,8 +317,8 @@ def test_the_gpus_patch_matmul_is_an_inference_form(monkeypatch):
 
 @pytest.mark.parametrize("family", ["vit", "vivit"])
 def test_a_models_training_flag_reaches_its_patch_embedding(monkeypatch, family):
-    """Keras' call context carries ``training`` from the model to the patch (or tubelet)
-    embedding, which picks its form with it."""
+    """``training`` reaches the patch (or tubelet) embedding, which picks its form with it,
+    whether the model is called or run through ``stateless_call``."""
     from keras_mone.layers import patch_embedding
 
     seen = []
@@ -329,7 +329,10 @@ def test_a_models_training_flag_reaches_its_patch_embedding(monkeypatch, family)
         model, x = models.MoNEViViTBackbone(**TINY_VIDEO, capacity=0.5), videos()
     model(x, training=True)
     model(x)
-    assert seen == [True, False]
+    # stateless_call (jax's trainer, the benchmarks) sets no call context: the backbone passes it on
+    variables = [v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]
+    model.stateless_call(*variables, x, training=True)
+    assert seen == [True, False, True]
 
 
 def test_a_convolution_that_is_not_a_patch_projection_stays_a_convolution(monkeypatch):

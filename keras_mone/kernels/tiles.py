@@ -129,26 +129,31 @@ measured again"):
   (the old default 0.491), 0.397 against 0.407 at d = 192 (the old default 0.627); at
   d = 384 XLA's path beat every tile (``kernel_pays``);
 * the Triton kernel (``bench/triton_mlp.py --sweep``, 36 settings per width; d = 384's
-  sweep was cut after 10): 0.237, 0.239 and 0.407 ms, against torch's ops at about 0.22,
-  0.18 and 0.16 ms: slower at every width, which is why it stays opt-in.
+  sweep was cut after 9): 0.237, 0.239 and 0.407 ms, against torch's ops at about 0.22,
+  0.18 and 0.16 ms (which varied by up to 40% between rounds): slower at every width,
+  which is why it stays opt-in.
 
 Four warps and 64 rows (one warpgroup's ``wgmma``) beat the 8-warp, 128-row tiles that the
 compiled code suggested for the block kernel. The Pallas MLP kernel alone was not screened
 on a card; it and the widths past a table keep ``default_blocks``."""
 
 CARD_PAYS = {"residual": 192}
-"""The widest nested width at which a kernel beat XLA's path on a card in bf16 (``CARD_TILES``)."""
+"""The widest nested width at which a kernel beat XLA's path on a card in bf16 (``CARD_TILES``).
+The Triton kernel has no entry: it lost to torch's ops at every width, and runs only where
+``$KERAS_MONE_MLP`` asks for it, at the widths its weight loads allow (``kernel_pays``)."""
 
 
 def default_tiles(width, hidden, itemsize=2, kernel="mlp"):
     """``(block_rows, block_hidden, num_warps, num_stages)`` of ``kernel`` (one of ``KERNELS``)
     for a nested group of ``width`` and an MLP ``hidden`` wide: the card's fastest tiles
-    (``CARD_TILES``) where it screened the kernel, else ``default_blocks`` with 8 warps and
-    Triton's 2 stages (3 for the Triton kernel). The hidden block is fitted to ``hidden`` and
-    to shared memory (``fitted_hidden_block``)."""
+    (``CARD_TILES``) where it screened the kernel, for 16-bit rows (the screen's; in float32
+    the Triton kernel's d = 192 tile needs 240 KB of shared memory at 3 stages, past the
+    card's 227), else ``default_blocks`` with 8 warps and Triton's 2 stages (3 for the Triton
+    kernel). The hidden block is fitted to ``hidden`` and cut while one weight tile passes
+    48 KB (``fitted_hidden_block``)."""
     if kernel not in KERNELS:
         raise ValueError(f"`kernel` must be one of {list(KERNELS)}, got {kernel!r}.")
-    for limit, tiles in CARD_TILES.get(kernel, ()):
+    for limit, tiles in CARD_TILES.get(kernel, ()) if itemsize == 2 else ():
         if limit is None or width <= limit:
             rows, block_hidden, num_warps, num_stages = tiles
             return rows, fitted_hidden_block(block_hidden, width, hidden, itemsize), num_warps, num_stages

@@ -86,7 +86,7 @@ def strided_projection(conv, inputs, training=None):
         tuple(conv.strides) == window and conv.padding == "valid" and conv.data_format == "channels_last"
         and set(conv.dilation_rate) == {1} and conv.groups == 1 and conv.activation is keras.activations.linear
     )
-    if not plain or patches_form(bool(training)) != "matmul":
+    if not plain or patches_form(training is True) != "matmul":
         return conv(inputs)
     dims, channels = len(window), inputs.shape[-1]
     grid = [size // step for size, step in zip(inputs.shape[1:-1], window)]

@@ -133,7 +133,7 @@ class ViTBackbone(Backbone):
         """Hook for sub-classes that add layers (routers)."""
 
     def call(self, images, training=None, return_intermediates=False):
-        tokens = self.patch_embedding(images)
+        tokens = self.patch_embedding(images, training=training)
         tokens, intermediates = self.encode(
             tokens, training=training, return_intermediates=return_intermediates
         )

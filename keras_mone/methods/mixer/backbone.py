@@ -113,7 +113,7 @@ class MixerBackbone(Backbone):
         self.norm.build((None, self.num_tokens, self.hidden_dim))
 
     def call(self, images, training=None, return_intermediates=False):
-        tokens = self.patch_embedding(images)
+        tokens = self.patch_embedding(images, training=training)
         for block in self.blocks:
             tokens = block(tokens)
         tokens, record = self._tail(tokens, training)
