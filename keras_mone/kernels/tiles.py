@@ -137,6 +137,10 @@ Four warps and 64 rows (one warpgroup's ``wgmma``) beat the 8-warp, 128-row tile
 compiled code suggested for the block kernel. The Pallas MLP kernel alone was not screened
 on a card; it and the widths past a table keep ``default_blocks``."""
 
+CARD_ITEMSIZE = 2
+"""The bytes per element of the rows the card screened (bf16): ``CARD_TILES`` and ``CARD_PAYS``
+hold for 16-bit rows only."""
+
 CARD_PAYS = {"residual": 192}
 """The widest nested width at which a kernel beat XLA's path on a card in bf16 (``CARD_TILES``).
 The Triton kernel has no entry: it lost to torch's ops at every width, and runs only where
@@ -153,7 +157,7 @@ def default_tiles(width, hidden, itemsize=2, kernel="mlp"):
     48 KB (``fitted_hidden_block``)."""
     if kernel not in KERNELS:
         raise ValueError(f"`kernel` must be one of {list(KERNELS)}, got {kernel!r}.")
-    for limit, tiles in CARD_TILES.get(kernel, ()) if itemsize == 2 else ():
+    for limit, tiles in CARD_TILES.get(kernel, ()) if itemsize == CARD_ITEMSIZE else ():
         if limit is None or width <= limit:
             rows, block_hidden, num_warps, num_stages = tiles
             return rows, fitted_hidden_block(block_hidden, width, hidden, itemsize), num_warps, num_stages
@@ -187,7 +191,7 @@ def kernel_pays(width, hidden, itemsize=2, kernel="mlp"):
     GELU's read and write, fc2's read): at d = 384, 32-row tiles load 48 bytes against 8 in
     bf16, and the kernel is bound by its weight loads. A width that does not pay keeps the
     plain path unless ``$KERAS_MONE_MLP_TILES`` names it."""
-    if itemsize == 2 and kernel in CARD_PAYS:
+    if itemsize == CARD_ITEMSIZE and kernel in CARD_PAYS:
         return width <= CARD_PAYS[kernel]
     rows = default_tiles(width, hidden, itemsize, kernel)[0]
     return weight_bytes_per_hidden_element(width, rows, itemsize) <= 4 * itemsize
