@@ -217,12 +217,12 @@ forms_reports=()
 script_reports=()  # the reports of the tile screens, triton_mlp and torch_host_time
 scripts_done=0
 forms_done=0
-FORMS="${FORMS:-present,fused_residuals,half_block_residuals,library_gelu+patch_conv,packed,joint_norms}"
+FORMS="${FORMS:-present,keras_statistics,fused_statistics,half_block_residuals,packed}"
 # (fused_mlp: forms_vit_bf16_tuned; six forms take about 150 s on an H200)
 TIMEOUT_forms_vit_bf16="${TIMEOUT_forms_vit_bf16:-220}"
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
 forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,library_gelu+patch_conv}" --timm
-forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present}"
+forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,keras_statistics}"
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present}"
@@ -276,7 +276,7 @@ fi
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
 tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
-    --forms "${FORMS_VIVIT:-present}" --profile
+    --forms "${FORMS_VIVIT:-present,keras_statistics}" --profile
 # MoNE Table 1's setting: float32 on a V100, which has no TF32 (matmuls at jax's "highest" precision)
 forms forms_vivit_b1_highest --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --matmul-precision highest --forms present

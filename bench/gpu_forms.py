@@ -5,7 +5,7 @@ call is traced, so one process compiles every form of the same two models:
 
     present        the platform's defaults (on jax's GPU: fused attention, plain MLP, tied
                    slices, rational GELU, patches by matmul at inference, by convolution in
-                   training steps)
+                   training steps, one-pass LayerNorm statistics)
     free           $KERAS_MONE_ORDER=free: no ties (``nested_dense.after``) between the
                    weight slices, token groups and the tensors they follow
     fused_mlp      $KERAS_MONE_MLP=fused: each nested group's MLP half as one Pallas kernel
@@ -17,6 +17,14 @@ call is traced, so one process compiles every form of the same two models:
     patch_matmul   $KERAS_MONE_PATCHES=matmul: the patch embedding as one matmul
     patch_conv     $KERAS_MONE_PATCHES=conv: Keras' strided convolution (the CPU's form)
     joint_norms    $KERAS_MONE_NORMS=joint: a block's LayerNorms over its groups joined
+    keras_statistics
+                   $KERAS_MONE_STATISTICS=keras: Keras' LayerNorm statistics (two
+                   reductions; the GPU's default before 2026-11-28)
+    one_pass_statistics
+                   $KERAS_MONE_STATISTICS=one_pass: each LayerNorm's mean and mean square
+                   in one reduction (jax's GPU default)
+    fused_statistics
+                   $KERAS_MONE_STATISTICS=fused: each LayerNorm one Triton kernel of XLA's
     packed         $KERAS_MONE_LAYOUT=packed: a block's groups in one token-major tensor
     fused_residuals
                    $KERAS_MONE_RESIDUALS=fused: the groups' residuals never written apart
@@ -70,11 +78,15 @@ SWITCHES = {
     "patch_matmul": {platform_forms.PATCHES_ENV: "matmul"},
     "patch_conv": {platform_forms.PATCHES_ENV: "conv"},
     "joint_norms": {platform_forms.NORMS_ENV: "joint"},
+    "keras_statistics": {platform_forms.STATISTICS_ENV: "keras"},
+    "one_pass_statistics": {platform_forms.STATISTICS_ENV: "one_pass"},
+    "fused_statistics": {platform_forms.STATISTICS_ENV: "fused"},
     "packed": {platform_forms.LAYOUT_ENV: "packed"},
     "fused_residuals": {platform_forms.RESIDUALS_ENV: "fused"},
     "half_block_residuals": {platform_forms.RESIDUALS_ENV: "half_block"},
 }
-DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV)
+DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV,
+                  platform_forms.STATISTICS_ENV)
 """The switches a dense model reads (the others act on nested token groups only)."""
 TINY = dict(patch_size=8, hidden_dim=64, depth=2, num_heads=4, mlp_dim=128)
 

@@ -74,3 +74,19 @@ def test_highest_matmul_precision_reaches_every_dot_of_both_programs(monkeypatch
         assert dots and all("operand_precision={highest,highest}" in line for line in dots), model
     with pytest.raises(SystemExit):
         gpu_forms.parse(["--matmul-precision", "tf32"])
+
+
+def test_every_form_the_gpu_script_sweeps_by_default_exists(monkeypatch):
+    """``bench/gpu.sh``'s default sweeps (``${FORMS...:-a,b}``) name forms of ``gpu_forms``: a
+    misspelt one would cost a card's run."""
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "bench"))
+    import gpu_forms
+
+    defaults = re.findall(r"\$\{FORMS[A-Z0-9_]*:-([^}]*)\}", (root / "bench" / "gpu.sh").read_text())
+    forms = {form for listed in defaults for form in listed.split(",") if form}  # (FORMS_EXTRA: none)
+    assert {"present", "keras_statistics", "fused_statistics"} <= forms
+    for form in forms:
+        gpu_forms.form_settings(form)  # raises on an unknown name

@@ -160,6 +160,7 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     ("PATCHES_ENV", "patches_form", "conv", r"\['conv', 'matmul'\]"),
     ("ORDER_ENV", "order_form", "tied", r"\['tied', 'free'\]"),
     ("NORMS_ENV", "norms_form", "grouped", r"\['grouped', 'joint'\]"),
+    ("STATISTICS_ENV", "statistics_form", "keras", r"\['keras', 'one_pass', 'fused'\]"),
     ("RESIDUALS_ENV", "residuals_form", "block", r"\['fused', 'block', 'half_block'\]"),
 ])
 def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch, variable, form, cpu_default, listed):
@@ -313,6 +314,20 @@ def test_the_gpus_patch_matmul_is_an_inference_form(monkeypatch):
         assert platform_forms.patches_form(training=True) == "conv"
         monkeypatch.setenv(platform_forms.PATCHES_ENV, "matmul")
         assert platform_forms.patches_form(training=True) == "matmul"
+
+
+def test_reports_name_the_training_steps_patch_form(monkeypatch):
+    """A benchmark's report names the patch form its training steps took where it is not
+    its forwards' (jax's GPU), and one form elsewhere."""
+    from keras_mone.bench.report import patches_words
+
+    monkeypatch.delenv(platform_forms.PATCHES_ENV, raising=False)
+    with platform_forms.compiling_for("gpu"):
+        gpu = platform_forms.current_forms()
+    assert gpu["training_patches_form"] == "conv"
+    assert patches_words(gpu) == ("matmul (training steps: conv)" if BACKEND == "jax" else "conv")
+    assert patches_words(platform_forms.current_forms()) == "conv"
+    assert patches_words({"patches_form": "matmul"}) == "matmul"  # a report from before the training form
 
 
 @pytest.mark.parametrize("family", ["vit", "vivit"])

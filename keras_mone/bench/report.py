@@ -132,7 +132,7 @@ def _header(result):
         f"{cfg['num_experts']} experts of widths {cfg['expert_widths']}, routers at {cfg['router_positions']}; "
         f"jit_compile resolved to {'/'.join(jit)}; attention {env.get('attention_form', 'as the backend chose')}, "
         f"MLP {env.get('mlp_form', 'plain')}, GELU {env.get('gelu_form', 'library')}, "
-        f"patches by {env.get('patches_form', 'conv')}, weight slices {env.get('order_form', 'tied')}. "
+        f"patches by {patches_words(env)}, weight slices {env.get('order_form', 'tied')}. "
         f"{s['repeats']} interleaved round-robin repeats after "
         f"{s['warmup']} warm-up call(s) per model; speedup = dense median / model median, "
         "efficiency = speedup / FLOP ratio (1.0 = FLOP savings fully realised). Peak device memory: one "
@@ -140,6 +140,16 @@ def _header(result):
         "statistics, e.g. the CPU; '<=': jax's peak mark, which never resets, did not rise).",
         "",
     ]
+
+
+def patches_words(env):
+    """How a report names the patch embedding's form: ``"conv"``, or ``"matmul (training
+    steps: conv)"`` where a run's training steps took another form than its forwards
+    (``platform_forms.patches_form``); reports written before the training form was
+    recorded name the one form they have."""
+    inference = env.get("patches_form", "conv")
+    training = env.get("training_patches_form", inference)
+    return inference if training == inference else f"{inference} (training steps: {training})"
 
 
 def _routing_section(result):

@@ -164,6 +164,7 @@ def _non_default_forms(env):
     for variable, key, label in (("KERAS_MONE_GELU", "gelu_form", "GELU"), ("KERAS_MONE_PATCHES", "patches_form",
                                  "patches"), ("KERAS_MONE_ORDER", "order_form", "slices"),
                                  ("KERAS_MONE_NORMS", "norms_form", "LayerNorms"),
+                                 ("KERAS_MONE_STATISTICS", "statistics_form", "LayerNorm statistics"),
                                  ("KERAS_MONE_LAYOUT", "layout_form", "token groups"),
                                  ("KERAS_MONE_RESIDUALS", "residuals_form", "residual writes")):
         if variables.get(variable):

@@ -7,6 +7,7 @@ from keras import ops
 from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register, register_old_name
 from keras_mone.layers.gates import get_gate
+from keras_mone.layers.layer_norm import normalize
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
 from keras_mone.layers.packed_block import direct_cast, eager_torch_tensors, packable, packed_block, torch_hooks
@@ -125,7 +126,8 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             return outputs[0] if single else outputs
         gates = [None] * len(groups) if gates is None else gates
         attended = self.attention(
-            _joined_norms(self.norm1, groups) or [self.norm1(g) for g in groups], widths=widths, training=training,
+            _joined_norms(self.norm1, groups) or [normalize(self.norm1, g) for g in groups], widths=widths,
+            training=training,
             return_received_attention=return_received_attention,
         )
         if return_received_attention:
@@ -142,7 +144,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             if done is not None:
                 updates.append(None)
                 continue
-            normed = self.norm2(z) if joint is None else joint.pop(0)
+            normed = normalize(self.norm2, z) if joint is None else joint.pop(0)
             if last is not None:  # one group's MLP after the other: XLA would hold all their slices at once (issue 27)
                 normed = after(normed, last)  # (tied after the norm: no copy of the residual z)
             update = self.mlp(normed, width=width, pad_output=False, training=training)
@@ -246,7 +248,7 @@ def _joined_norms(norm, groups):
     group. ``None`` where the groups are normalised one by one (the caller's loop)."""
     if len(groups) < 2 or norms_form() == "grouped":
         return None
-    joint = norm(ops.concatenate(groups, axis=1))
+    joint = normalize(norm, ops.concatenate(groups, axis=1))
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     return [joint[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
 

@@ -12,6 +12,8 @@ Unset, each takes the form measured fastest on the platform:
 * ``$KERAS_MONE_PATCHES`` (``patches_form``): strided convolution or one matmul;
 * ``$KERAS_MONE_ORDER`` (``order_form``): jax's weight-slice ties on or off;
 * ``$KERAS_MONE_NORMS`` (``norms_form``): a block's LayerNorms per token group or over all;
+* ``$KERAS_MONE_STATISTICS`` (``statistics_form``): how jax writes a block's LayerNorm
+  statistics (Keras' form, one pass, or the two passes XLA fuses on a GPU);
 * ``$KERAS_MONE_LAYOUT`` (``layout_form``): a block's token groups as tensors of their own
   or packed into one token-major tensor (``layers.packed_block``);
 * ``$KERAS_MONE_RESIDUALS`` (``residuals_form``): how often jax on a GPU writes the token
@@ -42,6 +44,8 @@ PATCHES_ENV = "KERAS_MONE_PATCHES"
 PATCHES_FORMS = ("conv", "matmul")
 NORMS_ENV = "KERAS_MONE_NORMS"
 NORMS_FORMS = ("grouped", "joint")
+STATISTICS_ENV = "KERAS_MONE_STATISTICS"
+STATISTICS_FORMS = ("keras", "one_pass", "fused")
 LAYOUT_ENV = "KERAS_MONE_LAYOUT"
 LAYOUT_FORMS = ("grouped", "packed")
 RESIDUALS_ENV = "KERAS_MONE_RESIDUALS"
@@ -192,6 +196,30 @@ def norms_form():
     return _env_form(NORMS_ENV, NORMS_FORMS, "grouped")
 
 
+def statistics_form():
+    """``"keras"``, ``"one_pass"`` or ``"fused"``: how a ``ViTBlock``'s LayerNorms compute
+    their statistics on jax (``layers.layer_norm.normalize``; other backends always run
+    Keras' ``LayerNormalization``). "keras": Keras' ``ops.layer_normalization``, two
+    reductions and an rsqrt pass per LayerNorm and token group, the normalisation fused into
+    its consumers. "one_pass": the mean and the mean square in one reduction (flax's
+    ``LayerNorm`` default, ``use_fast_variance``), the normalisation still fused into its
+    consumers. "fused": the two-pass statistics written ``(x - mean) * rsqrt(var + eps)``,
+    which XLA's GPU compiler makes one Triton kernel per LayerNorm that also writes the
+    normalised tokens. Compiled for an H200 (BENCHMARKS.md, "LayerNorm statistics in the
+    GPU programs"), keras / one_pass / fused:
+
+    * MoNE-ViT-B/16 forward, batch 256, bf16: 893 / 797 / 653 kernels, 40.89 / 38.83 /
+      39.81 GB, roofline 9.19 / 8.76 / 8.97 ms; dense 240 / 215 / 155 kernels, 43.56 /
+      43.48 / 40.75 GB, its heap 514.5 / 514.5 / 588.0 MiB;
+    * the training step, batch 128: MoNE 68.01 / 62.96 / 71.27 GB, heap 7316 / 6983 /
+      8001 MiB; dense 59.21 / 57.50 / 63.11 GB.
+
+    One pass is the only form that moves fewer bytes in every program, for both models.
+    Not timed on a card: ``$KERAS_MONE_STATISTICS`` when set, else one_pass on jax's GPU
+    and keras elsewhere (the CPU's measured form)."""
+    return _env_form(STATISTICS_ENV, STATISTICS_FORMS, "one_pass" if _jax_gpu() else "keras")
+
+
 def layout_form():
     """``"grouped"`` or ``"packed"``: whether ``ViTBlock`` runs its token groups as
     ``(batch, k_j, D)`` tensors of their own or packed into one token-major tensor, each
@@ -227,16 +255,19 @@ def _jax_gpu():
     return keras.backend.backend() == "jax" and accelerator() == "gpu"
 
 
-VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV, LAYOUT_ENV, RESIDUALS_ENV)
+VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV, STATISTICS_ENV, LAYOUT_ENV,
+             RESIDUALS_ENV)
 """Every switch above, in the order ``current_forms`` lists them."""
 
 
 def current_forms():
     """``{"attention_form": ..., "mlp_form": ..., "gelu_form": ..., "patches_form": ...,
-    "order_form": ..., "norms_form": ..., "layout_form": ..., "residuals_form": ...}``: the
-    forms a call traced now takes (what bench reports record)."""
+    "training_patches_form": ..., "order_form": ..., "norms_form": ..., "statistics_form": ...,
+    "layout_form": ..., "residuals_form": ...}``: the forms a call traced now takes (what bench reports record);
+    the patch embedding's form differs between inference and training steps (``patches_form``)."""
     return {"attention_form": attention_form(), "mlp_form": mlp_form(), "gelu_form": gelu_form(),
-            "patches_form": patches_form(), "order_form": order_form(), "norms_form": norms_form(),
+            "patches_form": patches_form(), "training_patches_form": patches_form(training=True),
+            "order_form": order_form(), "norms_form": norms_form(), "statistics_form": statistics_form(),
             "layout_form": layout_form(), "residuals_form": residuals_form()}
 
 

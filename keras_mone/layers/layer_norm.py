@@ -1,0 +1,60 @@
+"""A block's LayerNorm in the statistics form of the platform (``platform_forms.statistics_form``).
+
+``normalize(layer, x)`` is ``layer(x)`` for a Keras ``LayerNormalization``, computed as
+Keras computes it (in at least float32, the result cast to the layer's compute dtype),
+with the mean and variance over the last axis written in one of the forms XLA compiles
+differently on a GPU:
+
+* ``"keras"``: ``layer(x)`` itself (``ops.layer_normalization``: ``jnp.mean`` and
+  ``jnp.var``, two reductions and an rsqrt pass, the normalisation fused into consumers);
+* ``"one_pass"``: ``E[x]`` and ``E[x^2]`` in one reduction, ``var = E[x^2] - E[x]^2``
+  (clamped at 0). Its rounding error grows with ``mean^2 / var`` of a token's features:
+  float32 loses about ``6e-8 * mean^2 / var`` of the variance; a ViT's token rows have
+  ``mean^2 / var`` far below 100;
+* ``"fused"``: ``var = E[(x - E[x])^2]`` as Keras, the result written ``(x - mean) *
+  rsqrt(var + eps)``, the pattern XLA's GPU compiler fuses into one Triton kernel per
+  LayerNorm (statistics and normalised output).
+
+Every form normalises over the last axis; a layer with other axes, RMS scaling or
+unbuilt weights, and every backend but jax, take ``layer(x)``.
+"""
+
+import keras
+from keras import ops
+
+from keras_mone.layers.platform_forms import statistics_form
+
+
+def normalize(layer, x):
+    """``layer(x)`` (a ``keras.layers.LayerNormalization``) in the form of ``statistics_form()``."""
+    form = statistics_form()
+    if form == "keras" or not _plain(layer, x):
+        return layer(x)
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    wide = x if dtype in ("float32", "float64") else ops.cast(x, "float32")  # Keras: at least float32
+    mean = ops.mean(wide, axis=-1, keepdims=True)
+    if form == "one_pass":
+        variance = ops.maximum(ops.mean(ops.square(wide), axis=-1, keepdims=True) - ops.square(mean), 0.0)
+    else:
+        variance = ops.mean(ops.square(wide - mean), axis=-1, keepdims=True)
+    scale = ops.rsqrt(variance + ops.cast(layer.epsilon, wide.dtype))
+    if layer.gamma is not None:
+        scale = scale * ops.cast(layer.gamma, wide.dtype)
+    outputs = (wide - mean) * scale
+    if layer.beta is not None:
+        outputs = outputs + ops.cast(layer.beta, wide.dtype)
+    return ops.cast(outputs, layer.compute_dtype)
+
+
+def _plain(layer, x):
+    """Whether ``layer`` is a built LayerNorm over the last axis that ``normalize`` may
+    compute itself: jax, no RMS scaling, nothing ``Layer.__call__`` would add (an
+    activity regularizer)."""
+    return (
+        keras.backend.backend() == "jax"
+        and isinstance(layer, keras.layers.LayerNormalization)
+        and layer.built
+        and not layer.rms_scaling
+        and list(layer.axis) in ([-1], [len(x.shape) - 1])
+        and layer.activity_regularizer is None
+    )
