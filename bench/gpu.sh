@@ -7,7 +7,8 @@
 # On an H200 (2026-11-28, docs/gpu_runs/2026-11-28-*): forms_vit_bf16 with FORMS="present,packed" 82 s,
 # kernel_tiles 48 s, forms_vit_bf16_tuned 24 s, forms_vivit_b1_highest 87 s, forms_vivit_b1 35 s,
 # forms_vit_train 77 s, forms_vit_f32 (present) 44 s, vit_b16_b256_torch(_fused_mlp) 35-37 s,
-# vit_b16_b64_torch 32 s; triton_mlp 17 s without --sweep, over 80 s with it (TRITON_MLP_ARGS).
+# vit_b16_b64_torch 32 s; triton_mlp 17 s without --sweep, over 80 s with it (TRITON_MLP_ARGS; since
+# 2026-11-28 the default is "--sweep --budget 60": the sweep stops after about a minute and names what it left).
 #
 #   bash bench/gpu.sh                  # from the repository root or anywhere
 #   OUT=/some/dir bash bench/gpu.sh    # results under $OUT/gpu_bench (default: runs/gpu_bench)
@@ -264,7 +265,7 @@ if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" triton_mlp "* ]]; then
     selected=$((selected + 1))
     # shellcheck disable=SC2086  # TRITON_MLP_ARGS: one word per argument
     KERAS_BACKEND=torch timeout "${TIMEOUT_triton_mlp:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/triton_mlp.py" \
-        ${TRITON_MLP_ARGS:---sweep} >"$OUT_DIR/triton_mlp.md" 2>"$OUT_DIR/triton_mlp.log"
+        ${TRITON_MLP_ARGS:---sweep --budget 60} >"$OUT_DIR/triton_mlp.md" 2>"$OUT_DIR/triton_mlp.log"
     rc=$?
     echo "[gpu.sh] triton_mlp: exit $rc (total $((SECONDS - start)) s)"
     [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))

@@ -11,6 +11,7 @@ setting per width and a ``KERAS_MONE_MLP_TILES`` line for the model (``$KERAS_MO
 on torch takes it).
 
     KERAS_BACKEND=torch python bench/triton_mlp.py --sweep                 # on a CUDA card
+    KERAS_BACKEND=torch python bench/triton_mlp.py --sweep --budget 60     # the same within about a minute
     KERAS_BACKEND=torch python bench/triton_mlp.py --batch-size 1 --tokens 24 --dim 192 \\
         --hidden 128 --repeats 2   # anywhere: the kernel interpreted (a smoke test, not a timing)
 """
@@ -97,18 +98,29 @@ def run(args):
              f"{args.capacity:g}; medians of {args.repeats} interleaved calls; {time.strftime('%Y-%m-%d')}.", "",
              "| width | rows | setting | torch ms | kernel ms | speed-up | kernel TFLOP/s | max error / max |",
              "|---|---|---|---|---|---|---|---|"]
-    best = {}
-    for tokens, width in group_shapes(args.capacity, args.tokens, args.dim):
+    best, skipped = {}, []
+    shapes = group_shapes(args.capacity, args.tokens, args.dim)
+    fitting = [width for _, width in shapes if kernel.kernel_fits(width, args.hidden)]
+    started = time.perf_counter()
+    for tokens, width in shapes:
         rows = args.batch_size * tokens
         if not kernel.kernel_fits(width, args.hidden):
             lines.append(f"| {width} | {rows} | does not fit the kernel (`kernel_fits`): torch's ops | | | | | |")
             continue
+        # each fitting width gets an equal share of what is left of --budget (defaults always timed)
+        widths_left = len(fitting) - fitting.index(width)
+        deadline = (None if args.budget is None else
+                    time.perf_counter() + (args.budget - (time.perf_counter() - started)) / widths_left)
         x = torch.randn(rows, args.dim, generator=generator).to(device, dtype)
         with torch.inference_mode():
             reference = kernel.plain_nested_mlp(x, w1, b1, w2, b2, width)
             scale = float(reference.abs().max().float())
-            for tile in settings(width, args.hidden, args.sweep):
+            grid = settings(width, args.hidden, args.sweep)
+            for index, tile in enumerate(grid):
                 label = ",".join(str(tile[k]) for k in SWEEP) if tile else "defaults"
+                if tile and deadline is not None and time.perf_counter() > deadline:
+                    skipped.append(f"d = {width}: {len(grid) - index} of {len(grid) - 1} settings")
+                    break
                 try:
                     error = float((kernel.nested_mlp(x, w1, b1, w2, b2, width, **tile) - reference).abs().max()) / scale
                 except Exception as failure:  # a setting Triton cannot compile (shared memory, registers)
@@ -125,6 +137,8 @@ def run(args):
                              f"{plain_s / kernel_s:.2f}x | {rate:.0f} | {error:.1e} |")
                 if tile and (width not in best or kernel_s < best[width][1]):
                     best[width] = (label, kernel_s, plain_s)
+    if skipped:
+        lines += ["", f"Not timed (--budget {args.budget:g} s spent): " + "; ".join(skipped) + "."]
     if best:
         lines += ["", "Best setting per width (block_rows, block_hidden, num_warps, num_stages):", ""]
         lines += [f"- d = {w}: {label}, {plain_s / s:.2f}x torch's ops" for w, (label, s, plain_s) in best.items()]
@@ -143,6 +157,9 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--sweep", action="store_true", help="time the tile grid SWEEP too")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="stop the sweep after about this long, each width of the kernel an equal share of "
+                        "what is left (every width's defaults are still timed); the report names what was not")
     parser.add_argument("--tolerance", type=float, default=2e-2,
                         help="largest error / largest value a setting may show against torch's ops (bf16: 2e-2)")
     return run(parser.parse_args(argv))

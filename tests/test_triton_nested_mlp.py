@@ -244,6 +244,13 @@ def test_the_gpu_benchmark_script_runs_and_checks_every_setting(monkeypatch):
     rows = [line for line in text.splitlines() if line.startswith("| 48 ") or line.startswith("| 96 ")]
     assert len(rows) == 2 and all("defaults" in row and "not timed" not in row for row in rows)
     assert [n for n, _ in triton_mlp.group_shapes(0.3, 196, 768)] == [84, 61, 37]  # ViT-B/16's nested groups
+    # --budget: every width's defaults are timed; the sweep settings past the budget are named, not timed
+    text = triton_mlp.main(["--batch-size", "1", "--tokens", "24", "--dim", "192", "--hidden", "128",
+                            "--repeats", "1", "--sweep", "--budget", "0"])
+    grid = len(triton_mlp.settings(48, 128, True)) - 1
+    assert grid > 0 and f"Not timed (--budget 0 s spent): d = 48: {grid} of {grid} settings; d = 96: " in text
+    rows = [line for line in text.splitlines() if line.startswith("| 48 ") or line.startswith("| 96 ")]
+    assert len(rows) == 2 and all("defaults" in row for row in rows)
 
 
 def test_paths_outside_the_packed_blocks_keep_torchs_ops(monkeypatch):
