@@ -82,11 +82,16 @@ def test_one_pass_loses_what_its_docstring_says_on_rows_far_from_zero(monkeypatc
 
 
 def test_layers_it_does_not_take_run_keras(monkeypatch):
-    """RMS scaling, other axes or an unbuilt layer: ``layer(x)`` itself."""
+    """RMS scaling, other axes, rematerialisation (``keras.RematScope``) or an unbuilt layer:
+    ``layer(x)`` itself, Keras' call included."""
     monkeypatch.setenv(platform_forms.STATISTICS_ENV, "one_pass")
     x = _rows()
-    for layer in (_layer(rms_scaling=True), _layer(axis=[1, 2])):
-        assert np.array_equal(to_numpy(normalize(layer, x)), to_numpy(layer(x)))
+    with keras.RematScope(mode="full"):
+        rematerialised = _layer()
+    for layer in (_layer(rms_scaling=True), _layer(axis=[1, 2]), rematerialised):
+        calls, call = [], layer.call
+        monkeypatch.setattr(layer, "call", lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs))
+        assert np.array_equal(to_numpy(normalize(layer, x)), to_numpy(call(x))) and calls
     fresh = keras.layers.LayerNormalization()
     assert to_numpy(normalize(fresh, x)).shape == x.shape and fresh.built
 

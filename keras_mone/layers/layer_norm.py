@@ -49,7 +49,7 @@ def normalize(layer, x):
 def _plain(layer, x):
     """Whether ``layer`` is a built LayerNorm over the last axis that ``normalize`` may
     compute itself: jax, no RMS scaling, nothing ``Layer.__call__`` would add (an
-    activity regularizer)."""
+    activity regularizer, rematerialisation under a ``keras.RematScope``)."""
     return (
         keras.backend.backend() == "jax"
         and isinstance(layer, keras.layers.LayerNormalization)
@@ -57,4 +57,5 @@ def _plain(layer, x):
         and not layer.rms_scaling
         and list(layer.axis) in ([-1], [len(x.shape) - 1])
         and layer.activity_regularizer is None
+        and getattr(layer, "_remat_mode", None) is None
     )
