@@ -219,8 +219,9 @@ script_reports=()  # the reports of the tile screens, triton_mlp and torch_host_
 scripts_done=0
 forms_done=0
 FORMS="${FORMS:-present,keras_statistics,fused_statistics,half_block_residuals,packed}"
-# (fused_mlp: forms_vit_bf16_tuned; six forms take about 150 s on an H200)
+# (fused_mlp: forms_vit_bf16_tuned; six forms took about 150 s on an H200, two 82 s)
 TIMEOUT_forms_vit_bf16="${TIMEOUT_forms_vit_bf16:-220}"
+TIMEOUT_forms_vit_train="${TIMEOUT_forms_vit_train:-240}"  # one form took 77 s; MoNE's step compiles in 53
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
 forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,library_gelu+patch_conv}" --timm
 forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,keras_statistics}"

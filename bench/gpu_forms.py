@@ -24,7 +24,8 @@ call is traced, so one process compiles every form of the same two models:
                    $KERAS_MONE_STATISTICS=one_pass: each LayerNorm's mean and mean square
                    in one reduction (jax's GPU default)
     fused_statistics
-                   $KERAS_MONE_STATISTICS=fused: each LayerNorm one Triton kernel of XLA's
+                   $KERAS_MONE_STATISTICS=fused: two-pass statistics written so that XLA
+                   makes each LayerNorm one Triton kernel
     packed         $KERAS_MONE_LAYOUT=packed: a block's groups in one token-major tensor
     fused_residuals
                    $KERAS_MONE_RESIDUALS=fused: the groups' residuals never written apart

@@ -30,9 +30,10 @@ from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
 # The property tests' examples: fixed by default, so a run is reproducible and CI's verdict
 # does not depend on the draw; `pytest --hypothesis-profile explore` searches afresh.
-_hypothesis_settings.register_profile("ci", max_examples=40, derandomize=True)
+# (Named "fixed", not "ci": hypothesis has a "ci" profile of its own.)
+_hypothesis_settings.register_profile("fixed", max_examples=40, derandomize=True)
 _hypothesis_settings.register_profile("explore", max_examples=400, derandomize=False)
-_hypothesis_settings.load_profile("ci")
+_hypothesis_settings.load_profile("fixed")
 
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

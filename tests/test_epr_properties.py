@@ -16,7 +16,7 @@ from keras_mone import routing
 
 PROPERTY_SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 """With the suite's hypothesis profile (``conftest``): 40 fixed examples per test by default
-("ci", reproducible), ``--hypothesis-profile explore`` for 400 fresh random ones."""
+("fixed", reproducible), ``--hypothesis-profile explore`` for 400 fresh random ones."""
 
 
 def feasible(position, experts):

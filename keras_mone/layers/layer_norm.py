@@ -1,22 +1,26 @@
 """A block's LayerNorm in the statistics form of the platform (``platform_forms.statistics_form``).
 
 ``normalize(layer, x)`` is ``layer(x)`` for a Keras ``LayerNormalization``, computed as
-Keras computes it (in at least float32, the result cast to the layer's compute dtype),
-with the mean and variance over the last axis written in one of the forms XLA compiles
-differently on a GPU:
+Keras computes it (in at least float32, the result cast to the input's dtype, then to the
+layer's compute dtype), with the mean and variance over the last axis written in one of
+the forms XLA compiles differently on a GPU:
 
 * ``"keras"``: ``layer(x)`` itself (``ops.layer_normalization``: ``jnp.mean`` and
   ``jnp.var``, two reductions and an rsqrt pass, the normalisation fused into consumers);
 * ``"one_pass"``: ``E[x]`` and ``E[x^2]`` in one reduction, ``var = E[x^2] - E[x]^2``
-  (clamped at 0). Its rounding error grows with ``mean^2 / var`` of a token's features:
-  float32 loses about ``6e-8 * mean^2 / var`` of the variance; a ViT's token rows have
-  ``mean^2 / var`` far below 100;
+  (clamped at 0: rounding can make it negative), flax's ``LayerNorm`` default. Its error
+  grows with ``mean^2 / var`` of a token's features: at D = 768 in float32, 4096 rows of
+  std 1 with ``mean^2 / var`` of 1e2 / 1e4 / 1e6 are off by up to 6e-5 / 8e-3 / 0.7 (the
+  two-pass form: 2e-6 / 2e-5 / 3e-4; XLA on the CPU). The shipped digits presets' token
+  rows have at most 0.12 (``bench/layer_norm_rows.py``);
 * ``"fused"``: ``var = E[(x - E[x])^2]`` as Keras, the result written ``(x - mean) *
   rsqrt(var + eps)``, the pattern XLA's GPU compiler fuses into one Triton kernel per
   LayerNorm (statistics and normalised output).
 
-Every form normalises over the last axis; a layer with other axes, RMS scaling or
-unbuilt weights, and every backend but jax, take ``layer(x)``.
+Only a plain ``LayerNormalization`` over the last axis, built, on jax, with nothing that
+``Layer.__call__`` would add (RMS scaling, a subclass's ``call``, an activity regularizer,
+rematerialisation, a distribution's layouts, a mask, symbolic inputs) takes a form; every
+other call is ``layer(x)``.
 """
 
 import keras
@@ -43,19 +47,20 @@ def normalize(layer, x):
     outputs = (wide - mean) * scale
     if layer.beta is not None:
         outputs = outputs + ops.cast(layer.beta, wide.dtype)
-    return ops.cast(outputs, layer.compute_dtype)
+    return ops.cast(ops.cast(outputs, dtype), layer.compute_dtype)  # as Keras casts
 
 
 def _plain(layer, x):
-    """Whether ``layer`` is a built LayerNorm over the last axis that ``normalize`` may
-    compute itself: jax, no RMS scaling, nothing ``Layer.__call__`` would add (an
-    activity regularizer, rematerialisation under a ``keras.RematScope``)."""
+    """Whether ``normalize`` may compute ``layer(x)`` itself (module docstring)."""
     return (
         keras.backend.backend() == "jax"
-        and isinstance(layer, keras.layers.LayerNormalization)
+        and type(layer) is keras.layers.LayerNormalization  # (a subclass may have its own call)
         and layer.built
         and not layer.rms_scaling
         and list(layer.axis) in ([-1], [len(x.shape) - 1])
         and layer.activity_regularizer is None
         and getattr(layer, "_remat_mode", None) is None
+        and keras.distribution.distribution() is None
+        and getattr(x, "_keras_mask", None) is None
+        and not isinstance(x, keras.KerasTensor)
     )

@@ -27,10 +27,9 @@ attention, on torch and on jax with ``$KERAS_MONE_LAYOUT=packed``
 On jax the point is XLA's GPU program: a group's rows are one contiguous range, which XLA
 reads inside a GEMM, where batch-major groups are strided and each cut is a copy kernel;
 and one LayerNorm, one residual add per block instead of one per group (an H200's program:
-BENCHMARKS.md). There attention is the generic path's (``multi_head_attention``, in the
-platform's form); torch gets q, k and v heads first for SDPA. jax packs only blocks of
-several groups, not with the Pallas MLP kernels, and without the CPU's weight-slice ties
-(``platform_forms.order_form``): it is a GPU form.
+BENCHMARKS.md). There attention and LayerNorm statistics are in the platform's forms;
+torch gets q, k and v heads first for SDPA. jax packs only blocks of several groups, not
+with the Pallas MLP kernels, and without the weight-slice ties (``order_form``): a GPU form.
 
 Layout work (reshapes, transposes, slices, concatenations, products) uses torch's tensor
 methods: Keras' dispatch of each costs more host time than the op itself (host time of a
@@ -42,6 +41,7 @@ from keras import ops
 
 from keras_mone.layers.activations import gelu
 from keras_mone.layers.attention import MoNEAttention, multi_head_attention
+from keras_mone.layers.layer_norm import normalize
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
 from keras_mone.layers.platform_forms import accelerator, fused_attention, layout_form, mlp_form
@@ -148,13 +148,13 @@ def fuse_groups(x):
 
 
 def _norm(layer, x):
-    """``layer(x)``; a built Keras ``LayerNormalization`` on eager torch as the ops its
-    ``call`` runs there (``F.layer_norm`` in at least float32, cast back), without Keras'
-    ``Layer.__call__`` and op dispatch, which cost more host time than the LayerNorm and
-    change nothing here (the layer neither casts its input nor autocasts its weights;
-    ``tests/test_torch_direct_calls.py`` checks the outputs bit for bit)."""
+    """``layer(x)``: on jax in the platform's statistics form (``layer_norm.normalize``); a
+    built Keras ``LayerNormalization`` on eager torch as the ops its ``call`` runs there
+    (``F.layer_norm`` in at least float32, cast back), without Keras' ``Layer.__call__`` and
+    op dispatch, which cost more host time than the LayerNorm and change nothing here (the
+    layer neither casts its input nor autocasts its weights; ``tests/test_torch_direct_calls.py``)."""
     if not (type(layer) is keras.layers.LayerNormalization and layer.built and _torch() and _eager()):
-        return layer(x)
+        return normalize(layer, x)
     if torch_hooks(layer) or layer.activity_regularizer is not None or getattr(layer, "_remat_mode", None):
         return layer(x)  # what ``Layer.__call__`` serves: hooks, activity losses, rematerialisation
     if layer.rms_scaling or list(layer.axis) not in ([-1], [len(x.shape) - 1]):

@@ -4,8 +4,11 @@ The zoo's forms were first measured on CPUs (BENCHMARKS.md); on a GPU other
 forms pay (issue 40: an H200's profiles in BENCHMARKS.md). Each switch below is
 an environment variable, read when a call is traced, so every form can be timed
 against the others in one process (``bench/gpu_forms.py``); the forms of a
-switch are equal within float rounding (``tests/test_platform_forms.py``).
-Unset, each takes the form measured fastest on the platform:
+switch are equal within float rounding (``tests/test_platform_forms.py``,
+``tests/test_layer_norm.py``; one-pass LayerNorm statistics lose precision on token
+rows far from zero: ``layers.layer_norm``). Unset, each takes the form measured fastest
+on the platform, or, where no card has timed a switch's forms yet (``statistics_form``),
+the one whose compiled programs move the fewest bytes:
 
 * ``$KERAS_MONE_ATTENTION`` (``attention_form``): fused kernel or explicit matmuls;
 * ``$KERAS_MONE_GELU`` (``gelu_form``): ``jax.nn.gelu`` or one rational pass;
