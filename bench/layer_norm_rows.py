@@ -11,10 +11,10 @@ mean (std 1, D = 768)::
 """
 
 import argparse
-import os
 
 import keras
 import numpy as np
+from gpu_forms import form_environment
 
 from keras_mone import presets
 from keras_mone.data.cluttered_digits import load_cluttered_digits
@@ -47,15 +47,10 @@ def form_errors(mean, rows=4096, dim=768, seed=0):
     x = np.random.default_rng(seed).normal(mean, 1.0, size=(rows, dim)).astype("float32")
     wide = x.astype(np.float64)
     exact = (wide - wide.mean(-1, keepdims=True)) / np.sqrt(wide.var(-1, keepdims=True) + 1e-6)
-    errors, before = {}, os.environ.get(platform_forms.STATISTICS_ENV)
-    try:
-        for form in platform_forms.STATISTICS_FORMS:
-            os.environ[platform_forms.STATISTICS_ENV] = form
+    errors = {}
+    for form in platform_forms.STATISTICS_FORMS:
+        with form_environment(f"{form}_statistics"):  # bench/gpu_forms.py's switches
             errors[form] = float(np.abs(keras.ops.convert_to_numpy(normalize(layer, x)) - exact).max())
-    finally:
-        os.environ.pop(platform_forms.STATISTICS_ENV, None)
-        if before is not None:
-            os.environ[platform_forms.STATISTICS_ENV] = before
     return errors
 
 

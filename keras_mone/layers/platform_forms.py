@@ -125,7 +125,8 @@ def mlp_form():
     2% faster, and the Triton kernel was slower than torch's ops at every width. A width where
     a kernel does not pay by default (``kernels.tiles.kernel_pays``: the block kernel at
     ViT-B/16's d = 384, where XLA's path beat every tile) keeps the plain path unless
-    ``$KERAS_MONE_MLP_TILES`` names its tiles; ``width:plain`` there keeps it for any width. A forward form: the kernels' backward passes recompute the plain path, which
+    ``$KERAS_MONE_MLP_TILES`` names its tiles; ``width:plain`` there keeps it for any width.
+    A forward form: the kernels' backward passes recompute the plain path, which
     puts the training step's roofline bound under the plain program's (BENCHMARKS.md, "The
     fused kernels' products counted")."""
     chosen = _env_form(MLP_ENV, MLP_FORMS, "plain")
