@@ -35,6 +35,7 @@
 #  4b. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager, under torch.compile and under
 #      torch.compile(mode="reduce-overhead") (CUDA graphs), timm peer
 #      (vit_b16_b256_torch_compile, 540 s: inductor compiles each model twice)
+#      vit_b16_b256_torch_compiled: the same under the default mode only (each model compiled once)
 #  4c. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager (vit_b16_b256_torch), and the same
 #      with the nested MLPs through the Triton kernel (vit_b16_b256_torch_fused_mlp, KERAS_MONE_MLP=fused);
 #      triton_mlp: that kernel against torch's ops per nested group, with its tile grid (bench/triton_mlp.py)
@@ -54,6 +55,9 @@
 #  forms_vit_f32     the same in float32 at batch 64
 #  forms_vit_train   training steps, mixed_bfloat16, batch 128
 #  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
+#  forms_vit_bf16_tanh  batch 256, both models with the tanh GELU of the AugReg presets (--gelu-approximate)
+#  forms_vit_bf16_tanh_cublaslt  the same with every GEMM cuBLAS's and cuBLASLt on
+#                    (XLA_FLAGS): the GELU in fc1's epilogue
 #  kernel_tiles      the block kernel's tile settings timed against XLA, each one's output
 #                    checked against it (bench/kernel_tiles.py)
 #  forms_vit_bf16_tuned  batch 256, fused_mlp with the best tiles of kernel_tiles (XLA's path at
@@ -175,6 +179,11 @@ bench vit_b16_b8_torch torch "${B16[@]}" --capacities 0.3 --batch-size 8 --preci
 TIMEOUT_vit_b16_b256_torch_compile="${TIMEOUT_vit_b16_b256_torch_compile:-540}" bench vit_b16_b256_torch_compile \
     torch "${B16[@]}" --capacities 0.3 --batch-size 256 --precision mixed_bfloat16 --no-train-step --no-host-input \
     --torch-compile default,reduce-overhead
+# the same under torch.compile's default mode only (Keras' jit_compile=True): each model compiled once
+# (on this machine's CPU, ViT-B/16 float32: dense 23 s, MoNE 47 s), so it fits a call with other runs
+TIMEOUT_vit_b16_b256_torch_compiled="${TIMEOUT_vit_b16_b256_torch_compiled:-300}" bench vit_b16_b256_torch_compiled \
+    torch "${B16[@]}" --capacities 0.3 --batch-size 256 --precision mixed_bfloat16 --no-train-step --no-host-input \
+    --no-timm --torch-compile default
 # eager torch, bf16, batch 256: the packed blocks' nested MLPs through torch's ops, then through
 # the Triton kernel (KERAS_MONE_MLP=fused on torch: kernels/triton_nested_mlp.py)
 bench vit_b16_b256_torch torch "${B16[@]}" --capacities 0.3 --batch-size 256 --precision mixed_bfloat16 \
@@ -228,6 +237,12 @@ forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present}"
+# the tanh GELU of the AugReg presets (gelu_approximate, both models), under XLA's default GEMMs and with
+# every GEMM cuBLAS's, where cuBLASLt takes the GELU into fc1's epilogue (compiled for an H200 without
+# one: the hidden activations' GELU pass gone, both models' bytes 18% fewer; BENCHMARKS.md)
+forms forms_vit_bf16_tanh --batch-sizes 256 --forms present --gelu-approximate --profile
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false --xla_gpu_enable_cublaslt=true" \
+    forms forms_vit_bf16_tanh_cublaslt --batch-sizes 256 --forms present --gelu-approximate --profile
 tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles, then the model with the best
     local tiles_run="$1" kernel="$2" forms_run="$3" form="$4" tuned
     if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $tiles_run "* ]]; then

@@ -40,7 +40,10 @@ on the device is compiled (``jax.jit`` over ``stateless_call``) and timed interl
 with the dense model's in the same form (medians; the speed-up is dense / MoNE). With
 ``--profile`` the last batch size's programs are traced (``bench.kernel_profile``):
 device time by kernel kind and the top kernels. ``--train-batch`` adds training steps
-(AdamW) of ``--train-forms``; ``--timm`` times timm's ViT at the same batch and precision.
+(AdamW) of ``--train-forms``; ``--timm`` times timm's ViT at the same batch and precision;
+``--gelu-approximate`` builds both models with the tanh GELU of the AugReg presets (which
+cuBLASLt takes into fc1 under ``XLA_FLAGS="--xla_gpu_enable_triton_gemm=false
+--xla_gpu_enable_cublaslt=true"``).
 
     KERAS_BACKEND=jax python bench/gpu_forms.py --batch-sizes 64,256 --profile --output runs/gpu_forms
     # a CPU smoke test with a tiny model:
@@ -202,6 +205,8 @@ def _run_forms(args):
     for form in forms + train_forms:
         form_settings(form)  # fails early on a bad name
     overrides = dict(TINY) if args.tiny else {}
+    if args.gelu_approximate:
+        overrides["gelu_approximate"] = True
     specs = _model_specs(args.variant, [args.capacity], args.image_size, overrides, args.family)
     (_, dense_preset, dense_kwargs), (_, mone_preset, mone_kwargs) = specs
     rows, profiles, notes = [], {}, []
@@ -261,6 +266,7 @@ def report(args, rows, profiles, notes, ratio):
         f"{device['name']}; jax {jax.__version__}, keras {keras.__version__}; {args.family} {args.variant} "
         f"{args.image_size}px{' (tiny)' if args.tiny else ''}, MoNE e_c {args.capacity:g} (FLOP ratio "
         f"{ratio:.2f}), {args.precision}"
+        + (", tanh GELU (`gelu_approximate`, as the AugReg presets)" if args.gelu_approximate else "")
         + matmul_precision_note(args.matmul_precision)
         + f", device input, medians of {args.repeats} interleaved calls; "
         f"{time.strftime('%Y-%m-%d')}."
@@ -311,6 +317,9 @@ def parse(argv=None):
     parser.add_argument("--train-forms", default="present,free")
     parser.add_argument("--timm", action="store_true", help="time timm's ViT at each batch size (torch)")
     parser.add_argument("--tiny", action="store_true", help="a 2-block model for a CPU smoke test")
+    parser.add_argument("--gelu-approximate", action="store_true",
+                        help="both models with the tanh GELU, as the AugReg presets (zoo/vit.toml) compute it; "
+                        "timm's peer keeps its exact GELU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)

@@ -13,6 +13,9 @@ timed: the figures say what the card is given, and where a form's kernels and by
     KERAS_BACKEND=jax python bench/gpu_program.py --family vivit --capacity 0.4 --batch-size 1 \
         --precision float32 --cublas-gemms [--matmul-precision highest]
 
+``--gelu-approximate`` builds both models with the tanh GELU, the function of the AugReg
+presets (big_vision's flax code); under ``--cublas-gemms --xla-option xla_gpu_enable_cublaslt=true``
+XLA gives it to cuBLASLt as fc1's epilogue (BENCHMARKS.md, "The tanh GELU in cuBLASLt's epilogue").
 ``--memory`` adds what each program holds at its memory peak (``keras_mone.bench.hlo_memory``:
 read from XLA's dump of the compile). ``--xla-option NAME=VALUE`` (repeatable) compiles every
 program with that XLA option (``gpu_program.parse_xla_options``); a program XLA fails to
@@ -51,7 +54,8 @@ def run(args):
     for form in forms:
         form_settings(form)  # fails early on a bad name
     device = gpu_program.compile_only_device(args.card)
-    specs = _model_specs(args.variant, [args.capacity], args.image_size, {}, args.family)
+    overrides = {"gelu_approximate": True} if args.gelu_approximate else {}
+    specs = _model_specs(args.variant, [args.capacity], args.image_size, overrides, args.family)
     (_, dense_preset, dense_kwargs), (_, mone_preset, mone_kwargs) = specs
     with precision_policy(args.precision):
         dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
@@ -103,6 +107,7 @@ def report(args, rows, tops, peaks, ratio, failures=()):
         f"keras {keras.__version__}; {args.family} {args.variant} {args.image_size}px, "
         f"{'training step (AdamW)' if args.train else 'forward'}, batch {args.batch_size}, "
         f"MoNE e_c {args.capacity:g} (FLOP ratio {ratio:.2f}), {args.precision}"
+        + (", tanh GELU (`gelu_approximate`, as the AugReg presets)" if args.gelu_approximate else "")
         + gpu_program.matmul_precision_note(args.matmul_precision)
         + f"; {time.strftime('%Y-%m-%d')}. "
         "Roofline: each kernel at max(FLOPs / peak, bytes / bandwidth), a lower bound (no launch gaps, "
@@ -163,6 +168,8 @@ def parse(argv=None):
                         "(as a V100 does), and the roofline takes the cards' float32 rate")
     parser.add_argument("--forms", default="present,joint_norms")
     parser.add_argument("--train", action="store_true", help="the training step (AdamW), not the forward")
+    parser.add_argument("--gelu-approximate", action="store_true",
+                        help="both models with the tanh GELU, as the AugReg presets (zoo/vit.toml) compute it")
     parser.add_argument("--cublas-gemms", action="store_true",
                         help="XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (float32 ViViT needs it here)")
     parser.add_argument("--memory", action="store_true",

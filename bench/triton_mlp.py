@@ -162,7 +162,10 @@ def main(argv=None):
                         "what is left (every width's defaults are still timed); the report names what was not")
     parser.add_argument("--tolerance", type=float, default=2e-2,
                         help="largest error / largest value a setting may show against torch's ops (bf16: 2e-2)")
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.budget is not None and not args.budget >= 0:  # (NaN too)
+        parser.error(f"--budget must be 0 or more seconds, got {args.budget:g}.")
+    return run(args)
 
 
 if __name__ == "__main__":

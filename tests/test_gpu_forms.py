@@ -90,3 +90,23 @@ def test_every_form_the_gpu_script_sweeps_by_default_exists(monkeypatch):
     assert {"present", "keras_statistics", "fused_statistics"} <= forms
     for form in forms:
         gpu_forms.form_settings(form)  # raises on an unknown name
+
+
+def test_the_tanh_gelu_reaches_both_programs(monkeypatch, tmp_path):
+    """``--gelu-approximate`` builds the dense and the MoNE model with the AugReg presets' tanh
+    GELU (the form cuBLASLt takes into fc1's epilogue); without it both keep the exact one."""
+    import gzip
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import gpu_forms
+
+    for approximate in (True, False):
+        output = tmp_path / str(approximate)
+        args = gpu_forms.parse(["--tiny", "--batch-sizes", "2", "--forms", "present", "--repeats", "1",
+                                "--profile", "--profile-calls", "1", "--output", str(output)]
+                               + (["--gelu-approximate"] if approximate else []))
+        text = gpu_forms.run(args)
+        assert ("tanh GELU" in text) == approximate
+        for model in ("dense_default", "MoNE_present"):
+            program = gzip.open(output / f"hlo_{model}.txt.gz", "rt").read()
+            assert (" tanh(" in program) == approximate, (model, approximate)

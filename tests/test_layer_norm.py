@@ -2,6 +2,7 @@
 Keras' ``LayerNormalization`` within float rounding, alone and inside a MoNE model, on
 jax; every other backend runs Keras' layer whatever the switch says."""
 
+import warnings
 import keras
 import numpy as np
 import pytest
@@ -127,10 +128,12 @@ def test_layers_it_does_not_take_run_keras(monkeypatch):
     x = _rows()
     with keras.RematScope(mode="full"):
         rematerialised = _layer()
-    for layer in (_layer(rms_scaling=True), _layer(axis=[1, 2]), rematerialised):
-        calls, call = [], layer.call
-        monkeypatch.setattr(layer, "call", lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs))
-        assert np.array_equal(to_numpy(normalize(layer, x)), to_numpy(call(x))) and calls
+    with warnings.catch_warnings():  # Keras 3.15 deprecates rms_scaling; normalize must still hand it back
+        warnings.filterwarnings("ignore", message=".*rms_scaling=True", category=UserWarning)
+        for layer in (_layer(rms_scaling=True), _layer(axis=[1, 2]), rematerialised):
+            calls, call = [], layer.call
+            monkeypatch.setattr(layer, "call", lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs))
+            assert np.array_equal(to_numpy(normalize(layer, x)), to_numpy(call(x))) and calls
     fresh = keras.layers.LayerNormalization()
     assert to_numpy(normalize(fresh, x)).shape == x.shape and fresh.built
 
