@@ -35,7 +35,7 @@
 #  4b. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager, under torch.compile and under
 #      torch.compile(mode="reduce-overhead") (CUDA graphs), timm peer
 #      (vit_b16_b256_torch_compile, 540 s: inductor compiles each model twice)
-#      vit_b16_b256_torch_compiled: the same under the default mode only (each model compiled once)
+#      vit_b16_b256_torch_compiled: the same under the default mode only, without timm (each model compiled once)
 #  4c. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager (vit_b16_b256_torch), and the same
 #      with the nested MLPs through the Triton kernel (vit_b16_b256_torch_fused_mlp, KERAS_MONE_MLP=fused);
 #      triton_mlp: that kernel against torch's ops per nested group, with its tile grid (bench/triton_mlp.py)
@@ -239,7 +239,7 @@ XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_t
     --forms "${FORMS_TRITON:-present}"
 # the tanh GELU of the AugReg presets (gelu_approximate, both models), under XLA's default GEMMs and with
 # every GEMM cuBLAS's, where cuBLASLt takes the GELU into fc1's epilogue (compiled for an H200 without
-# one: the hidden activations' GELU pass gone, both models' bytes 18% fewer; BENCHMARKS.md)
+# one: the hidden activations' GELU pass gone, both models' roofline 18% lower; BENCHMARKS.md)
 forms forms_vit_bf16_tanh --batch-sizes 256 --forms present --gelu-approximate --profile
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false --xla_gpu_enable_cublaslt=true" \
     forms forms_vit_bf16_tanh_cublaslt --batch-sizes 256 --forms present --gelu-approximate --profile

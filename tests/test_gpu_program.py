@@ -392,3 +392,57 @@ def test_xla_options_reach_the_compile_of_each_program():
     assert passes_over_the_hidden_activations(fused) == ["gemm"]  # fc1 with the GELU
     hidden_bytes = 1024 * 3072 * 2  # bf16
     assert sum(k.bytes for k in plain) - sum(k.bytes for k in fused) == 2 * hidden_bytes  # the GELU's read and write
+
+
+@pytest.mark.skipif(BACKEND != "jax" or not _cuda_plugin_installed(),
+                    reason="needs jax's CUDA plugin (pip install 'jax[cuda12]'), which CI lacks")
+def test_cublaslt_takes_the_tanh_gelu_into_fc1():
+    # the AugReg presets' GELU (gelu_approximate): with every GEMM cuBLAS's and cuBLASLt on,
+    # fc1 writes the activated hidden units and no pass of its own reads them (BENCHMARKS.md,
+    # "The tanh GELU in cuBLASLt's epilogue"); the exact GELU keeps its pass
+    import jax
+    import jax.numpy as jnp
+
+    device = gpu_program.compile_only_device("h200")
+    placed = jax.sharding.SingleDeviceSharding(device)
+    shapes = [((1024, 96), jnp.bfloat16), ((96, 3072), jnp.bfloat16), ((3072,), jnp.bfloat16)]
+    arguments = [jax.ShapeDtypeStruct(shape, dtype, sharding=placed) for shape, dtype in shapes]
+    options = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_cublaslt": True}
+
+    def hidden_passes(approximate):
+        def fc1(x, w, b):
+            return jax.nn.gelu(jnp.dot(x, w) + b, approximate=approximate)
+
+        compiled = jax.jit(fc1).lower(*arguments).compile(compiler_options=options)
+        return [k.kind for k in hlo_kernels.program_kernels(compiled.as_text()) if "[1024,3072]" in k.shape]
+
+    assert hidden_passes(approximate=True) == ["gemm"]
+    assert hidden_passes(approximate=False) == ["gemm", "fusion"]
+
+
+def test_the_scripts_tanh_gelu_reaches_both_models(monkeypatch):
+    """``bench/gpu_program.py --gelu-approximate`` builds the dense and the MoNE model with
+    ``gelu_approximate=True`` (no CUDA plugin needed: stopped once the models are named)."""
+    import pathlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    if "gpu_program" in sys.modules and not hasattr(sys.modules["gpu_program"], "parse"):
+        monkeypatch.delitem(sys.modules, "gpu_program")
+    import gpu_program as script
+
+    seen = []
+
+    class Named(Exception):
+        pass
+
+    def model_specs(variant, capacities, image_size, overrides, family):
+        seen.append(dict(overrides))
+        raise Named
+
+    monkeypatch.setattr(script.gpu_program, "compile_only_device", lambda card: None)
+    monkeypatch.setattr(script, "_model_specs", model_specs)
+    for flags, expected in ((["--gelu-approximate"], {"gelu_approximate": True}), ([], {})):
+        with pytest.raises(Named):
+            script.run(script.parse(["--forms", "present"] + flags))
+        assert seen.pop() == expected

@@ -252,8 +252,9 @@ def test_the_gpu_benchmark_script_runs_and_checks_every_setting(monkeypatch):
     rows = [line for line in text.splitlines() if line.startswith("| 48 ") or line.startswith("| 96 ")]
     assert len(rows) == 2 and all("defaults" in row for row in rows)
     for budget in ("-1", "nan"):  # refused before anything is timed
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as refused:
             triton_mlp.main(["--sweep", "--budget", budget])
+        assert refused.value.code == 2
 
 
 def test_paths_outside_the_packed_blocks_keep_torchs_ops(monkeypatch):

@@ -53,6 +53,29 @@ def test_dense_vivit_matches_numpy_reference(use_class_token):
     assert_f32_close(out, expected)
 
 
+def test_the_tanh_gelu_reaches_the_temporal_transformer_too(monkeypatch):
+    """``gelu_approximate=True`` (flax's ``nn.gelu``, as the AugReg presets) is the GELU of
+    every block: the spatial ones and the temporal transformer's (a numpy forward pass with
+    the tanh form throughout), and survives the layers' configs."""
+    import numpy_reference
+
+    def tanh_gelu(x):
+        x = np.asarray(x, np.float64)
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+    model = built(ViViTBackbone(**VIDEO, gelu_approximate=True))
+    randomize_weights(model, seed=3)
+    x = videos()
+    monkeypatch.setattr(numpy_reference, "gelu", tanh_gelu)
+    expected = vivit_forward(relative_weights(model), x, depth=2, temporal_depth=1, num_heads=4)
+    assert_f32_close(to_numpy(model(x)), expected)
+    assert model.temporal_encoder.gelu_approximate
+    assert all(block.mlp.gelu_approximate for block in model.temporal_encoder.blocks)
+    assert ViViTBackbone.from_config(model.get_config()).temporal_encoder.gelu_approximate
+    with pytest.raises(ValueError, match="`gelu_approximate` must be True or False"):
+        keras_mone.layers.SequenceEncoder(2, 32, 1, 4, 64, gelu_approximate="tanh")
+
+
 def test_mone_vivit_routes_every_frame_exactly_and_matches_reference():
     model = built(MoNEViViTBackbone(**VIDEO, capacity=0.5))
     randomize_weights(model, seed=2)

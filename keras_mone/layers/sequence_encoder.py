@@ -26,6 +26,8 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
         use_class_token: prepend a class token (its output is the first token).
         dropout_rate, drop_path_rate, layer_norm_epsilon: as in ``ViTBlock``;
             the drop-path rate rises linearly to ``drop_path_rate``.
+        gelu_approximate: the tanh GELU in the MLPs (flax's ``nn.gelu``, as
+            the spatial blocks of the backbone around it; ``NestedMLP``).
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
         dropout_rate=0.0,
         drop_path_rate=0.0,
         layer_norm_epsilon=1e-6,
+        gelu_approximate=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -53,10 +56,13 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
+        if gelu_approximate not in (True, False):
+            raise ValueError(f"`gelu_approximate` must be True or False, got {gelu_approximate!r}.")
+        self.gelu_approximate = bool(gelu_approximate)
         self.blocks = block_stack(
             depth, hidden_dim, num_heads, mlp_dim, dropout_rate=dropout_rate,
             drop_path_rate=drop_path_rate, layer_norm_epsilon=layer_norm_epsilon,
-            dtype=self.dtype_policy,
+            dtype=self.dtype_policy, gelu_approximate=self.gelu_approximate,
         )
         self.norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="norm"

@@ -73,6 +73,7 @@ class ViViTBackbone(ViTBackbone):
             dropout_rate=self.dropout_rate,
             drop_path_rate=self.drop_path_rate,
             layer_norm_epsilon=self.layer_norm_epsilon,
+            gelu_approximate=self.gelu_approximate,
             dtype=self.dtype_policy,
             name="temporal_encoder",
         )
