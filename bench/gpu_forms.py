@@ -92,6 +92,8 @@ SWITCHES = {
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV,
                   platform_forms.STATISTICS_ENV)
 """The switches a dense model reads (the others act on nested token groups only)."""
+TANH_GELU_NOTE = ", tanh GELU (`gelu_approximate`, as the AugReg presets)"
+"""What a report says of ``--gelu-approximate`` (here and in ``bench/gpu_program.py``)."""
 TINY = dict(patch_size=8, hidden_dim=64, depth=2, num_heads=4, mlp_dim=128)
 
 
@@ -266,7 +268,7 @@ def report(args, rows, profiles, notes, ratio):
         f"{device['name']}; jax {jax.__version__}, keras {keras.__version__}; {args.family} {args.variant} "
         f"{args.image_size}px{' (tiny)' if args.tiny else ''}, MoNE e_c {args.capacity:g} (FLOP ratio "
         f"{ratio:.2f}), {args.precision}"
-        + (", tanh GELU (`gelu_approximate`, as the AugReg presets)" if args.gelu_approximate else "")
+        + (TANH_GELU_NOTE if args.gelu_approximate else "")
         + matmul_precision_note(args.matmul_precision)
         + f", device input, medians of {args.repeats} interleaved calls; "
         f"{time.strftime('%Y-%m-%d')}."

@@ -40,7 +40,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import keras  # noqa: E402
 
-from gpu_forms import form_environment, form_settings  # noqa: E402
+from gpu_forms import TANH_GELU_NOTE, form_environment, form_settings  # noqa: E402
 from keras_mone.analysis import flop_ratio  # noqa: E402
 from keras_mone.bench import gpu_program, hlo_kernels, hlo_memory  # noqa: E402
 from keras_mone.bench.device import precision_policy  # noqa: E402
@@ -107,7 +107,7 @@ def report(args, rows, tops, peaks, ratio, failures=()):
         f"keras {keras.__version__}; {args.family} {args.variant} {args.image_size}px, "
         f"{'training step (AdamW)' if args.train else 'forward'}, batch {args.batch_size}, "
         f"MoNE e_c {args.capacity:g} (FLOP ratio {ratio:.2f}), {args.precision}"
-        + (", tanh GELU (`gelu_approximate`, as the AugReg presets)" if args.gelu_approximate else "")
+        + (TANH_GELU_NOTE if args.gelu_approximate else "")
         + gpu_program.matmul_precision_note(args.matmul_precision)
         + f"; {time.strftime('%Y-%m-%d')}. "
         "Roofline: each kernel at max(FLOPs / peak, bytes / bandwidth), a lower bound (no launch gaps, "

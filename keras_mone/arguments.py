@@ -34,6 +34,14 @@ def number(name, value, low=None, high=None, low_open=False, high_open=False):
     return value
 
 
+def flag(name, value):
+    """``value`` as a ``bool`` (``True`` or ``False``, or what equals them), or a ``ValueError``
+    naming ``name``."""
+    if value not in (True, False):
+        raise ValueError(f"`{name}` must be True or False, got {value!r}.")
+    return bool(value)
+
+
 def transformer_size(hidden_dim, depth, num_heads, mlp_dim, num_channels=3):
     """Checks a transformer's sizes; returns them as ints."""
     hidden_dim, depth = integer("hidden_dim", hidden_dim), integer("depth", depth)

@@ -424,11 +424,8 @@ def test_the_scripts_tanh_gelu_reaches_both_models(monkeypatch):
     """``bench/gpu_program.py --gelu-approximate`` builds the dense and the MoNE model with
     ``gelu_approximate=True`` (no CUDA plugin needed: stopped once the models are named)."""
     import pathlib
-    import sys
 
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
-    if "gpu_program" in sys.modules and not hasattr(sys.modules["gpu_program"], "parse"):
-        monkeypatch.delitem(sys.modules, "gpu_program")
     import gpu_program as script
 
     seen = []

@@ -3,6 +3,7 @@ Keras' ``LayerNormalization`` within float rounding, alone and inside a MoNE mod
 jax; every other backend runs Keras' layer whatever the switch says."""
 
 import warnings
+
 import keras
 import numpy as np
 import pytest

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_mone import arguments
 from keras_mone.layers.block import block_stack
 from keras_mone.layers.config import ConfigMixin, register
 from keras_mone.layers.token_sequence import (
@@ -56,9 +57,7 @@ class SequenceEncoder(ConfigMixin, keras.layers.Layer):
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
-        if gelu_approximate not in (True, False):
-            raise ValueError(f"`gelu_approximate` must be True or False, got {gelu_approximate!r}.")
-        self.gelu_approximate = bool(gelu_approximate)
+        self.gelu_approximate = arguments.flag("gelu_approximate", gelu_approximate)
         self.blocks = block_stack(
             depth, hidden_dim, num_heads, mlp_dim, dropout_rate=dropout_rate,
             drop_path_rate=drop_path_rate, layer_norm_epsilon=layer_norm_epsilon,

@@ -75,9 +75,7 @@ class ViTBackbone(Backbone):
         self.dropout_rate = dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
-        if gelu_approximate not in (True, False):
-            raise ValueError(f"`gelu_approximate` must be True or False, got {gelu_approximate!r}.")
-        self.gelu_approximate = bool(gelu_approximate)
+        self.gelu_approximate = arguments.flag("gelu_approximate", gelu_approximate)
         self.blocks = block_stack(
             depth, hidden_dim, num_heads, mlp_dim,
             gates=self._block_gates(depth),

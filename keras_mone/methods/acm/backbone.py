@@ -47,7 +47,7 @@ from keras_mone.methods.acm import teacher as acm_teacher
 from keras_mone.methods.acm.mlp import ACMMLP, with_zero_choice
 from keras_mone.methods.acm.attention import PROJECTIONS, ACMAttention
 from keras_mone.methods.acm.gate import ACMGate
-from keras_mone.arguments import integer
+from keras_mone.arguments import flag, integer
 from keras_mone.layers.config import register
 from keras_mone.methods.acm.transfer import dense_attention_conversion
 from keras_mone.models.vit_backbone import ViTBackbone
@@ -83,8 +83,7 @@ class ACMViTBackbone(ViTBackbone):
     ):
         if execution not in EXECUTIONS:
             raise ValueError(f"`execution` must be one of {EXECUTIONS}, got {execution!r}.")
-        if acm_projections not in (True, False):
-            raise ValueError(f"`acm_projections` must be True or False, got {acm_projections!r}.")
+        acm_projections = flag("acm_projections", acm_projections)
         num_learners, beta = integer("num_learners", num_learners), check_beta(beta)
         if acm_projections and beta * num_learners <= 1:
             raise ValueError(
@@ -93,7 +92,7 @@ class ACMViTBackbone(ViTBackbone):
             )
         # read by the part factories while ViTBackbone builds the blocks
         self.__dict__.update(
-            num_learners=num_learners, beta=beta, acm_projections=bool(acm_projections),
+            num_learners=num_learners, beta=beta, acm_projections=acm_projections,
             projection_rank=None if projection_rank is None else integer("projection_rank", projection_rank),
         )
         super().__init__(**kwargs)
