@@ -7,6 +7,7 @@ from keras import ops
 from keras_mone.layers.attention import MoNEAttention, as_groups, same_structure
 from keras_mone.layers.config import ConfigMixin, register, register_old_name
 from keras_mone.layers.gates import get_gate
+from keras_mone.layers.grouped_block import kernel_block, kernel_block_applies
 from keras_mone.layers.layer_norm import normalize
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
@@ -121,6 +122,9 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             return []
         if gates is not None and self.gate is None and any(g is not None for g in gates):
             raise ValueError(f"ViTBlock '{self.name}' got `gates` but was built without a gate (gate=None, routed=False).")
+        if kernel_block_applies(self, groups, widths, gates, training, return_received_attention):
+            outputs = kernel_block(self, groups, widths, gates)  # jax: one kernel per nested projection
+            return outputs[0] if single else outputs
         if packable(self, groups, gates, training, return_received_attention):
             outputs = packed_block(self, groups, widths, gates, training)  # torch: fewer ops and layer calls
             return outputs[0] if single else outputs

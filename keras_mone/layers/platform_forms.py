@@ -22,7 +22,9 @@ the one whose compiled programs move the fewest bytes:
 * ``$KERAS_MONE_RESIDUALS`` (``residuals_form``): how often jax on a GPU writes the token
   groups' residual streams (never apart, once per block, or after each half block);
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP, or a Pallas kernel per nested group's MLP
-  half or MLP (opt-in).
+  half or MLP (opt-in);
+* ``$KERAS_MONE_PROJECTIONS`` (``projections_form``): a block's nested projections as one
+  GEMM per token group, or one Pallas kernel over all groups (opt-in).
 
 ``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
 compiled here for a device this machine lacks (``bench.gpu_program``).
@@ -53,6 +55,8 @@ LAYOUT_ENV = "KERAS_MONE_LAYOUT"
 LAYOUT_FORMS = ("grouped", "packed")
 RESIDUALS_ENV = "KERAS_MONE_RESIDUALS"
 RESIDUALS_FORMS = ("fused", "block", "half_block")
+PROJECTIONS_ENV = "KERAS_MONE_PROJECTIONS"
+PROJECTIONS_FORMS = ("per_group", "grouped_kernel")
 
 
 _TARGET = []
@@ -144,6 +148,26 @@ def mlp_form():
                              "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
     if chosen != "plain" and accelerator() == "tpu":
         raise ValueError(f"${MLP_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
+                         "on a TPU leave it unset.")
+    return chosen
+
+
+def projections_form():
+    """``"per_group"`` or ``"grouped_kernel"``: a ``ViTBlock``'s nested projections (q/k/v,
+    the attention's out-projection, fc1, fc2) as one GEMM per token group, or each as one
+    Pallas kernel launch over all the block's groups (``kernels.grouped_projection``; jax
+    only), with fc1's bias and GELU, and the residual adds and MoNE's gate, in the kernels'
+    epilogues (``layers.grouped_block``). On an H200 MoNE-ViT-B/16's forward launched 1039
+    kernels against dense's 350, and at batch 64 and for ViViT at batch 1 the launches and
+    the small per-group GEMMs outweighed the FLOPs saved (BENCHMARKS.md, "MoNE on an H200,
+    measured again"). Compiled on a GPU, interpreted elsewhere (exact and slow: for tests).
+    Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
+    if chosen != "per_group" and keras.backend.backend() != "jax":
+        raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is a Pallas kernel (jax); the "
+                         f"{keras.backend.backend()} backend takes 'per_group' (or leave it unset).")
+    if chosen != "per_group" and accelerator() == "tpu":
+        raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
                          "on a TPU leave it unset.")
     return chosen
 
@@ -260,19 +284,20 @@ def _jax_gpu():
 
 
 VARIABLES = (ATTENTION_ENV, MLP_ENV, GELU_ENV, PATCHES_ENV, ORDER_ENV, NORMS_ENV, STATISTICS_ENV, LAYOUT_ENV,
-             RESIDUALS_ENV)
+             RESIDUALS_ENV, PROJECTIONS_ENV)
 """Every switch above, in the order ``current_forms`` lists them."""
 
 
 def current_forms():
     """``{"attention_form": ..., "mlp_form": ..., "gelu_form": ..., "patches_form": ...,
     "training_patches_form": ..., "order_form": ..., "norms_form": ..., "statistics_form": ...,
-    "layout_form": ..., "residuals_form": ...}``: the forms a call traced now takes (what bench reports record);
+    "layout_form": ..., "residuals_form": ..., "projections_form": ...}``: the forms a call traced now takes (what bench reports record);
     the patch embedding's form differs between inference and training steps (``patches_form``)."""
     return {"attention_form": attention_form(), "mlp_form": mlp_form(), "gelu_form": gelu_form(),
             "patches_form": patches_form(), "training_patches_form": patches_form(training=True),
             "order_form": order_form(), "norms_form": norms_form(), "statistics_form": statistics_form(),
-            "layout_form": layout_form(), "residuals_form": residuals_form()}
+            "layout_form": layout_form(), "residuals_form": residuals_form(),
+            "projections_form": projections_form()}
 
 
 def _env_form(variable, forms, default):

@@ -1,0 +1,84 @@
+"""A ``ViTBlock`` over token groups with each nested projection one kernel launch (jax).
+
+With ``$KERAS_MONE_PROJECTIONS=grouped_kernel`` (``platform_forms.projections_form``) a block
+joins its token groups along the tokens once and runs each of its four nested projections
+as one ``kernels.grouped_projection`` launch over all groups, in place of one GEMM per
+group (MoNE App. A.1 Eq. 5-7)::
+
+    x   = [x_1, ..., x_E]                              (batch, tokens, D)
+    qkv = Proj_in(LN1(x))                               each group's rows read x[:, :d_j]
+    z   = x + Proj_out(SA(qkv))                         each group writes its first d_j features
+    x'  = z + (alpha g + 1) Proj_out(GELU(Proj_in(LN2(z))))     (Eq. 1; the gate "mone")
+
+fc1's bias and GELU, both residual adds and the gate are the kernels' epilogues: no
+separate pass over the hidden activations or the residual stream. The LayerNorms run once
+over all groups (``layers.layer_norm.normalize``), attention as the platform's fused form.
+The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover
+(custom parts, the "score" gate, active dropout or stochastic depth, attention weights
+asked for, one full-width group) take the generic path.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mone.layers.attention import MoNEAttention, multi_head_attention
+from keras_mone.layers.layer_norm import normalize
+from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
+from keras_mone.layers.platform_forms import accelerator, projections_form
+
+
+def kernel_block_applies(block, groups, widths, gates, training=None, return_received_attention=False):
+    """Whether ``block`` runs ``groups`` through ``kernel_block`` (see the module docstring)."""
+    if return_received_attention or projections_form() != "grouped_kernel":
+        return False
+    if all(width == block.hidden_dim for width in widths):  # nothing nested: the dense block's GEMMs
+        return False
+    if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
+        return False
+    if block.gate not in (None, "mone") or not block.attention.use_bias:
+        return False
+    rates = (block.attention.dropout.rate, block.mlp.dropout.rate, block.drop_path.rate)
+    if training and any(rates):
+        return False
+    return not any(isinstance(g, keras.KerasTensor) for g in groups)
+
+
+def kernel_block(block, groups, widths, gates=None):
+    """``block``'s outputs for token ``groups`` (``(batch, k_j, D)`` each) at ``widths``,
+    gated by ``gates`` (``None`` or one ``(batch, k_j)`` tensor or ``None`` per group):
+    ``(batch, k_j, D)`` each, as the generic path gives them."""
+    from keras_mone.kernels.grouped_projection import grouped_projection
+
+    dtype = block.compute_dtype
+    interpret = accelerator() != "gpu"
+    layout = tuple((g.shape[1], w) for g, w in zip(groups, widths))
+    stream = ops.cast(groups[0] if len(groups) == 1 else ops.concatenate(groups, axis=1), dtype)
+    batch, tokens = stream.shape[0], stream.shape[1]
+    attention, mlp = block.attention, block.mlp
+
+    def project(layer, x, side, **epilogue):
+        kernel, bias = (ops.convert_to_tensor(ops.cast(w, dtype)) for w in (layer.kernel, layer.bias))
+        return grouped_projection(ops.cast(x, dtype), kernel, bias, layout, side, interpret=interpret, **epilogue)
+
+    qkv = project(attention.qkv, normalize(block.norm1, stream), "in")
+    head_dim = block.hidden_dim // attention.num_heads
+    attended = multi_head_attention(ops.reshape(qkv, (batch, tokens, 3, attention.num_heads, head_dim)))
+    attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
+    mid = project(attention.out, attended, "out", residual=stream)
+    hidden = project(mlp.fc1, normalize(block.norm2, mid), "in", activation=_kernel_gelu(mlp.gelu_approximate))
+    outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=_gate_scale(block, groups, gates, dtype))
+    ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
+    return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
+
+
+def _gate_scale(block, groups, gates, dtype):
+    """MoNE's ``alpha g + 1`` per token, ``(batch, tokens)`` (1 for an ungated group), or
+    ``None`` where no group is gated."""
+    if gates is None or all(g is None for g in gates):
+        return None
+    scales = []
+    for group, gate in zip(groups, gates):
+        scale = block._gate.mlp_scale(gate, block.alpha)
+        scales.append(ops.ones(group.shape[:2], dtype) if scale is None else ops.cast(scale, dtype))
+    return scales[0] if len(scales) == 1 else ops.concatenate(scales, axis=1)

@@ -1,0 +1,226 @@
+"""One kernel launch per nested projection over all token groups (issue 40 item 2):
+``kernels.grouped_projection`` equals the numpy reference of MoNE Eq. 5-7 and the plain
+path, forward and backward, through Pallas' interpreter, and lowers to one Triton call for a
+CUDA GPU without one; a ``ViTBlock`` run through it (``$KERAS_MONE_PROJECTIONS``) equals the
+numpy reference of Eq. 1 and the per-group path."""
+
+import numpy as np
+import pytest
+from conftest import BACKEND, assert_f32_close
+
+import numpy_reference as ref
+
+pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
+
+SMALL_TILES = (16, 32, 16, 4, 2)  # several row, column and contraction tiles per group at these sizes
+
+
+def _normal(rng, *shape):
+    return rng.normal(size=shape).astype("float32")
+
+
+def _exact_gelu(x):
+    import jax
+
+    return jax.nn.gelu(x, approximate=False)
+
+
+# (tokens, width) per group: an empty group, widths that are not multiples of block_k (16),
+# token counts that leave a group's last row tile partly empty
+LAYOUTS = [((5, 16), (0, 32), (7, 40), (4, 64)), ((11, 8),), ((3, 64), (9, 24))]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_in_projection_equals_the_numpy_reference_of_eq5(layout):
+    from keras_mone.kernels.grouped_projection import grouped_projection
+
+    rng = np.random.default_rng(0)
+    tokens = sum(size for size, _ in layout)
+    x, w, b = _normal(rng, 3, tokens, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    out = np.asarray(grouped_projection(x, w, b, layout, "in", activation=_exact_gelu, tiles=SMALL_TILES,
+                                        interpret=True))
+    widths = np.concatenate([np.full(size, width) for size, width in layout])
+    expected = ref._per_token(lambda row, d: ref.gelu(ref.in_projection(row, w, b, d)), x, widths[None])
+    assert_f32_close(out, expected)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("epilogue", ["none", "residual", "residual_and_scale"])
+def test_the_out_projection_equals_the_numpy_reference_of_eq7(layout, epilogue):
+    """``residual + scale * Pad(x @ W[:, :d] + b[:d])``; features past ``d`` are the residual's
+    own (zeros without one)."""
+    from keras_mone.kernels.grouped_projection import grouped_projection
+
+    rng = np.random.default_rng(1)
+    tokens = sum(size for size, _ in layout)
+    x, w, b = _normal(rng, 2, tokens, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
+    residual = _normal(rng, 2, tokens, 64) if epilogue != "none" else None
+    scale = (1.0 + rng.random((2, tokens))).astype("float32") if epilogue == "residual_and_scale" else None
+    out = np.asarray(grouped_projection(x, w, b, layout, "out", residual=residual, scale=scale, tiles=SMALL_TILES,
+                                        interpret=True))
+    widths = np.concatenate([np.full(size, width) for size, width in layout])
+    expected = ref._per_token(lambda row, d: ref.out_projection(row, w, b, d), x, widths[None])
+    if scale is not None:
+        expected = expected * scale[..., None]
+    if residual is not None:
+        expected = expected + residual
+    assert_f32_close(out, expected)
+    start = 0
+    for size, width in layout:  # past a group's width: exactly the residual (or zero)
+        past = out[:, start:start + size, width:]
+        assert np.array_equal(past, 0 * past if residual is None else residual[:, start:start + size, width:])
+        start += size
+
+
+@pytest.mark.parametrize("tiles", [None, SMALL_TILES, (32, 16, 32, 4, 3)])
+def test_every_tile_setting_equals_the_plain_path(tiles):
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+
+    rng = np.random.default_rng(2)
+    layout = ((37, 16), (21, 32), (6, 64))
+    x, w, b = _normal(rng, 2, 64, 64), 0.2 * _normal(rng, 64, 192), _normal(rng, 192)
+    for side in ("in", "out"):
+        groups = layout if side == "in" else tuple((s, min(d, 192)) for s, d in layout)
+        out = grouped_projection(x, w, b, groups, side, tiles=tiles, interpret=True)
+        assert_f32_close(np.asarray(out), np.asarray(plain_grouped_projection(x, w, b, groups, side)))
+
+
+def test_gradients_equal_the_plain_paths():
+    import jax
+
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+
+    rng = np.random.default_rng(3)
+    layout = ((5, 16), (7, 48))
+    x, w, b = _normal(rng, 2, 12, 64), 0.2 * _normal(rng, 64, 64), _normal(rng, 64)
+    residual, scale = _normal(rng, 2, 12, 64), (1.0 + rng.random((2, 12))).astype("float32")
+
+    def loss(function, **options):
+        def value(x, w, b, residual, scale):
+            hidden = function(x, w, b, layout, "in", activation=_exact_gelu, **options)
+            return (function(hidden, w, b, layout, "out", residual=residual, scale=scale, **options) ** 2).sum()
+        return value
+
+    arguments = (x, w, b, residual, scale)
+    kernel = jax.grad(loss(grouped_projection, tiles=SMALL_TILES, interpret=True), argnums=range(5))(*arguments)
+    plain = jax.grad(loss(plain_grouped_projection), argnums=range(5))(*arguments)
+    for got, expected in zip(kernel, plain):
+        assert_f32_close(np.asarray(got), np.asarray(expected))
+
+
+def test_bad_arguments_are_named():
+    from keras_mone.kernels.grouped_projection import grouped_projection
+
+    x, w, b = np.zeros((2, 8, 32), "float32"), np.zeros((32, 64), "float32"), np.zeros(64, "float32")
+    cases = [
+        (dict(groups=((8, 16),), side="sideways"), "`side`"),
+        (dict(groups=((7, 16),), side="in"), "`groups`"),
+        (dict(groups=((8, 40),), side="in"), "`groups`"),  # wider than K = 32
+        (dict(groups=((8, 16),), side="in", residual=np.zeros((2, 8, 64), "float32")), "`residual`"),
+        (dict(groups=((8, 16),), side="out", activation=_exact_gelu), "`activation`"),
+        (dict(groups=((8, 16),), side="out", scale=np.zeros((2, 7), "float32")), "`scale`"),
+        (dict(groups=((8, 16),), side="in", tiles=(16, 48, 16, 4, 2)), "`tiles`"),
+        (dict(groups=((8, 16),), side="in", tiles=(16, 128, 16, 4, 2)), "block_cols"),
+        (dict(groups=((8, 16),), side="in", tiles=(16, 32, 8, 4, 2)), "at least 16"),
+    ]
+    for options, named in cases:
+        with pytest.raises(ValueError, match=named):
+            grouped_projection(x, w, b, interpret=True, **options)
+    with pytest.raises(ValueError, match="share a dtype"):
+        grouped_projection(x, w.astype("float16"), b, ((8, 16),), "in", interpret=True)
+
+
+def test_a_block_with_no_tokens_launches_nothing():
+    from keras_mone.kernels.grouped_projection import grouped_projection
+
+    x, w, b = np.zeros((2, 0, 32), "float32"), np.ones((32, 64), "float32"), np.ones(64, "float32")
+    assert grouped_projection(x, w, b, ((0, 16), (0, 32)), "in", interpret=True).shape == (2, 0, 64)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_each_projection_of_a_vit_b16_block_lowers_to_one_triton_call(dtype):
+    """MoNE-ViT-B/16 at e_c 0.3 (the capacity solver's counts) through Pallas' Triton lowering."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.cuda_lowering import TRITON_CALL, lower_for_cuda
+    from keras_mone.kernels.grouped_projection import grouped_projection
+    from keras_mone.layers.mlp import _kernel_gelu
+
+    layout = ((84, 96), (62, 192), (37, 384), (14, 768))
+    for side, (k, n), options in [("in", (768, 2304), {}), ("out", (768, 768), {"residual": True}),
+                                  ("in", (768, 3072), {"activation": _kernel_gelu(False)}),
+                                  ("out", (3072, 768), {"residual": True, "scale": True})]:
+        spec = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape in ((64, 197, k), (k, n), (n,))]
+        if options.pop("residual", False):
+            spec.append(jax.ShapeDtypeStruct((64, 197, n), jnp.dtype(dtype)))
+        with_scale = options.pop("scale", False)
+        if with_scale:
+            spec.append(jax.ShapeDtypeStruct((64, 197), jnp.dtype(dtype)))
+
+        def projection(x, w, b, *epilogue, side=side, options=options, with_scale=with_scale):
+            extra = dict(zip(("residual", "scale"), epilogue))
+            return grouped_projection(x, w, b, layout, side, **options, **extra)
+
+        assert lower_for_cuda(projection, *spec).count(TRITON_CALL) == 1
+
+
+def _block_params(block):
+    weights = {
+        "norm1_gamma": block.norm1.gamma, "norm1_beta": block.norm1.beta,
+        "qkv_kernel": block.attention.qkv.kernel, "qkv_bias": block.attention.qkv.bias,
+        "out_kernel": block.attention.out.kernel, "out_bias": block.attention.out.bias,
+        "norm2_gamma": block.norm2.gamma, "norm2_beta": block.norm2.beta,
+        "fc1_kernel": block.mlp.fc1.kernel, "fc1_bias": block.mlp.fc1.bias,
+        "fc2_kernel": block.mlp.fc2.kernel, "fc2_bias": block.mlp.fc2.bias,
+    }
+    params = {name: np.asarray(value, np.float64) for name, value in weights.items()}
+    params["num_heads"] = block.num_heads
+    return params
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypatch, gated):
+    from keras_mone.layers.block import ViTBlock
+
+    block = ViTBlock(32, 4, 64, gate="mone" if gated else None, alpha_init=0.5, name="kernel_block")
+    block.build((None, None, 32))
+    rng = np.random.default_rng(4)
+    for weight in block.weights:  # biases and LayerNorm parameters away from their initial 0 / 1
+        weight.assign(np.asarray(weight) + 0.1 * rng.normal(size=weight.shape).astype("float32"))
+    sizes, widths = (6, 2, 5, 3), (4, 8, 16, 32)
+    groups = [_normal(rng, 2, n, 32) for n in sizes]
+    gates = [rng.random((2, n)).astype("float32") for n in sizes] if gated else None
+    from keras_mone.kernels import grouped_projection as kernels
+
+    per_group = block(groups, widths=widths, gates=gates)
+    launches = []
+    original = kernels.grouped_projection
+    monkeypatch.setattr(kernels, "grouped_projection", lambda *a, **k: launches.append(a[4]) or original(*a, **k))
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    kernel = block(groups, widths=widths, gates=gates)
+    assert launches == ["in", "out", "in", "out"]  # q/k/v, the attention's out-projection, fc1, fc2
+    x = np.concatenate(groups, axis=1)
+    token_widths = np.concatenate([np.full(n, w) for n, w in zip(sizes, widths)])[None].repeat(2, 0)
+    expected = ref.block(x, token_widths, _block_params(block), gates=None if gates is None else
+                         np.concatenate(gates, axis=1), alpha=float(np.asarray(block.alpha)) if gated else 0.0)
+    got = np.concatenate([np.asarray(g) for g in kernel], axis=1)
+    assert [g.shape for g in kernel] == [g.shape for g in groups]
+    assert_f32_close(got, expected, ulps=64)  # two LayerNorms, attention and four projections in float32
+    assert_f32_close(got, np.concatenate([np.asarray(g) for g in per_group], axis=1), ulps=64)
+
+
+def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monkeypatch):
+    """A whole MoNE ViT (router, EPR, blocks before and after the router), compiled by
+    ``predict``: the grouped kernels change no value beyond float32 rounding."""
+    from keras_mone.models import MoNEViTBackbone
+
+    model = MoNEViTBackbone(image_size=16, patch_size=4, hidden_dim=32, depth=3, num_heads=4,
+                            mlp_dim=64, capacity=0.4, router_positions=(1,), alpha_init=0.5)
+    images = np.random.default_rng(5).normal(size=(3, 16, 16, 3)).astype("float32")
+    per_group = model.predict(images, verbose=0)
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    model.make_predict_function(force=True)  # a new trace, in the kernels' form
+    kernel = model.predict(images, verbose=0)
+    assert not np.array_equal(kernel, per_group)  # (the new trace ran: float32 sums in another order)
+    assert_f32_close(kernel, per_group, ulps=256)
