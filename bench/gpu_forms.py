@@ -30,6 +30,9 @@ call is traced, so one process compiles every form of the same two models:
     fused_residuals
                    $KERAS_MONE_RESIDUALS=fused: the groups' residuals never written apart
                    (the program before the block barrier: less traffic, a larger heap)
+    grouped_kernel $KERAS_MONE_PROJECTIONS=grouped_kernel: each nested projection of a block
+                   one Pallas launch over all its token groups, bias, GELU, residual and gate in
+                   the kernels' epilogues (``layers.grouped_block``)
     half_block_residuals
                    $KERAS_MONE_RESIDUALS=half_block: the groups' residuals also written after
                    attention (XLA's heap as dense's; more traffic)
@@ -88,6 +91,7 @@ SWITCHES = {
     "packed": {platform_forms.LAYOUT_ENV: "packed"},
     "fused_residuals": {platform_forms.RESIDUALS_ENV: "fused"},
     "half_block_residuals": {platform_forms.RESIDUALS_ENV: "half_block"},
+    "grouped_kernel": {platform_forms.PROJECTIONS_ENV: "grouped_kernel"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV,
                   platform_forms.STATISTICS_ENV)

@@ -85,6 +85,26 @@ def test_every_tile_setting_equals_the_plain_path(tiles):
         assert_f32_close(np.asarray(out), np.asarray(plain_grouped_projection(x, w, b, groups, side)))
 
 
+def test_q_k_and_v_written_apart_equal_the_joint_outputs_thirds():
+    """``parts=3``: each column tile stores into the part it lies in (q, k or v)."""
+    from keras_mone.kernels.grouped_projection import grouped_projection
+
+    rng = np.random.default_rng(6)
+    layout = ((9, 16), (4, 64))
+    x, w, b = _normal(rng, 2, 13, 64), 0.2 * _normal(rng, 64, 192), _normal(rng, 192)
+    joint = np.asarray(grouped_projection(x, w, b, layout, "in", tiles=SMALL_TILES, interpret=True))
+    parts = grouped_projection(x, w, b, layout, "in", parts=3, tiles=SMALL_TILES, interpret=True)
+    assert len(parts) == 3
+    for index, part in enumerate(parts):
+        assert np.array_equal(np.asarray(part), joint[..., 64 * index:64 * (index + 1)])
+    for bad in (0, 5, 2.0, 2):  # none, not whole parts, not an int, parts of 96: not whole column tiles of 64
+        with pytest.raises(ValueError, match="`parts`"):
+            grouped_projection(x, w, b, layout, "in", parts=bad, tiles=(16, 64, 16, 4, 2), interpret=True)
+    with pytest.raises(ValueError, match="`parts` belongs to side 'in'"):
+        grouped_projection(x, w[:, :64], b[:64], ((9, 16), (4, 64)), "out", parts=2, tiles=SMALL_TILES,
+                           interpret=True)
+
+
 def test_gradients_equal_the_plain_paths():
     import jax
 
@@ -126,8 +146,8 @@ def test_bad_arguments_are_named():
     for options, named in cases:
         with pytest.raises(ValueError, match=named):
             grouped_projection(x, w, b, interpret=True, **options)
-    with pytest.raises(ValueError, match="share a dtype"):
-        grouped_projection(x, w.astype("float16"), b, ((8, 16),), "in", interpret=True)
+    with pytest.raises(ValueError, match="floating point"):
+        grouped_projection(x, w.astype("int32"), b, ((8, 16),), "in", interpret=True)
 
 
 def test_a_block_with_no_tokens_launches_nothing():
@@ -148,7 +168,7 @@ def test_each_projection_of_a_vit_b16_block_lowers_to_one_triton_call(dtype):
     from keras_mone.layers.mlp import _kernel_gelu
 
     layout = ((84, 96), (62, 192), (37, 384), (14, 768))
-    for side, (k, n), options in [("in", (768, 2304), {}), ("out", (768, 768), {"residual": True}),
+    for side, (k, n), options in [("in", (768, 2304), {"parts": 3}), ("out", (768, 768), {"residual": True}),
                                   ("in", (768, 3072), {"activation": _kernel_gelu(False)}),
                                   ("out", (3072, 768), {"residual": True, "scale": True})]:
         spec = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape in ((64, 197, k), (k, n), (n,))]

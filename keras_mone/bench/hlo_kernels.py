@@ -214,11 +214,16 @@ def _attention_flops(operand_shapes):
 
 def _pallas_traffic(label, shape, operand_shapes):
     """``(FLOPs, bytes)`` of a ``keras_mone.kernels`` Pallas kernel, from its name
-    (``kernels.tiles.kernel_name``) and its output's (padded) rows: its two products and
+    (``kernels.grouped_projection.kernel_label``: all it needs; ``kernels.tiles.kernel_name``:
+    with its output's (padded) rows): its two products and
     what it reads and writes (``kernel_bytes``: weight slices, not whole weights); ``None``
     for another custom call."""
+    from keras_mone.kernels.grouped_projection import labelled_cost
     from keras_mone.kernels.tiles import kernel_bytes, kernel_flops
 
+    grouped = labelled_cost(label, _element_bytes(shape))
+    if grouped is not None:
+        return grouped
     dims = _dims(shape)
     if len(dims) != 2 or kernel_flops(label, dims[0]) is None:
         return None

@@ -25,6 +25,7 @@ interpreter (any platform: how CI tests it).
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -33,41 +34,48 @@ import jax.numpy as jnp
 SIDES = ("in", "out")
 
 
-def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None):
+def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1):
     """The grouped nested projection with XLA's ops, one GEMM per group (see the module docstring).
 
     Args:
         x: ``(batch, tokens, K)``: the token groups one after the other along the tokens.
-        w, b: the full ``(K, N)`` kernel and ``(N,)`` bias.
+        w, b: the full ``(K, N)`` kernel and ``(N,)`` bias, in any float dtype (mixed precision's
+            float32 variables: the kernel casts each weight tile to ``x``'s dtype, so no cast
+            copy of the weights is written first; the bias is added in float32).
         groups: ``((tokens, width), ...)`` per group, in token order; the tokens sum to ``x``'s.
         side: ``"in"`` (``width`` cuts ``w``'s rows) or ``"out"`` (its columns).
         activation: ``side="in"``: an elementwise function on the float32 pre-activation.
         residual, scale: ``side="out"``: ``(batch, tokens, N)`` and ``(batch, tokens)``; the
             result is ``residual + scale * projection``.
+        parts: ``side="in"``: the output columns cut into ``parts`` equal tensors (q, k and v
+            of a fused q/k/v kernel: ``parts=3``), each written by the kernel apart, so that
+            attention reads them without a copy.
 
     Returns:
-        ``(batch, tokens, N)`` in ``x``'s dtype.
+        ``(batch, tokens, N)`` in ``x``'s dtype, or ``parts`` tensors ``(batch, tokens, N / parts)``.
     """
-    parts, start = [], 0
+    w = w.astype(x.dtype)  # as the kernel casts each weight tile: its products are in x's dtype
+    pieces, start = [], 0
     for size, width in groups:
         rows = x[:, start:start + size]
         if side == "in":
-            part = jnp.dot(rows[..., :width], w[:width], preferred_element_type=jnp.float32) + b.astype(jnp.float32)
-            part = part if activation is None else activation(part)
+            piece = jnp.dot(rows[..., :width], w[:width], preferred_element_type=jnp.float32) + b.astype(jnp.float32)
+            piece = piece if activation is None else activation(piece)
         else:
-            part = jnp.dot(rows, w[:, :width], preferred_element_type=jnp.float32) + b[:width].astype(jnp.float32)
-            part = jnp.pad(part, ((0, 0), (0, 0), (0, w.shape[1] - width)))
-        parts.append(part)
+            piece = jnp.dot(rows, w[:, :width], preferred_element_type=jnp.float32) + b[:width].astype(jnp.float32)
+            piece = jnp.pad(piece, ((0, 0), (0, 0), (0, w.shape[1] - width)))
+        pieces.append(piece)
         start += size
-    out = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+    out = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
     if scale is not None:
         out = out * scale.astype(jnp.float32)[..., None]
     if residual is not None:
         out = out + residual.astype(jnp.float32)
-    return out.astype(x.dtype)
+    out = out.astype(x.dtype)
+    return out if parts == 1 else tuple(jnp.split(out, parts, axis=-1))
 
 
-def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, tiles=None,
+def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, tiles=None,
                        interpret=False):
     """``plain_grouped_projection`` as one Pallas kernel launch (see the module docstring).
 
@@ -80,7 +88,13 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
     groups = checked_groups(x, w, b, groups, side, activation, residual, scale)
     tiles = tuple(tiles) if tiles is not None else default_tiles(x.shape[-1], w.shape[1], x.dtype)
     check_tiles(tiles, x.shape[-1], w.shape[1])
-    return _jitted(x, w, b, residual, scale, groups, side, activation, tiles, bool(interpret))
+    columns = w.shape[1]
+    if not isinstance(parts, int) or parts < 1 or columns % parts or (columns // parts) % tiles[1]:
+        raise ValueError(f"`parts` must be a positive int that cuts N = {columns} into parts of whole column "
+                         f"tiles ({tiles[1]}), got {parts!r}.")
+    if parts > 1 and side != "in":
+        raise ValueError("`parts` belongs to side 'in' (q, k and v of one kernel).")
+    return _jitted(x, w, b, residual, scale, groups, side, activation, parts, tiles, bool(interpret))
 
 
 def default_tiles(contraction, columns, dtype):
@@ -114,8 +128,8 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
     if x.ndim != 3 or w.ndim != 2 or w.shape[0] != x.shape[-1] or b.shape != (w.shape[1],):
         raise ValueError(f"`x` must be (batch, tokens, K), `w` (K, N) and `b` (N,); got x {x.shape}, "
                          f"w {w.shape}, b {b.shape}.")
-    if not jnp.dtype(x.dtype) == jnp.dtype(w.dtype):
-        raise ValueError(f"`x` and `w` must share a dtype (Triton's dot); got {x.dtype} and {w.dtype}.")
+    if not all(jnp.issubdtype(a.dtype, jnp.floating) for a in (x, w, b)):
+        raise ValueError(f"`x`, `w` and `b` must be floating point; got {x.dtype}, {w.dtype} and {b.dtype}.")
     groups = tuple((int(size), int(width)) for size, width in groups)
     limit = w.shape[0] if side == "in" else w.shape[1]
     if sum(size for size, _ in groups) != x.shape[1] or any(s < 0 or not 0 < d <= limit for s, d in groups):
@@ -133,6 +147,40 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
     return groups
 
 
+def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False):
+    """The name a kernel is compiled under, which says what it computes, so that a program's
+    reader (``bench.hlo_kernels``) and a profile can count its work (``labelled_cost``):
+    ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192``."""
+    epilogue = "_residual" * bool(residual) + "_scale" * bool(scale)
+    layout = "_".join(f"{size}x{width}" for size, width in groups)
+    return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
+
+
+_LABEL = re.compile(r"grouped_(in|out)_projection(_residual)?(_scale)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
+
+
+def labelled_cost(name, itemsize):
+    """``(FLOPs, bytes)`` of a kernel named by ``kernel_label``, or ``None`` for another name.
+    Bytes: the rows it reads (an in-projection only each group's first ``d`` features), the
+    weights its widest group needs once (later programs find them in L2), the bias, the
+    residual and scale it reads and the ``(batch, tokens, N)`` it writes."""
+    match = _LABEL.search(name)
+    if match is None:
+        return None
+    side, residual, scale = match.group(1), bool(match.group(2)), bool(match.group(3))
+    contraction, columns, batch = (int(match.group(i)) for i in (4, 5, 6))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(7).strip("_").split("_")]
+    tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
+    widest = max(width for _, width in groups)
+    rows = batch * tokens
+    if side == "in":
+        flops, elements = 2 * batch * nested * columns, batch * nested + widest * columns + columns
+    else:
+        flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
+        elements += rows * columns * residual + rows * scale
+    return flops, itemsize * (elements + rows * columns)
+
+
 def _largest_power_of_2_dividing(n, at_most):
     power = at_most
     while power > 16 and n % power:
@@ -140,21 +188,21 @@ def _largest_power_of_2_dividing(n, at_most):
     return power
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
-def _projection(x, w, b, residual, scale, groups, side, activation, tiles, interpret):
-    return _pallas_projection(x, w, b, residual, scale, groups, side, activation, tiles, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
+def _projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret):
+    return _pallas_projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret)
 
 
-def _projection_forward(x, w, b, residual, scale, groups, side, activation, tiles, interpret):
-    outputs = _projection(x, w, b, residual, scale, groups, side, activation, tiles, interpret)
+def _projection_forward(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret):
+    outputs = _projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret)
     return outputs, (x, w, b, residual, scale)
 
 
-def _projection_backward(groups, side, activation, tiles, interpret, saved, upstream):
+def _projection_backward(groups, side, activation, parts, tiles, interpret, saved, upstream):
     """The plain path's gradients, recomputed from the inputs (a forward form: nothing but
     the inputs is kept between the passes)."""
     def plain(x, w, b, residual, scale):
-        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale)
+        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts)
 
     _, pullback = jax.vjp(plain, *saved)
     return pullback(upstream)
@@ -162,10 +210,10 @@ def _projection_backward(groups, side, activation, tiles, interpret, saved, upst
 
 _projection.defvjp(_projection_forward, _projection_backward)
 # compiled once per (shapes, groups, side, activation, tiles): eager calls reuse the kernel
-_jitted = jax.jit(_projection, static_argnums=(5, 6, 7, 8, 9))
+_jitted = jax.jit(_projection, static_argnums=(5, 6, 7, 8, 9, 10))
 
 
-def _pallas_projection(x, w, b, residual, scale, groups, side, activation, tiles, interpret):
+def _pallas_projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
@@ -180,7 +228,8 @@ def _pallas_projection(x, w, b, residual, scale, groups, side, activation, tiles
             first_tile += -(-batch * size // block_rows)
         first_token += size
     if not table:  # every group empty: no tokens
-        return jnp.zeros(x.shape[:2] + (columns,), x.dtype)
+        empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
+        return empty if parts == 1 else (empty,) * parts
     operands = [x.reshape(batch * tokens, contraction), w, b.reshape(1, columns)]
     if residual is not None:
         operands.append(residual.reshape(batch * tokens, columns))
@@ -189,26 +238,30 @@ def _pallas_projection(x, w, b, residual, scale, groups, side, activation, tiles
     kernel = functools.partial(
         _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=scale is not None,
+        parts=parts,
     )
+    shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
     out = pl.pallas_call(
         kernel,
         # the column tiles vary fastest: a row tile's inputs are read from L2 for its every column tile
         grid=(columns // block_cols, first_tile),
-        out_shape=jax.ShapeDtypeStruct((batch * tokens, columns), x.dtype),
+        out_shape=shape if parts == 1 else (shape,) * parts,
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name=f"grouped_{side}_projection_k{contraction}_n{columns}",
+        name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None),
     )(*operands)
-    return out.reshape(batch, tokens, columns)
+    if parts == 1:
+        return out.reshape(batch, tokens, columns)
+    return tuple(part.reshape(batch, tokens, columns // parts) for part in out)
 
 
 def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, activation, blocks, has_residual,
-                     has_scale):
+                     has_scale, parts):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
-    out_ref = refs[-1]
+    inputs, outputs = refs[:len(refs) - parts], refs[len(refs) - parts:]
     block_rows, block_cols, block_k = blocks
     column_tile, row_tile = pl.program_id(0), pl.program_id(1)
 
@@ -239,7 +292,7 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
         mask = valid[:, None] & (inner < limit)[None, :]
         tile = pl_triton.load(x_ref.at[rows[:, None], inner[None, :]], mask=mask, other=0)
         weights = w_ref[pl.ds(pl.multiple_of(k * block_k, block_k), block_k), pl.ds(start, block_cols)]
-        return accumulator + jnp.dot(tile, weights, preferred_element_type=jnp.float32)
+        return accumulator + jnp.dot(tile, weights.astype(tile.dtype), preferred_element_type=jnp.float32)
 
     accumulator = jax.lax.fori_loop(0, steps, step, jnp.zeros((block_rows, block_cols), jnp.float32))
     accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)
@@ -249,11 +302,18 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
     else:
         accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
         if has_scale:
-            scale_ref = refs[-2]
-            scale = pl_triton.load(scale_ref.at[0, rows], mask=valid, other=0)
+            scale = pl_triton.load(inputs[-1].at[0, rows], mask=valid, other=0)
             accumulator = accumulator * scale.astype(jnp.float32)[:, None]
         if has_residual:
-            residual = pl_triton.load(refs[0].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
+            residual = pl_triton.load(inputs[0].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
             accumulator = accumulator + residual.astype(jnp.float32)
-    pl_triton.store(out_ref.at[rows[:, None], columns[None, :]], accumulator.astype(out_ref.dtype),
-                    mask=valid[:, None])
+    accumulator = accumulator.astype(outputs[0].dtype)
+    if parts == 1:
+        pl_triton.store(outputs[0].at[rows[:, None], columns[None, :]], accumulator, mask=valid[:, None])
+        return
+    width_of_part = outputs[0].shape[1]
+    for part, out_ref in enumerate(outputs):  # the part this column tile lies in
+        @pl.when(start // width_of_part == part)
+        def _store(out_ref=out_ref, part=part):
+            inner = columns - part * width_of_part
+            pl_triton.store(out_ref.at[rows[:, None], inner[None, :]], accumulator, mask=valid[:, None])

@@ -6,8 +6,8 @@ as one ``kernels.grouped_projection`` launch over all groups, in place of one GE
 group (MoNE App. A.1 Eq. 5-7)::
 
     x   = [x_1, ..., x_E]                              (batch, tokens, D)
-    qkv = Proj_in(LN1(x))                               each group's rows read x[:, :d_j]
-    z   = x + Proj_out(SA(qkv))                         each group writes its first d_j features
+    q, k, v = Proj_in(LN1(x))                           each group's rows read x[:, :d_j]
+    z   = x + Proj_out(SA(q, k, v))                     each group writes its first d_j features
     x'  = z + (alpha g + 1) Proj_out(GELU(Proj_in(LN2(z))))     (Eq. 1; the gate "mone")
 
 fc1's bias and GELU, both residual adds and the gate are the kernels' epilogues: no
@@ -25,7 +25,7 @@ from keras import ops
 from keras_mone.layers.attention import MoNEAttention, multi_head_attention
 from keras_mone.layers.layer_norm import normalize
 from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
-from keras_mone.layers.platform_forms import accelerator, projections_form
+from keras_mone.layers.platform_forms import accelerator, attention_form, fused_attention, projections_form
 
 
 def kernel_block_applies(block, groups, widths, gates, training=None, return_received_attention=False):
@@ -58,12 +58,17 @@ def kernel_block(block, groups, widths, gates=None):
     attention, mlp = block.attention, block.mlp
 
     def project(layer, x, side, **epilogue):
-        kernel, bias = (ops.convert_to_tensor(ops.cast(w, dtype)) for w in (layer.kernel, layer.bias))
+        kernel, bias = _stored(layer.kernel), _stored(layer.bias)
         return grouped_projection(ops.cast(x, dtype), kernel, bias, layout, side, interpret=interpret, **epilogue)
 
-    qkv = project(attention.qkv, normalize(block.norm1, stream), "in")
-    head_dim = block.hidden_dim // attention.num_heads
-    attended = multi_head_attention(ops.reshape(qkv, (batch, tokens, 3, attention.num_heads, head_dim)))
+    heads = (batch, tokens, attention.num_heads, block.hidden_dim // attention.num_heads)
+    # q, k and v written apart by the kernel: the fused attention reads them without a split copy
+    query, key, value = (ops.reshape(t, heads) for t in project(attention.qkv, normalize(block.norm1, stream), "in",
+                                                                 parts=3))
+    if attention_form() == "fused":
+        attended = fused_attention(query, key, value)
+    else:  # the platform's explicit form (the CPU's)
+        attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     mid = project(attention.out, attended, "out", residual=stream)
     hidden = project(mlp.fc1, normalize(block.norm2, mid), "in", activation=_kernel_gelu(mlp.gelu_approximate))
@@ -82,3 +87,16 @@ def _gate_scale(block, groups, gates, dtype):
         scale = block._gate.mlp_scale(gate, block.alpha)
         scales.append(ops.ones(group.shape[:2], dtype) if scale is None else ops.cast(scale, dtype))
     return scales[0] if len(scales) == 1 else ops.concatenate(scales, axis=1)
+
+
+def _stored(variable):
+    """``variable``'s value in its own dtype, where a layer call under a mixed precision policy
+    would cast it to the compute dtype: the kernels cast each weight tile themselves, and a
+    cast copy of every weight per call was 96 launches of MoNE-ViT-B/16's forward compiled
+    for an H200. (Keras' scope for this is not public: another Keras gets the cast value.)"""
+    try:
+        from keras.src.backend.common.variables import AutocastScope
+    except ImportError:
+        return ops.convert_to_tensor(variable)
+    with AutocastScope(None):
+        return ops.convert_to_tensor(variable)
