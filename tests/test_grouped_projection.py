@@ -244,3 +244,81 @@ def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monk
     kernel = model.predict(images, verbose=0)
     assert not np.array_equal(kernel, per_group)  # (the new trace ran: float32 sums in another order)
     assert_f32_close(kernel, per_group, ulps=256)
+
+
+def test_training_calls_keep_one_gemm_per_group(monkeypatch):
+    """An inference form: the kernels' backward passes recompute the per-group path, which made
+    the training step move more bytes (BENCHMARKS.md), so ``training=True`` takes the generic path."""
+    from keras_mone.kernels import grouped_projection as kernels
+    from keras_mone.layers.block import ViTBlock
+
+    block = ViTBlock(32, 4, 64, gate="mone", name="training_block")
+    block.build((None, None, 32))
+    rng = np.random.default_rng(7)
+    groups, gates = [_normal(rng, 2, n, 32) for n in (4, 3)], [rng.random((2, n)).astype("float32") for n in (4, 3)]
+    launches = []
+    original = kernels.grouped_projection
+    monkeypatch.setattr(kernels, "grouped_projection", lambda *a, **k: launches.append(a[4]) or original(*a, **k))
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    trained = block(groups, widths=(8, 16), gates=gates, training=True)
+    assert launches == []
+    inferred = block(groups, widths=(8, 16), gates=gates, training=False)
+    assert len(launches) == 4
+    for a, b in zip(trained, inferred):
+        assert_f32_close(np.asarray(b), np.asarray(a), ulps=64)
+
+
+def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeypatch):
+    from keras_mone.kernels import grouped_projection as kernels
+
+    rng = np.random.default_rng(8)
+    x, w, b = _normal(rng, 2, 12, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    layout = ((7, 16), (5, 64))
+    default = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
+    seen = []
+    original = kernels._jitted
+    monkeypatch.setattr(kernels, "_jitted", lambda *a: seen.append(a[9]) or original(*a))
+    monkeypatch.setenv(kernels.TILES_ENV, "64x64=64,64,64,4,3; 64x96=16,32,16,4,2")
+    tuned = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
+    assert seen == [(16, 32, 16, 4, 2)]
+    assert_f32_close(tuned, default)
+    for bad, named in [("64x96=16,32", "five powers of 2|\\(block_rows"), ("64by96=16,32,16,4,2", "KxN="),
+                       ("64x96=16,48,16,4,2", "`tiles`")]:
+        monkeypatch.setenv(kernels.TILES_ENV, bad)
+        with pytest.raises(ValueError, match=named):
+            kernels.grouped_projection(x, w, b, layout, "in", interpret=True)
+
+
+def test_the_tile_screen_runs_and_names_the_winners_as_the_variable_reads_them(monkeypatch, capsys):
+    """``bench/grouped_tiles.py`` at a tiny size, interpreted: every projection checked and timed,
+    a setting that does not fit listed as failed, the winners printed as $KERAS_MONE_PROJECTION_TILES."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import grouped_tiles
+
+    from keras_mone.kernels import grouped_projection as kernels
+
+    grouped_tiles.main(["--batch-size", "2", "--dim", "32", "--hidden", "64", "--groups", "5x4,3x8,2x16,1x32",
+                        "--repeats", "1", "--tiles", "16,32,16,4,2;16,64,16,4,2"])
+    report = capsys.readouterr().out
+    assert report.count("| plain (XLA) |") == 4 and "failed: ValueError" in report and "wrong" not in report
+    value = report.split(f'{kernels.TILES_ENV}="')[1].split('"')[0]
+    assert sorted(entry.split("=")[0] for entry in value.split(";")) == ["32x32", "32x64", "32x96", "64x32"]
+    monkeypatch.setenv(kernels.TILES_ENV, value)
+    assert kernels.tile_override(32, 96) in [(16, 32, 16, 4, 2), (64, 32, 32, 4, 3)]
+
+
+def test_the_roofline_counts_each_kernels_work_from_its_name():
+    """``kernel_label`` carries what ``bench.hlo_kernels`` needs: the products of every group."""
+    from keras_mone.kernels.grouped_projection import kernel_label, labelled_cost
+
+    groups = ((84, 96), (61, 192), (37, 384), (14, 768))
+    name = kernel_label("in", 768, 3072, 256, groups)
+    flops, moved = labelled_cost(name, 2)
+    assert flops == 2 * 256 * (84 * 96 + 61 * 192 + 37 * 384 + 14 * 768) * 3072
+    rows = 256 * 196
+    assert moved == 2 * (256 * (84 * 96 + 61 * 192 + 37 * 384 + 14 * 768) + 768 * 3072 + 3072 + rows * 3072)
+    out = labelled_cost(kernel_label("out", 3072, 768, 256, groups, residual=True, scale=True), 2)
+    assert out[0] == flops and out[1] == 2 * (rows * 3072 + 3072 * 768 + 768 + rows * 768 + rows + rows * 768)
+    assert labelled_cost("_mlp_tile_d96_h3072", 2) is None

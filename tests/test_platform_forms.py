@@ -162,6 +162,7 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     ("NORMS_ENV", "norms_form", "grouped", r"\['grouped', 'joint'\]"),
     ("STATISTICS_ENV", "statistics_form", "keras", r"\['keras', 'one_pass', 'fused'\]"),
     ("RESIDUALS_ENV", "residuals_form", "block", r"\['fused', 'block', 'half_block'\]"),
+    ("PROJECTIONS_ENV", "projections_form", "per_group", r"\['per_group', 'grouped_kernel'\]"),
 ])
 def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch, variable, form, cpu_default, listed):
     name = getattr(platform_forms, variable)
@@ -252,6 +253,36 @@ def test_packed_token_groups_in_mixed_bfloat16_with_a_gate_equal_the_grouped_one
         outputs[form] = to_numpy(keras.ops.cast(model(images()), "float32"))
     largest = float(np.abs(outputs["grouped"]).max())
     np.testing.assert_allclose(outputs["packed"], outputs["grouped"], atol=4 * 2**-8 * largest)
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("MoNEViTBackbone", dict(capacity=0.3)),
+    ("MoNEViTBackbone", dict(capacity=0.5, use_class_token=True, class_token_to_full_expert=True, router_positions=(0, 1))),
+    ("MoNEViViTBackbone", dict(capacity=0.4)),
+])
+def test_one_kernel_per_nested_projection_equals_one_gemm_per_group(monkeypatch, name, kwargs):
+    """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` (``layers.grouped_block``, jax): outputs and
+    gradients (the kernels' backward passes recompute the per-group path) within float32
+    rounding of the per-group form; elsewhere the switch names what each backend takes."""
+    if BACKEND != "jax":
+        monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
+        with pytest.raises(ValueError, match=rf"KERAS_MONE_PROJECTIONS='grouped_kernel' is a Pallas kernel \(jax\); "
+                                             rf"the {BACKEND} backend takes 'per_group'"):
+            platform_forms.projections_form()
+        return
+    model = getattr(models, name)(**(TINY_VIDEO if "ViViT" in name else TINY), **kwargs)
+    if "ViViT" in name:
+        model.build((None, *videos().shape[1:]))
+        randomize_weights(model, seed=4)
+        x = videos()
+        results = {}
+        for form in platform_forms.PROJECTIONS_FORMS:
+            monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
+            results[form] = to_numpy(model(x)), gradients(model, lambda out: keras.ops.mean(out * out), x,
+                                                          model.trainable_variables)
+    else:
+        results = _outputs_and_gradients_by_form(monkeypatch, model, "PROJECTIONS")
+    _assert_forms_agree(results, "grouped_kernel", "per_group")
 
 
 def _assert_forms_agree(results, form, reference):

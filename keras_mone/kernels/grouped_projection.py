@@ -32,6 +32,10 @@ import jax.numpy as jnp
 
 
 SIDES = ("in", "out")
+TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
+"""Tiles per kernel shape, e.g. ``768x2304=64,128,64,4,3;3072x768=64,64,64,4,3``: a ``(K, N)``
+kernel it names takes those ``tiles`` where a call gives none (``bench/grouped_tiles.py``
+prints the winners of a card's screen in this form)."""
 
 
 def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1):
@@ -81,12 +85,14 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
 
     Args: those of ``plain_grouped_projection``, and
         tiles: ``(block_rows, block_cols, block_k, num_warps, num_stages)`` (the first four powers of 2;
-            ``block_cols`` must divide ``N`` and ``block_k`` divide ``K``); ``default_tiles``
-            where ``None``.
+            ``block_cols`` must divide ``N`` and ``block_k`` divide ``K``); where ``None``, those
+            ``$KERAS_MONE_PROJECTION_TILES`` names for ``(K, N)``, else ``default_tiles``.
         interpret: run through Pallas' interpreter (no accelerator needed).
     """
     groups = checked_groups(x, w, b, groups, side, activation, residual, scale)
-    tiles = tuple(tiles) if tiles is not None else default_tiles(x.shape[-1], w.shape[1], x.dtype)
+    if tiles is None:
+        tiles = tile_override(x.shape[-1], w.shape[1]) or default_tiles(x.shape[-1], w.shape[1], x.dtype)
+    tiles = tuple(tiles)
     check_tiles(tiles, x.shape[-1], w.shape[1])
     columns = w.shape[1]
     if not isinstance(parts, int) or parts < 1 or columns % parts or (columns // parts) % tiles[1]:
@@ -104,6 +110,25 @@ def default_tiles(contraction, columns, dtype):
     block_cols = _largest_power_of_2_dividing(columns, 128)
     block_k = _largest_power_of_2_dividing(contraction, 64 if jnp.dtype(dtype).itemsize <= 2 else 32)
     return (64, block_cols, block_k, 4, 3)
+
+
+def tile_override(contraction, columns):
+    """The tiles ``$KERAS_MONE_PROJECTION_TILES`` names for a ``(K, N)`` kernel, or ``None``
+    (``TILES_ENV``); a malformed entry raises ``ValueError`` naming the variable."""
+    import os
+
+    for entry in os.environ.get(TILES_ENV, "").replace(";", " ").split():
+        shape, _, values = entry.partition("=")
+        try:
+            k, n = (int(v) for v in shape.split("x"))
+            tiles = tuple(int(v) for v in values.split(","))
+        except ValueError:
+            raise ValueError(f"${TILES_ENV} entries must read KxN=rows,cols,k,warps,stages (e.g. "
+                             f"768x2304=64,128,64,4,3), got {entry!r}.") from None
+        if (k, n) == (contraction, columns):
+            check_tiles(tiles, contraction, columns)
+            return tiles
+    return None
 
 
 def check_tiles(tiles, contraction, columns):

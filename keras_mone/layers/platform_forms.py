@@ -161,7 +161,8 @@ def projections_form():
     kernels against dense's 350, and at batch 64 and for ViViT at batch 1 the launches and
     the small per-group GEMMs outweighed the FLOPs saved (BENCHMARKS.md, "MoNE on an H200,
     measured again"). Compiled on a GPU, interpreted elsewhere (exact and slow: for tests).
-    Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    An inference form: training calls keep one GEMM per group. Not timed on a card:
+    ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
     chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
     if chosen != "per_group" and keras.backend.backend() != "jax":
         raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is a Pallas kernel (jax); the "
