@@ -64,6 +64,15 @@
 #                    a width where no tile beat it)
 #  kernel_tiles_mlp  the same screen for the MLP kernel alone (bench/kernel_tiles.py --kernel mlp)
 #  forms_vit_bf16_mlp_tuned  batch 256, mlp_kernel (KERAS_MONE_MLP=mlp_kernel) with its best tiles
+#  grouped_tiles     the grouped nested projections' tiles (KERAS_MONE_PROJECTIONS=grouped_kernel: one
+#                    Pallas launch per projection over all token groups) timed against XLA's per-group
+#                    GEMMs, each one's output checked first (bench/grouped_tiles.py); its winners become
+#                    KERAS_MONE_PROJECTION_TILES for the runs below
+#  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel,
+#                    timm peer, profile
+#  forms_vit_f32_grouped  the same in float32 at batch 64
+#  forms_vivit_b1_grouped ViViT-FE-B/16 e_c 0.4, float32, batch 1, present against grouped_kernel, profile
+#  forms_vivit_b8_grouped ViViT-FE-B/16 e_c 0.3, float32, batch 8, present against grouped_kernel
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 #  forms_vivit_b1_highest  the same without TF32 (--matmul-precision highest), as MoNE Table 1
 #                    timed it on a V100: compute-bound, the roofline bound 1.97x (bench/gpu_program.py)
@@ -77,6 +86,7 @@
 # TIMEOUT_forms_vit_bf16=200, TIMEOUT_kernel_check=60, TIMEOUT_kernel_tiles_mlp=90), FORMS / FORMS_F32 / FORMS_TRAIN /
 # FORMS_VIVIT (the forms of each sweep), FORMS_EXTRA (appended to every sweep), TORCH_COMPILE=1
 # (run 4 also under torch.compile, default and reduce-overhead: adds minutes), WHEELS, and
+# FORMS_GROUPED (the forms of the *_grouped sweeps), GROUPED_TILES_ARGS (for bench/grouped_tiles.py),
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
 # EXTRA_ARGS, appended to every run (the last of a repeated option wins), e.g.
@@ -292,6 +302,32 @@ fi
 # then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
 tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
+# one Pallas launch per nested projection over all token groups (KERAS_MONE_PROJECTIONS=grouped_kernel,
+# layers.grouped_block; compiled for an H200 without one, MoNE-ViT-B/16 bf16 at batch 256: 185 kernels
+# against 797, roofline bound 2.64x against 1.66x; BENCHMARKS.md): its tiles first (bench/grouped_tiles.py,
+# each checked against XLA's per-group GEMMs), then the models with the winners (a
+# KERAS_MONE_PROJECTION_TILES set beforehand wins; each sweep notes how far the kernels' logits lie from
+# the present form's)
+if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" grouped_tiles "* ]]; then
+    selected=$((selected + 1))
+    # shellcheck disable=SC2086  # GROUPED_TILES_ARGS: one word per argument
+    KERAS_BACKEND=jax timeout "${TIMEOUT_grouped_tiles:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/grouped_tiles.py" \
+        ${GROUPED_TILES_ARGS:---budget 100} >"$OUT_DIR/grouped_tiles.md" 2>"$OUT_DIR/grouped_tiles.log"
+    rc=$?
+    echo "[gpu.sh] grouped_tiles: exit $rc (total $((SECONDS - start)) s)"
+    [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))
+    grep -E "best|no tile setting|KERAS_MONE_PROJECTION_TILES" "$OUT_DIR/grouped_tiles.md"
+    script_reports+=("$OUT_DIR/grouped_tiles.md")
+fi
+grouped_tiles=$(grep -o 'KERAS_MONE_PROJECTION_TILES="[^"]*"' "$OUT_DIR/grouped_tiles.md" 2>/dev/null | cut -d'"' -f2)
+export KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$grouped_tiles}"
+TIMEOUT_forms_vit_grouped="${TIMEOUT_forms_vit_grouped:-200}"
+forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile --timm
+forms forms_vit_f32_grouped --batch-sizes 64 --precision float32 --forms "${FORMS_GROUPED:-present,grouped_kernel}"
+forms forms_vivit_b1_grouped --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
+    --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile
+forms forms_vivit_b8_grouped --family vivit --capacity 0.3 --batch-sizes 8 --precision float32 \
+    --forms "${FORMS_GROUPED:-present,grouped_kernel}"
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_VIVIT:-present,keras_statistics}" --profile
 # MoNE Table 1's setting: float32 on a V100, which has no TF32 (matmuls at jax's "highest" precision)

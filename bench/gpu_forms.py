@@ -64,6 +64,7 @@ import time
 
 import jax
 import keras
+import numpy as np
 
 from keras_mone.analysis import flop_ratio
 from keras_mone.bench.device import (
@@ -99,6 +100,8 @@ DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platfor
 TANH_GELU_NOTE = ", tanh GELU (`gelu_approximate`, as the AugReg presets)"
 """What a report says of ``--gelu-approximate`` (here and in ``bench/gpu_program.py``)."""
 TINY = dict(patch_size=8, hidden_dim=64, depth=2, num_heads=4, mlp_dim=128)
+TILE_VARIABLES = ("XLA_FLAGS", "KERAS_MONE_MLP_TILES", "KERAS_MONE_PROJECTION_TILES")
+"""The environment a report names when set (what else changes the programs it times)."""
 
 
 def form_settings(form):
@@ -181,6 +184,29 @@ def timed_pair(kind, batch_size, form, make_step, models, dense_steps, args, not
     return (kind, batch_size, form, ms["dense"], ms["mone"], seconds), dense_steps[key], step
 
 
+def _random_heads(models, seed):
+    """Random weights in each classifier's head, which ViTs start at zero: with them every logit
+    would be the zero bias and ``_compare_logits`` would compare nothing (timings unchanged)."""
+    rng = np.random.default_rng(seed)
+    for model in models:
+        for weight in model.head.weights:
+            if not np.any(np.asarray(weight)):
+                weight.assign((0.02 * rng.standard_normal(weight.shape)).astype(weight.dtype))
+
+
+def _compare_logits(logits, first, form, first_form, batch_size, notes):
+    """Notes how far MoNE's logits in ``form`` lie from those of the batch's first form (every
+    form computes the same function: a kernel that a card miscompiles shows here); returns the
+    first form's logits."""
+    logits = np.asarray(logits, np.float32)
+    if first is None:
+        return logits
+    error = float(np.abs(logits - first).max() / max(1.0, float(np.abs(first).max())))
+    notes.append(f"forward, batch {batch_size}, {form}: MoNE's logits within {error:.1e} of {first_form}'s "
+                 "(largest difference over max(1, largest logit))")
+    return first
+
+
 def profile_pair(labels_and_steps, args, profiles, notes, log):
     """Traces each ``(label, step)`` not yet in ``profiles`` (``kernel_profile``) and, with
     ``--output``, writes its optimised HLO beside the report; a failure leaves a note."""
@@ -219,6 +245,7 @@ def _run_forms(args):
     with precision_policy(args.precision):
         models = dense, mone = _build(dense_preset, dense_kwargs), _build(mone_preset, mone_kwargs)
     ratio = flop_ratio(dense.backbone, mone.backbone)
+    _random_heads(models, args.seed)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
 
     def save():
@@ -227,12 +254,13 @@ def _run_forms(args):
     for batch_size in batch_sizes:
         images, labels = _batch(dense.backbone, dense.num_classes, batch_size, args.seed)
         x, _ = device_batch(images, labels)
-        dense_steps = {}
+        dense_steps, first_logits = {}, None
         for form in forms:
             timed = timed_pair("forward", batch_size, form, lambda model: forward_step(model, x), models,
                                dense_steps, args, notes, log)
             if timed is not None:
                 rows.append(timed[0])
+                first_logits = _compare_logits(timed[2](), first_logits, form, forms[0], batch_size, notes)
                 if args.profile and batch_size == batch_sizes[-1]:
                     dense_label = f"dense {_dense_key(form) or 'default'}"
                     profile_pair([(dense_label, timed[1]), (f"MoNE {form}", timed[2])], args, profiles, notes, log)
@@ -276,8 +304,7 @@ def report(args, rows, profiles, notes, ratio):
         + matmul_precision_note(args.matmul_precision)
         + f", device input, medians of {args.repeats} interleaved calls; "
         f"{time.strftime('%Y-%m-%d')}."
-        + "".join(f" {name}={os.environ[name]!r}." for name in ("XLA_FLAGS", "KERAS_MONE_MLP_TILES")
-                  if os.environ.get(name)),
+        + "".join(f" {name}={os.environ[name]!r}." for name in TILE_VARIABLES if os.environ.get(name)),
         "",
         "| step | batch | form | dense ms | MoNE ms | speed-up | efficiency | MoNE compile s |",
         "|---|---|---|---|---|---|---|---|",
