@@ -36,12 +36,13 @@ from keras_mone.layers.mlp import _kernel_gelu
 
 GROUPS = "84x96,61x192,37x384,14x768"
 """(tokens, width) of MoNE-ViT-B/16's groups at e_c 0.3 (196 tokens; the optimised HLO, BENCHMARKS.md)."""
-CANDIDATES = [(64, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 128, 64, 8, 3), (128, 64, 64, 4, 3),
-              (64, 128, 32, 4, 4), (128, 128, 32, 8, 4), (64, 256, 64, 8, 3), (64, 128, 64, 4, 2)]
-"""Timed after each shape's default where ``--tiles`` is not given: 64- and 128-row tiles (one or
-two warpgroups), 64-256 columns, 32-64 contraction steps, 2-4 stages; all compile for sm_90
-without spills at these shapes but (128, 128, 64, 4, 3) (``bench/kernel_compile.py``'s
-``compile_stats``, BENCHMARKS.md), which is left out."""
+CANDIDATES = [(64, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 4, 3), (64, 128, 32, 4, 4),
+              (128, 128, 32, 8, 4), (128, 128, 64, 8, 4), (64, 256, 64, 8, 3), (64, 128, 64, 4, 2)]
+"""Timed after each shape's default (``default_tiles``: 128 x 128 x 64 on 8 warps, 3 stages) where
+``--tiles`` is not given: 64- and 128-row tiles (one or two warpgroups), 64-256 columns, 32-64
+contraction steps, 2-4 stages. Compiled for sm_90 here at these shapes (bf16 rows, float32
+weights; ``bench/kernel_compile.py``'s ``compile_stats``, BENCHMARKS.md) all take wgmma without
+spills; 128 x 256 tiles and 128 x 128 on 4 warps spilled and are left out."""
 
 
 def projections(dim, hidden):

@@ -45,6 +45,31 @@ def test_the_in_projection_equals_the_numpy_reference_of_eq5(layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_layer_norm_prologue_equals_the_numpy_reference(layout):
+    """``norm``: each loaded tile normalised with its rows' statistics (full-width rows, the
+    group reading its first ``d`` features), as ``LN`` then Eq. 5."""
+    from keras_mone.kernels.grouped_projection import grouped_projection
+
+    rng = np.random.default_rng(9)
+    tokens = sum(size for size, _ in layout)
+    x, w, b = 3.0 + _normal(rng, 2, tokens, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    wide = x.astype("float64")
+    mean, variance = wide.mean(-1), wide.var(-1)
+    rstd = 1.0 / np.sqrt(variance + 1e-6)
+    norm = (mean.astype("float32"), rstd.astype("float32"), gamma, beta)
+    out = np.asarray(grouped_projection(x, w, b, layout, "in", norm=norm, tiles=SMALL_TILES, interpret=True))
+    widths = np.concatenate([np.full(size, width) for size, width in layout])
+    normed = ref.layer_norm(x, gamma, beta)
+    assert_f32_close(out, ref._per_token(lambda row, d: ref.in_projection(row, w, b, d), normed, widths[None]))
+    with pytest.raises(ValueError, match="`norm` must be"):
+        grouped_projection(x, w, b, layout, "in", norm=norm[:3], interpret=True)
+    with pytest.raises(ValueError, match="`activation` and `norm` belong to side 'in'"):
+        grouped_projection(x, w[:, :64], b[:64], tuple((s, min(d, 64)) for s, d in layout), "out", norm=norm,
+                           interpret=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("epilogue", ["none", "residual", "residual_and_scale"])
 def test_the_out_projection_equals_the_numpy_reference_of_eq7(layout, epilogue):
     """``residual + scale * Pad(x @ W[:, :d] + b[:d])``; features past ``d`` are the residual's
@@ -216,10 +241,12 @@ def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypat
     per_group = block(groups, widths=widths, gates=gates)
     launches = []
     original = kernels.grouped_projection
-    monkeypatch.setattr(kernels, "grouped_projection", lambda *a, **k: launches.append(a[4]) or original(*a, **k))
+    monkeypatch.setattr(kernels, "grouped_projection",
+                        lambda *a, **k: launches.append((a[4], k.get("norm") is not None)) or original(*a, **k))
     monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
     kernel = block(groups, widths=widths, gates=gates)
-    assert launches == ["in", "out", "in", "out"]  # q/k/v, the attention's out-projection, fc1, fc2
+    # q/k/v and fc1 with their LayerNorms as prologues, the attention's out-projection, fc2
+    assert launches == [("in", True), ("out", False), ("in", True), ("out", False)]
     x = np.concatenate(groups, axis=1)
     token_widths = np.concatenate([np.full(n, w) for n, w in zip(sizes, widths)])[None].repeat(2, 0)
     expected = ref.block(x, token_widths, _block_params(block), gates=None if gates is None else
@@ -277,7 +304,7 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
     default = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
     seen = []
     original = kernels._jitted
-    monkeypatch.setattr(kernels, "_jitted", lambda *a: seen.append(a[9]) or original(*a))
+    monkeypatch.setattr(kernels, "_jitted", lambda *a: seen.append(a[10]) or original(*a))
     monkeypatch.setenv(kernels.TILES_ENV, "64x64=64,64,64,4,3; 64x96=16,32,16,4,2")
     tuned = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
     assert seen == [(16, 32, 16, 4, 2)]
@@ -321,4 +348,6 @@ def test_the_roofline_counts_each_kernels_work_from_its_name():
     assert moved == 2 * (256 * (84 * 96 + 61 * 192 + 37 * 384 + 14 * 768) + 768 * 3072 + 3072 + rows * 3072)
     out = labelled_cost(kernel_label("out", 3072, 768, 256, groups, residual=True, scale=True), 2)
     assert out[0] == flops and out[1] == 2 * (rows * 3072 + 3072 * 768 + 768 + rows * 768 + rows + rows * 768)
+    normed = labelled_cost(kernel_label("in", 768, 3072, 256, groups, norm=True), 2)
+    assert normed == (flops, moved + 4 * (2 * rows + 2 * 768))  # float32 statistics and LayerNorm weights
     assert labelled_cost("_mlp_tile_d96_h3072", 2) is None

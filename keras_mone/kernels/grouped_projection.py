@@ -10,9 +10,11 @@ rows of one group (gathered across the batch, so only a group's last tile is par
 and ``block_cols`` output columns, and its loop over the contraction stops where its group's
 weights stop:
 
-* ``side="in"``: ``out[:, g] = act(x[:, g, :d_g] @ W[:d_g] + b)``, full output width ``N``
+* ``side="in"``: ``out[:, g] = act(LN(x)[:, g, :d_g] @ W[:d_g] + b)``, full output width ``N``
   (q/k/v, fc1; Eq. 5-6). The loop runs ``ceil(d_g / block_k)`` steps; ``act`` (e.g. the GELU)
-  is applied in the epilogue, so fc1's output is written once, activated.
+  is applied in the epilogue, so fc1's output is written once, activated. With ``norm``, the
+  block's LayerNorm is the prologue: each loaded tile is normalised with its rows' statistics
+  (computed beforehand), so the normalised tokens are never written.
 * ``side="out"``: ``out[:, g, :d_g] = x[:, g] @ W[:, :d_g] + b[:d_g]`` and zeros past
   ``d_g`` (Eq. 7's ``Pad``; the attention output, fc2). Column tiles past ``d_g`` skip the
   loop. Optional epilogue: ``residual + scale * out`` (the block's residual and MoNE's gate
@@ -38,7 +40,7 @@ kernel it names takes those ``tiles`` where a call gives none (``bench/grouped_t
 prints the winners of a card's screen in this form)."""
 
 
-def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1):
+def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None):
     """The grouped nested projection with XLA's ops, one GEMM per group (see the module docstring).
 
     Args:
@@ -54,11 +56,17 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         parts: ``side="in"``: the output columns cut into ``parts`` equal tensors (q, k and v
             of a fused q/k/v kernel: ``parts=3``), each written by the kernel apart, so that
             attention reads them without a copy.
+        norm: ``side="in"``: ``(mean, rstd, gamma, beta)``, a LayerNorm applied to ``x`` first:
+            ``((x - mean) * rstd * gamma + beta)`` in float32, rounded to ``x``'s dtype (as
+            ``layers.layer_norm.normalize`` gives it); ``mean`` and ``rstd`` ``(batch, tokens)``,
+            ``gamma`` and ``beta`` ``(K,)``.
 
     Returns:
         ``(batch, tokens, N)`` in ``x``'s dtype, or ``parts`` tensors ``(batch, tokens, N / parts)``.
     """
     w = w.astype(x.dtype)  # as the kernel casts each weight tile: its products are in x's dtype
+    if norm is not None:
+        x = _normalized(x, *norm)
     pieces, start = [], 0
     for size, width in groups:
         rows = x[:, start:start + size]
@@ -79,8 +87,8 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
     return out if parts == 1 else tuple(jnp.split(out, parts, axis=-1))
 
 
-def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, tiles=None,
-                       interpret=False):
+def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
+                       tiles=None, interpret=False):
     """``plain_grouped_projection`` as one Pallas kernel launch (see the module docstring).
 
     Args: those of ``plain_grouped_projection``, and
@@ -89,7 +97,7 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
             ``$KERAS_MONE_PROJECTION_TILES`` names for ``(K, N)``, else ``default_tiles``.
         interpret: run through Pallas' interpreter (no accelerator needed).
     """
-    groups = checked_groups(x, w, b, groups, side, activation, residual, scale)
+    groups = checked_groups(x, w, b, groups, side, activation, residual, scale, norm)
     if tiles is None:
         tiles = tile_override(x.shape[-1], w.shape[1]) or default_tiles(x.shape[-1], w.shape[1], x.dtype)
     tiles = tuple(tiles)
@@ -100,16 +108,20 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
                          f"tiles ({tiles[1]}), got {parts!r}.")
     if parts > 1 and side != "in":
         raise ValueError("`parts` belongs to side 'in' (q, k and v of one kernel).")
-    return _jitted(x, w, b, residual, scale, groups, side, activation, parts, tiles, bool(interpret))
+    norm = None if norm is None else tuple(norm)
+    return _jitted(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, bool(interpret))
 
 
 def default_tiles(contraction, columns, dtype):
-    """Tiles for a ``(K, N)`` kernel: 64 rows (one Hopper warpgroup's MMA), the widest power
-    of 2 up to 128 dividing ``N``, and up to 64 (16-bit) or 32 (float32) contraction
-    elements per step, 4 warps, 3 stages. Not screened on a card yet."""
+    """Tiles for a ``(K, N)`` kernel: 128 rows on 8 warps (two Hopper warpgroups), the widest
+    power of 2 up to 128 dividing ``N``, and up to 64 (16-bit) or 32 (float32) contraction
+    elements per step, 3 stages. Compiled for sm_90 without a card (``bench/kernel_compile.py``'s
+    ``compile_stats``) at MoNE-ViT-B/16's four projections: wgmma, no spills, 98-131 KB of
+    shared memory; 64-row tiles on 4 warps read each weight panel from L2 twice as often, and
+    in float32 one of them failed to compile. Not screened on a card (``bench/grouped_tiles.py``)."""
     block_cols = _largest_power_of_2_dividing(columns, 128)
     block_k = _largest_power_of_2_dividing(contraction, 64 if jnp.dtype(dtype).itemsize <= 2 else 32)
-    return (64, block_cols, block_k, 4, 3)
+    return (128, block_cols, block_k, 8, 3)
 
 
 def tile_override(contraction, columns):
@@ -145,7 +157,7 @@ def check_tiles(tiles, contraction, columns):
                          f"divide K = {contraction}.")
 
 
-def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=None):
+def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=None, norm=None):
     """``groups`` as a tuple of ``(tokens, width)`` int pairs, after checking every argument
     (clear errors naming it)."""
     if side not in SIDES:
@@ -162,8 +174,14 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
                          f"widths lie in [1, {limit}] (side {side!r}); got {groups}.")
     if side == "in" and (residual is not None or scale is not None):
         raise ValueError("`residual` and `scale` belong to side 'out' (the block's residual and gate).")
-    if side == "out" and activation is not None:
-        raise ValueError("`activation` belongs to side 'in' (fc1's epilogue).")
+    if side == "out" and (activation is not None or norm is not None):
+        raise ValueError("`activation` and `norm` belong to side 'in' (fc1's epilogue, the LayerNorm before q/k/v "
+                         "and fc1).")
+    if norm is not None:
+        shapes = [tuple(t.shape) for t in norm] if len(norm) == 4 else None
+        if shapes != [x.shape[:2], x.shape[:2], (x.shape[2],), (x.shape[2],)]:
+            raise ValueError(f"`norm` must be (mean, rstd, gamma, beta) of shapes {x.shape[:2]}, {x.shape[:2]}, "
+                             f"({x.shape[2]},), ({x.shape[2]},); got {shapes or norm!r}.")
     out_shape = x.shape[:2] + (w.shape[1],)
     if residual is not None and residual.shape != out_shape:
         raise ValueError(f"`residual` must have the output's shape {out_shape}, got {residual.shape}.")
@@ -172,29 +190,30 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
     return groups
 
 
-def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False):
+def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False):
     """The name a kernel is compiled under, which says what it computes, so that a program's
     reader (``bench.hlo_kernels``) and a profile can count its work (``labelled_cost``):
     ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192``."""
-    epilogue = "_residual" * bool(residual) + "_scale" * bool(scale)
+    epilogue = "_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
     layout = "_".join(f"{size}x{width}" for size, width in groups)
     return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
 
 
-_LABEL = re.compile(r"grouped_(in|out)_projection(_residual)?(_scale)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
+_LABEL = re.compile(r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
     """``(FLOPs, bytes)`` of a kernel named by ``kernel_label``, or ``None`` for another name.
     Bytes: the rows it reads (an in-projection only each group's first ``d`` features), the
     weights its widest group needs once (later programs find them in L2), the bias, the
-    residual and scale it reads and the ``(batch, tokens, N)`` it writes."""
+    residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, and
+    the ``(batch, tokens, N)`` it writes."""
     match = _LABEL.search(name)
     if match is None:
         return None
-    side, residual, scale = match.group(1), bool(match.group(2)), bool(match.group(3))
-    contraction, columns, batch = (int(match.group(i)) for i in (4, 5, 6))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(7).strip("_").split("_")]
+    side, norm, residual, scale = match.group(1), bool(match.group(2)), bool(match.group(3)), bool(match.group(4))
+    contraction, columns, batch = (int(match.group(i)) for i in (5, 6, 7))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(8).strip("_").split("_")]
     tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
     widest = max(width for _, width in groups)
     rows = batch * tokens
@@ -203,7 +222,7 @@ def labelled_cost(name, itemsize):
     else:
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
         elements += rows * columns * residual + rows * scale
-    return flops, itemsize * (elements + rows * columns)
+    return flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction)
 
 
 def _largest_power_of_2_dividing(n, at_most):
@@ -213,21 +232,21 @@ def _largest_power_of_2_dividing(n, at_most):
     return power
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
-def _projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret):
-    return _pallas_projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret):
+    return _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret)
 
 
-def _projection_forward(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret):
-    outputs = _projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret)
-    return outputs, (x, w, b, residual, scale)
+def _projection_forward(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret):
+    outputs = _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret)
+    return outputs, (x, w, b, residual, scale, norm)
 
 
 def _projection_backward(groups, side, activation, parts, tiles, interpret, saved, upstream):
     """The plain path's gradients, recomputed from the inputs (a forward form: nothing but
     the inputs is kept between the passes)."""
-    def plain(x, w, b, residual, scale):
-        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts)
+    def plain(x, w, b, residual, scale, norm):
+        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm)
 
     _, pullback = jax.vjp(plain, *saved)
     return pullback(upstream)
@@ -235,10 +254,17 @@ def _projection_backward(groups, side, activation, parts, tiles, interpret, save
 
 _projection.defvjp(_projection_forward, _projection_backward)
 # compiled once per (shapes, groups, side, activation, tiles): eager calls reuse the kernel
-_jitted = jax.jit(_projection, static_argnums=(5, 6, 7, 8, 9, 10))
+_jitted = jax.jit(_projection, static_argnums=(6, 7, 8, 9, 10, 11))
 
 
-def _pallas_projection(x, w, b, residual, scale, groups, side, activation, parts, tiles, interpret):
+def _normalized(x, mean, rstd, gamma, beta):
+    """``(x - mean) * (rstd * gamma) + beta`` in float32, rounded to ``x``'s dtype (the kernel's prologue)."""
+    wide = x.astype(jnp.float32)
+    scale = rstd.astype(jnp.float32)[..., None] * gamma.astype(jnp.float32)
+    return ((wide - mean.astype(jnp.float32)[..., None]) * scale + beta.astype(jnp.float32)).astype(x.dtype)
+
+
+def _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
@@ -260,10 +286,12 @@ def _pallas_projection(x, w, b, residual, scale, groups, side, activation, parts
         operands.append(residual.reshape(batch * tokens, columns))
     if scale is not None:
         operands.append(scale.reshape(1, batch * tokens))
+    if norm is not None:  # the statistics per row, the LayerNorm's weights per feature: float32
+        operands += [t.astype(jnp.float32).reshape(1, -1) for t in norm]
     kernel = functools.partial(
         _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=scale is not None,
-        parts=parts,
+        has_norm=norm is not None, parts=parts,
     )
     shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
     out = pl.pallas_call(
@@ -273,7 +301,8 @@ def _pallas_projection(x, w, b, residual, scale, groups, side, activation, parts
         out_shape=shape if parts == 1 else (shape,) * parts,
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None),
+        name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
+                          norm is not None),
     )(*operands)
     if parts == 1:
         return out.reshape(batch, tokens, columns)
@@ -281,7 +310,7 @@ def _pallas_projection(x, w, b, residual, scale, groups, side, activation, parts
 
 
 def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, activation, blocks, has_residual,
-                     has_scale, parts):
+                     has_scale, has_norm, parts):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
@@ -312,11 +341,19 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
         # (a product, not jnp.where: Pallas' Triton lowering left the loop unverifiable with a select)
         steps, limit = (start < width).astype(jnp.int32) * (contraction // block_k), contraction
 
+    if has_norm:  # the rows' LayerNorm statistics, loaded once per tile
+        mean, rstd = (pl_triton.load(ref.at[0, rows], mask=valid, other=0) for ref in inputs[:2])
+
     def step(k, accumulator):
         inner = k * block_k + jnp.arange(block_k, dtype=jnp.int32)
         mask = valid[:, None] & (inner < limit)[None, :]
         tile = pl_triton.load(x_ref.at[rows[:, None], inner[None, :]], mask=mask, other=0)
-        weights = w_ref[pl.ds(pl.multiple_of(k * block_k, block_k), block_k), pl.ds(start, block_cols)]
+        contracted = pl.ds(pl.multiple_of(k * block_k, block_k), block_k)
+        if has_norm:  # the prologue: (x - mean) * (rstd * gamma) + beta, as _normalized; zeros past the width
+            gamma, beta = (ref[:, contracted] for ref in inputs[2:4])
+            normed = (tile.astype(jnp.float32) - mean[:, None]) * (rstd[:, None] * gamma) + beta
+            tile = jnp.where(mask, normed, 0.0).astype(tile.dtype)
+        weights = w_ref[contracted, pl.ds(start, block_cols)]
         return accumulator + jnp.dot(tile, weights.astype(tile.dtype), preferred_element_type=jnp.float32)
 
     accumulator = jax.lax.fori_loop(0, steps, step, jnp.zeros((block_rows, block_cols), jnp.float32))

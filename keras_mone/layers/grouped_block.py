@@ -10,9 +10,11 @@ group (MoNE App. A.1 Eq. 5-7)::
     z   = x + Proj_out(SA(q, k, v))                     each group writes its first d_j features
     x'  = z + (alpha g + 1) Proj_out(GELU(Proj_in(LN2(z))))     (Eq. 1; the gate "mone")
 
-fc1's bias and GELU, both residual adds and the gate are the kernels' epilogues: no
-separate pass over the hidden activations or the residual stream. The LayerNorms run once
-over all groups (``layers.layer_norm.normalize``), attention as the platform's fused form.
+fc1's bias and GELU, both residual adds and the gate are the kernels' epilogues, and both
+LayerNorms the in-projections' prologues (their row statistics computed beforehand, once over
+all groups: ``layers.layer_norm.row_statistics``): no separate pass over the hidden
+activations, the normalised tokens or the residual stream. Attention runs in the platform's
+fused form.
 The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover
 (custom parts, the "score" gate, attention weights asked for, one full-width group) take
 the generic path.
@@ -29,7 +31,7 @@ import numpy as np
 from keras import ops
 
 from keras_mone.layers.attention import MoNEAttention, multi_head_attention
-from keras_mone.layers.layer_norm import normalize
+from keras_mone.layers.layer_norm import normalize, row_statistics
 from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
 from keras_mone.layers.platform_forms import accelerator, attention_form, fused_attention, projections_form
 
@@ -64,20 +66,32 @@ def kernel_block(block, groups, widths, gates=None):
         kernel, bias = _stored(layer.kernel), _stored(layer.bias)
         return grouped_projection(ops.cast(x, dtype), kernel, bias, layout, side, interpret=interpret, **epilogue)
 
+    def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the kernel's prologue where it can
+        prologue = _prologue(norm, x)
+        return project(layer, x if prologue else normalize(norm, x), "in", norm=prologue, **epilogue)
+
     heads = (batch, tokens, attention.num_heads, block.hidden_dim // attention.num_heads)
     # q, k and v written apart by the kernel: the fused attention reads them without a split copy
-    query, key, value = (ops.reshape(t, heads) for t in project(attention.qkv, normalize(block.norm1, stream), "in",
-                                                                 parts=3))
+    query, key, value = (ops.reshape(t, heads) for t in normalized_projection(block.norm1, attention.qkv, stream,
+                                                                               parts=3))
     if attention_form() == "fused":
         attended = fused_attention(query, key, value)
     else:  # the platform's explicit form (the CPU's)
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     mid = project(attention.out, attended, "out", residual=stream)
-    hidden = project(mlp.fc1, normalize(block.norm2, mid), "in", activation=_kernel_gelu(mlp.gelu_approximate))
+    hidden = normalized_projection(block.norm2, mlp.fc1, mid, activation=_kernel_gelu(mlp.gelu_approximate))
     outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=_gate_scale(block, groups, gates, dtype))
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
+
+
+def _prologue(norm, x):
+    """``(mean, rstd, gamma, beta)`` of the LayerNorm ``norm`` on ``x`` for a kernel's prologue
+    (``layers.layer_norm.row_statistics``: the statistics in the platform's form), or ``None``
+    where ``normalize`` runs it: a LayerNorm without both weights, or one that Keras must call."""
+    statistics = row_statistics(norm, x) if norm.gamma is not None and norm.beta is not None else None
+    return None if statistics is None else (*statistics, _stored(norm.gamma), _stored(norm.beta))
 
 
 def _gate_scale(block, groups, gates, dtype):

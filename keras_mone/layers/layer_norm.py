@@ -35,13 +35,7 @@ def normalize(layer, x):
     if form == "keras" or not _plain(layer, x):
         return layer(x)
     dtype = keras.backend.standardize_dtype(x.dtype)
-    wide = x if dtype in ("float32", "float64") else ops.cast(x, "float32")  # Keras: at least float32
-    mean = ops.mean(wide, axis=-1, keepdims=True)
-    if form == "one_pass":
-        variance = ops.maximum(ops.mean(ops.square(wide), axis=-1, keepdims=True) - ops.square(mean), 0.0)
-    else:
-        variance = ops.mean(ops.square(wide - mean), axis=-1, keepdims=True)
-    scale = ops.rsqrt(variance + ops.cast(layer.epsilon, wide.dtype))
+    wide, mean, scale = _statistics(x, layer.epsilon, form)
     if layer.gamma is not None:
         scale = scale * ops.cast(layer.gamma, wide.dtype)
     outputs = (wide - mean) * scale
@@ -64,3 +58,26 @@ def _plain(layer, x):
         and getattr(x, "_keras_mask", None) is None
         and not isinstance(x, keras.KerasTensor)
     )
+
+
+def row_statistics(layer, x):
+    """``(mean, rstd)`` of ``layer``'s normalisation of ``x``, each ``x.shape[:-1]``, in at least
+    float32 and in the form of ``statistics_form()`` (``"keras"``: two passes), for a kernel that
+    applies the LayerNorm itself (``kernels.grouped_projection``'s prologue); ``None`` where
+    ``normalize`` would call the layer (see the module docstring)."""
+    if not _plain(layer, x):
+        return None
+    _, mean, rstd = _statistics(x, layer.epsilon, statistics_form())
+    return mean[..., 0], rstd[..., 0]
+
+
+def _statistics(x, epsilon, form):
+    """``(wide x, mean, rsqrt(variance + epsilon))`` over the last axis (kept), at least float32."""
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    wide = x if dtype in ("float32", "float64") else ops.cast(x, "float32")  # Keras: at least float32
+    mean = ops.mean(wide, axis=-1, keepdims=True)
+    if form == "one_pass":
+        variance = ops.maximum(ops.mean(ops.square(wide), axis=-1, keepdims=True) - ops.square(mean), 0.0)
+    else:
+        variance = ops.mean(ops.square(wide - mean), axis=-1, keepdims=True)
+    return wide, mean, ops.rsqrt(variance + ops.cast(epsilon, wide.dtype))
