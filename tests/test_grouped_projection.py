@@ -351,3 +351,31 @@ def test_the_roofline_counts_each_kernels_work_from_its_name():
     normed = labelled_cost(kernel_label("in", 768, 3072, 256, groups, norm=True), 2)
     assert normed == (flops, moved + 4 * (2 * rows + 2 * 768))  # float32 statistics and LayerNorm weights
     assert labelled_cost("_mlp_tile_d96_h3072", 2) is None
+
+
+def test_in_mixed_precision_the_kernels_read_the_float32_weights_and_match_the_per_group_path(monkeypatch):
+    """Under ``mixed_bfloat16`` the kernels take the float32 variables as they are stored (each
+    weight tile is cast in the kernel: no cast copy of every weight per call) and give what the
+    per-group path gives, within bfloat16 rounding."""
+    import keras
+
+    from keras_mone.kernels import grouped_projection as kernels
+    from keras_mone.layers.block import ViTBlock
+
+    block = ViTBlock(32, 4, 64, gate="mone", alpha_init=0.5, dtype="mixed_bfloat16", name="mixed_block")
+    block.build((None, None, 32))
+    rng = np.random.default_rng(10)
+    groups = [keras.ops.cast(_normal(rng, 2, n, 32), "bfloat16") for n in (6, 5)]
+    gates = [rng.random((2, n)).astype("float32") for n in (6, 5)]
+    per_group = block(groups, widths=(8, 16), gates=gates)
+    dtypes = []
+    original = kernels.grouped_projection
+    monkeypatch.setattr(kernels, "grouped_projection",
+                        lambda *a, **k: dtypes.append((str(a[0].dtype), str(a[1].dtype))) or original(*a, **k))
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    kernel = block(groups, widths=(8, 16), gates=gates)
+    assert dtypes == [("bfloat16", "float32")] * 4
+    for got, expected in zip(kernel, per_group):
+        got, expected = (np.asarray(keras.ops.cast(t, "float32")) for t in (got, expected))
+        assert np.abs(got - expected).max() <= 2.0 ** -6 * max(1.0, np.abs(expected).max())
+    assert all(weight._autocast for weight in block.weights)  # each read restored the variable's own flag

@@ -110,10 +110,12 @@ def _stored(variable):
     """``variable``'s value in its own dtype, where a layer call under a mixed precision policy
     would cast it to the compute dtype: the kernels cast each weight tile themselves, and a
     cast copy of every weight per call was 96 launches of MoNE-ViT-B/16's forward compiled
-    for an H200. (Keras' scope for this is not public: another Keras gets the cast value.)"""
+    for an H200. Keras has no public switch for this: the variable's own autocast flag is
+    turned off for the read; a Keras without that flag gets the cast value."""
+    if not isinstance(getattr(variable, "_autocast", None), bool):
+        return ops.convert_to_tensor(variable)
+    autocast, variable._autocast = variable._autocast, False
     try:
-        from keras.src.backend.common.variables import AutocastScope
-    except ImportError:
         return ops.convert_to_tensor(variable)
-    with AutocastScope(None):
-        return ops.convert_to_tensor(variable)
+    finally:
+        variable._autocast = autocast
