@@ -368,6 +368,7 @@ def test_in_mixed_precision_the_kernels_read_the_float32_weights_and_match_the_p
     groups = [keras.ops.cast(_normal(rng, 2, n, 32), "bfloat16") for n in (6, 5)]
     gates = [rng.random((2, n)).astype("float32") for n in (6, 5)]
     per_group = block(groups, widths=(8, 16), gates=gates)
+    flags = [weight._autocast for weight in block.weights]
     dtypes = []
     original = kernels.grouped_projection
     monkeypatch.setattr(kernels, "grouped_projection",
@@ -378,4 +379,4 @@ def test_in_mixed_precision_the_kernels_read_the_float32_weights_and_match_the_p
     for got, expected in zip(kernel, per_group):
         got, expected = (np.asarray(keras.ops.cast(t, "float32")) for t in (got, expected))
         assert np.abs(got - expected).max() <= 2.0 ** -6 * max(1.0, np.abs(expected).max())
-    assert all(weight._autocast for weight in block.weights)  # each read restored the variable's own flag
+    assert [weight._autocast for weight in block.weights] == flags  # each read restored the variable's own flag
