@@ -303,8 +303,8 @@ fi
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
 tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 # one Pallas launch per nested projection over all token groups (KERAS_MONE_PROJECTIONS=grouped_kernel,
-# layers.grouped_block; compiled for an H200 without one, MoNE-ViT-B/16 bf16 at batch 256: 185 kernels
-# against 797, roofline bound 2.64x against 1.66x; BENCHMARKS.md): its tiles first (bench/grouped_tiles.py,
+# layers.grouped_block; compiled for an H200 without one, MoNE-ViT-B/16 bf16 at batch 256: 161 kernels
+# against 797, roofline bound 3.07x against 1.66x; BENCHMARKS.md): its tiles first (bench/grouped_tiles.py,
 # each checked against XLA's per-group GEMMs), then the models with the winners (a
 # KERAS_MONE_PROJECTION_TILES set beforehand wins; each sweep notes how far the kernels' logits lie from
 # the present form's)

@@ -156,13 +156,16 @@ def projections_form():
     """``"per_group"`` or ``"grouped_kernel"``: a ``ViTBlock``'s nested projections (q/k/v,
     the attention's out-projection, fc1, fc2) as one GEMM per token group, or each as one
     Pallas kernel launch over all the block's groups (``kernels.grouped_projection``; jax
-    only), with fc1's bias and GELU, and the residual adds and MoNE's gate, in the kernels'
-    epilogues (``layers.grouped_block``). On an H200 MoNE-ViT-B/16's forward launched 1039
-    kernels against dense's 350, and at batch 64 and for ViViT at batch 1 the launches and
-    the small per-group GEMMs outweighed the FLOPs saved (BENCHMARKS.md, "MoNE on an H200,
-    measured again"). Compiled on a GPU, interpreted elsewhere (exact and slow: for tests).
-    An inference form: training calls keep one GEMM per group. Not timed on a card:
-    ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    only), with fc1's bias and GELU, the residual adds and MoNE's gate in the kernels'
+    epilogues and the LayerNorms in their prologues (``layers.grouped_block``). On an H200
+    MoNE-ViT-B/16's forward launched 1039 kernels against dense's 350, and at batch 64 and
+    for ViViT at batch 1 the launches and the small per-group GEMMs outweighed the FLOPs saved
+    (BENCHMARKS.md, "MoNE on an H200, measured again"). Compiled for an H200 without one, the
+    bf16 forward at batch 256 has 161 kernels (per group: 797) and a roofline bound of 3.07x
+    dense (1.66x; BENCHMARKS.md, "One kernel per nested projection"). Compiled on a GPU,
+    interpreted elsewhere (exact and slow: for tests). An inference form: training calls keep
+    one GEMM per group. Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else
+    per_group."""
     chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
     if chosen != "per_group" and keras.backend.backend() != "jax":
         raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is a Pallas kernel (jax); the "
