@@ -66,8 +66,8 @@
 #  forms_vit_bf16_mlp_tuned  batch 256, mlp_kernel (KERAS_MONE_MLP=mlp_kernel) with its best tiles
 #  grouped_tiles     the grouped nested projections' tiles (KERAS_MONE_PROJECTIONS=grouped_kernel: one
 #                    Pallas launch per projection over all token groups) timed against XLA's per-group
-#                    GEMMs, each one's output checked first (bench/grouped_tiles.py); its winners become
-#                    KERAS_MONE_PROJECTION_TILES for the runs below
+#                    GEMMs, each one's output checked first (bench/grouped_tiles.py, bf16); its winners
+#                    become KERAS_MONE_PROJECTION_TILES for forms_vit_grouped
 #  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel,
 #                    timm peer, profile
 #  forms_vit_f32_grouped  the same in float32 at batch 64
@@ -319,10 +319,12 @@ if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" grouped_tiles "* ]]; then
     grep -E "best|no tile setting|KERAS_MONE_PROJECTION_TILES" "$OUT_DIR/grouped_tiles.md"
     script_reports+=("$OUT_DIR/grouped_tiles.md")
 fi
+# (the screen runs in bf16: its winners go to the bf16 sweep only, as a tile that fits shared memory with
+# bf16 rows may not with float32 ones; the float32 sweeps take the defaults or a variable set beforehand)
 grouped_tiles=$(grep -o 'KERAS_MONE_PROJECTION_TILES="[^"]*"' "$OUT_DIR/grouped_tiles.md" 2>/dev/null | cut -d'"' -f2)
-export KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$grouped_tiles}"
 TIMEOUT_forms_vit_grouped="${TIMEOUT_forms_vit_grouped:-200}"
-forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile --timm
+KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$grouped_tiles}" \
+    forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile --timm
 forms forms_vit_f32_grouped --batch-sizes 64 --precision float32 --forms "${FORMS_GROUPED:-present,grouped_kernel}"
 forms forms_vivit_b1_grouped --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile

@@ -188,8 +188,9 @@ def config_roundtrip(layer):
     return clone
 
 
-def gradients(model, loss_fn, inputs, variables, graph=False):
-    """d loss_fn(model(inputs, training=True)) / d variables, per backend, as numpy.
+def gradients(model, loss_fn, inputs, variables, graph=False, training=True):
+    """d loss_fn(model(inputs, training=training)) / d variables, per backend, as numpy
+    (``training=False``: an inference call's gradients, e.g. through an inference form).
 
     ``graph``: on tensorflow, inside a ``tf.function`` (as ``model.fit`` runs), not eagerly;
     jax always compiles, torch always runs eagerly."""
@@ -198,7 +199,7 @@ def gradients(model, loss_fn, inputs, variables, graph=False):
 
         def tape_gradients():
             with tf.GradientTape() as tape:
-                loss = loss_fn(model(inputs, training=True))
+                loss = loss_fn(model(inputs, training=training))
             return tape.gradient(loss, [v.value for v in variables])
 
         grads = tf.function(tape_gradients)() if graph else tape_gradients()
@@ -206,7 +207,7 @@ def gradients(model, loss_fn, inputs, variables, graph=False):
     if BACKEND == "torch":
         import torch
 
-        loss = loss_fn(model(inputs, training=True))
+        loss = loss_fn(model(inputs, training=training))
         grads = torch.autograd.grad(loss, [v.value for v in variables], allow_unused=True)
         return [None if g is None else g.detach().cpu().numpy() for g in grads]
     if BACKEND == "jax":
@@ -219,7 +220,7 @@ def gradients(model, loss_fn, inputs, variables, graph=False):
         @jax.jit
         def grad_fn(values):
             def loss_of(vals):
-                out, _ = model.stateless_call(vals, non_trainable, inputs, training=True)
+                out, _ = model.stateless_call(vals, non_trainable, inputs, training=training)
                 return loss_fn(out)
 
             return jax.grad(loss_of)(values)

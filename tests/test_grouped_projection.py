@@ -130,6 +130,26 @@ def test_q_k_and_v_written_apart_equal_the_joint_outputs_thirds():
                            interpret=True)
 
 
+def test_a_block_the_kernels_do_not_fit_keeps_one_gemm_per_group(monkeypatch):
+    """Widths that are not multiples of 16 (Triton's smallest dot) take the generic path."""
+    from keras_mone.kernels import grouped_projection as kernels
+    from keras_mone.layers.block import ViTBlock
+
+    block = ViTBlock(40, 4, 80, gate="mone", name="odd_block")
+    block.build((None, None, 40))
+    rng = np.random.default_rng(11)
+    groups = [_normal(rng, 2, n, 40) for n in (4, 3)]
+    per_group = block(groups, widths=(10, 20))
+    launches = []
+    original = kernels.grouped_projection
+    monkeypatch.setattr(kernels, "grouped_projection", lambda *a, **k: launches.append(a[4]) or original(*a, **k))
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    outputs = block(groups, widths=(10, 20))
+    assert launches == []
+    for got, expected in zip(outputs, per_group):
+        assert np.array_equal(np.asarray(got), np.asarray(expected))
+
+
 def test_gradients_equal_the_plain_paths():
     import jax
 
@@ -140,15 +160,23 @@ def test_gradients_equal_the_plain_paths():
     x, w, b = _normal(rng, 2, 12, 64), 0.2 * _normal(rng, 64, 64), _normal(rng, 64)
     residual, scale = _normal(rng, 2, 12, 64), (1.0 + rng.random((2, 12))).astype("float32")
 
+    mean, rstd = x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6)
+    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    w3, b3 = 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+
     def loss(function, **options):
-        def value(x, w, b, residual, scale):
-            hidden = function(x, w, b, layout, "in", activation=_exact_gelu, **options)
-            return (function(hidden, w, b, layout, "out", residual=residual, scale=scale, **options) ** 2).sum()
+        def value(x, w, b, residual, scale, mean, rstd, gamma, beta, w3, b3):
+            norm = (mean, rstd, gamma, beta)
+            hidden = function(x, w, b, layout, "in", activation=_exact_gelu, norm=norm, **options)
+            out = function(hidden, w, b, layout, "out", residual=residual, scale=scale, **options)
+            q, k, v = function(out, w3, b3, layout, "in", parts=3, **options)  # q, k and v written apart
+            return (out ** 2).sum() + (q * k).sum() + (v ** 2).sum()
         return value
 
-    arguments = (x, w, b, residual, scale)
-    kernel = jax.grad(loss(grouped_projection, tiles=SMALL_TILES, interpret=True), argnums=range(5))(*arguments)
-    plain = jax.grad(loss(plain_grouped_projection), argnums=range(5))(*arguments)
+    arguments = (x, w, b, residual, scale, mean, rstd, gamma, beta, w3, b3)
+    wrt = range(len(arguments))
+    kernel = jax.grad(loss(grouped_projection, tiles=SMALL_TILES, interpret=True), argnums=wrt)(*arguments)
+    plain = jax.grad(loss(plain_grouped_projection), argnums=wrt)(*arguments)
     for got, expected in zip(kernel, plain):
         assert_f32_close(np.asarray(got), np.asarray(expected))
 

@@ -173,17 +173,18 @@ def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch,
         getattr(platform_forms, form)()
 
 
-def _outputs_and_gradients_by_form(monkeypatch, model, switch):
+def _outputs_and_gradients_by_form(monkeypatch, model, switch, training=True):
     """``{form: (outputs, gradients)}`` of ``model`` (built here, random weights) on
     ``images()`` under each form of ``platform_forms.<switch>_ENV``: the gradients of the
-    mean squared output with respect to every trainable weight."""
+    mean squared output with respect to every trainable weight (of a call with ``training``)."""
     model.build((None, 32, 32, 3))
     randomize_weights(model, seed=4)
     x = images()
     results = {}
     for form in getattr(platform_forms, f"{switch}_FORMS"):
         monkeypatch.setenv(getattr(platform_forms, f"{switch}_ENV"), form)
-        grads = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables)
+        grads = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables,
+                          training=training)
         results[form] = to_numpy(model(x)), grads
     return results
 
@@ -262,8 +263,9 @@ def test_packed_token_groups_in_mixed_bfloat16_with_a_gate_equal_the_grouped_one
 ])
 def test_one_kernel_per_nested_projection_equals_one_gemm_per_group(monkeypatch, name, kwargs):
     """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` (``layers.grouped_block``, jax): outputs and
-    gradients (the kernels' backward passes recompute the per-group path) within float32
-    rounding of the per-group form; elsewhere the switch names what each backend takes."""
+    the gradients of an inference call (``training=False``: the form's calls; the kernels'
+    backward passes recompute the per-group path) within float32 rounding of the per-group
+    form; elsewhere the switch names what each backend takes."""
     if BACKEND != "jax":
         monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
         with pytest.raises(ValueError, match=rf"KERAS_MONE_PROJECTIONS='grouped_kernel' is a Pallas kernel \(jax\); "
@@ -279,9 +281,10 @@ def test_one_kernel_per_nested_projection_equals_one_gemm_per_group(monkeypatch,
         for form in platform_forms.PROJECTIONS_FORMS:
             monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
             results[form] = to_numpy(model(x)), gradients(model, lambda out: keras.ops.mean(out * out), x,
-                                                          model.trainable_variables)
+                                                          model.trainable_variables, training=False)
     else:
-        results = _outputs_and_gradients_by_form(monkeypatch, model, "PROJECTIONS")
+        results = _outputs_and_gradients_by_form(monkeypatch, model, "PROJECTIONS", training=False)
+    assert not np.array_equal(results["grouped_kernel"][0], results["per_group"][0])  # (the kernels ran)
     _assert_forms_agree(results, "grouped_kernel", "per_group")
 
 

@@ -36,8 +36,9 @@ import jax.numpy as jnp
 SIDES = ("in", "out")
 TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
 """Tiles per kernel shape, e.g. ``768x2304=64,128,64,4,3;3072x768=64,64,64,4,3``: a ``(K, N)``
-kernel it names takes those ``tiles`` where a call gives none (``bench/grouped_tiles.py``
-prints the winners of a card's screen in this form)."""
+kernel it names takes those ``tiles`` where a call gives none, whatever its dtype (screen
+them in the dtype that runs: a tile that fits shared memory with bf16 rows may not with
+float32 ones). ``bench/grouped_tiles.py`` prints the winners of a card's screen in this form."""
 
 
 def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None):
@@ -110,6 +111,12 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
         raise ValueError("`parts` belongs to side 'in' (q, k and v of one kernel).")
     norm = None if norm is None else tuple(norm)
     return _jitted(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, bool(interpret))
+
+
+def shape_fits(*dimensions):
+    """Whether kernels of these ``K`` and ``N`` take the default tiles: multiples of 16 (Triton's
+    smallest dot; ViT-Ti to ViT-H all are)."""
+    return all(d % 16 == 0 for d in dimensions)
 
 
 def default_tiles(contraction, columns, dtype):
@@ -207,7 +214,8 @@ def labelled_cost(name, itemsize):
     Bytes: the rows it reads (an in-projection only each group's first ``d`` features), the
     weights its widest group needs once (later programs find them in L2), the bias, the
     residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, and
-    the ``(batch, tokens, N)`` it writes."""
+    the ``(batch, tokens, N)`` it writes. Weights are counted at the rows' itemsize (under
+    mixed precision the kernels read float32 weights: under 1% of the total, undercounted)."""
     match = _LABEL.search(name)
     if match is None:
         return None

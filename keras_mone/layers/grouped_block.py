@@ -15,9 +15,11 @@ LayerNorms the in-projections' prologues (their row statistics computed beforeha
 all groups: ``layers.layer_norm.row_statistics``): no separate pass over the hidden
 activations, the normalised tokens or the residual stream. Attention runs in the platform's
 fused form.
-The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover
-(custom parts, the "score" gate, attention weights asked for, one full-width group) take
-the generic path.
+The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover take
+the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
+without biases, the "score" gate, attention weights asked for, groups all at full width,
+widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), and models under a
+Keras distribution.
 
 An inference form: training calls (``training=True``) take the generic path. The kernels'
 backward passes recompute the per-group path, and MoNE-ViT-B/16's training step (bf16,
@@ -44,6 +46,10 @@ def kernel_block_applies(block, groups, widths, gates, training=None, return_rec
         return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
         return False
+    from keras_mone.kernels.grouped_projection import shape_fits  # (jax: only where the form is asked for)
+
+    if not shape_fits(block.hidden_dim, block.mlp.mlp_dim) or keras.distribution.distribution() is not None:
+        return False  # (a sharded model: XLA's GEMMs, which the distribution's layouts reach)
     if block.gate not in (None, "mone") or not block.attention.use_bias or training:
         return False
     return not any(isinstance(g, keras.KerasTensor) for g in groups)
