@@ -361,7 +361,8 @@ def test_the_tile_screen_runs_and_names_the_winners_as_the_variable_reads_them(m
     value = report.split(f'{kernels.TILES_ENV}="')[1].split('"')[0]
     assert sorted(entry.split("=")[0] for entry in value.split(";")) == ["32x32", "32x64", "32x96", "64x32"]
     monkeypatch.setenv(kernels.TILES_ENV, value)
-    assert kernels.tile_override(32, 96) in [(16, 32, 16, 4, 2), (64, 32, 32, 4, 3)]
+    # the screened setting or the default, whichever timed faster here
+    assert kernels.tile_override(32, 96) in [(16, 32, 16, 4, 2), kernels.default_tiles(32, 96, "bfloat16")]
 
 
 def test_the_roofline_counts_each_kernels_work_from_its_name():
