@@ -236,6 +236,18 @@ forms() {  # forms NAME ARGS...: one bench/gpu_forms.py process (jax)
 forms_reports=()
 script_reports=()  # the reports of the tile screens, triton_mlp and torch_host_time
 scripts_done=0
+script_run() {  # script_run NAME PATTERN COMMAND...: a selected script, its report (stdout) and log (stderr)
+    local name="$1" pattern="$2" limit="TIMEOUT_$1" rc
+    shift 2
+    { [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $name "* ]]; } || return 0
+    selected=$((selected + 1))
+    timeout "${!limit:-$STEP_TIMEOUT}" "$@" >"$OUT_DIR/$name.md" 2>"$OUT_DIR/$name.log"
+    rc=$?
+    echo "[gpu.sh] $name: exit $rc (total $((SECONDS - start)) s)"
+    [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))
+    grep -E "$pattern" "$OUT_DIR/$name.md"  # its highlights (the rows of a run cut short included)
+    script_reports+=("$OUT_DIR/$name.md")
+}
 forms_done=0
 FORMS="${FORMS:-present,keras_statistics,fused_statistics,half_block_residuals,packed}"
 # (fused_mlp: forms_vit_bf16_tuned; six forms took about 150 s on an H200, two 82 s)
@@ -255,18 +267,9 @@ XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false --xla_gpu_enable_cu
     forms forms_vit_bf16_tanh_cublaslt --batch-sizes 256 --forms present --gelu-approximate --profile
 tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles, then the model with the best
     local tiles_run="$1" kernel="$2" forms_run="$3" form="$4" tuned
-    if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $tiles_run "* ]]; then
-        local limit="TIMEOUT_$tiles_run" rc
-        selected=$((selected + 1))
-        # shellcheck disable=SC2086  # KERNEL_TILES_ARGS: one word per argument
-        KERAS_BACKEND=jax timeout "${!limit:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/kernel_tiles.py" \
-            --kernel "$kernel" ${KERNEL_TILES_ARGS:-} >"$OUT_DIR/$tiles_run.md" 2>"$OUT_DIR/$tiles_run.log"
-        rc=$?
-        echo "[gpu.sh] $tiles_run: exit $rc (total $((SECONDS - start)) s)"
-        [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))
-        grep -E "best|no tile setting|faster than every tile|KERAS_MONE_MLP_TILES" "$OUT_DIR/$tiles_run.md"
-        script_reports+=("$OUT_DIR/$tiles_run.md")
-    fi
+    # shellcheck disable=SC2086  # KERNEL_TILES_ARGS: one word per argument
+    script_run "$tiles_run" "best|no tile setting|faster than every tile|KERAS_MONE_MLP_TILES" \
+        env KERAS_BACKEND=jax "$PYTHON" "$ROOT/bench/kernel_tiles.py" --kernel "$kernel" ${KERNEL_TILES_ARGS:-}
     tuned=$(grep -o 'KERAS_MONE_MLP_TILES="[^"]*"' "$OUT_DIR/$tiles_run.md" 2>/dev/null | cut -d'"' -f2)
     if [ -z "${KERAS_MONE_MLP_TILES:-}$tuned" ] && { [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $forms_run "* ]]; }; then
         echo "[gpu.sh] $forms_run: no tiles from $tiles_run (not run, or cut short): the kernel's defaults"
@@ -276,28 +279,12 @@ tuned_forms() {  # tuned_forms TILES_RUN KERNEL FORMS_RUN FORM: a kernel's tiles
         --forms "present,$form"
 }
 # the host's share of an eager torch forward on this machine's CPU (seconds: tiny models)
-if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" torch_host_time "* ]]; then
-    selected=$((selected + 1))
-    KERAS_TORCH_DEVICE=cpu KERAS_BACKEND=torch timeout "${TIMEOUT_torch_host_time:-$STEP_TIMEOUT}" "$PYTHON" \
-        "$ROOT/bench/torch_host_time.py" >"$OUT_DIR/torch_host_time.md" 2>"$OUT_DIR/torch_host_time.log"
-    rc=$?
-    echo "[gpu.sh] torch_host_time: exit $rc (total $((SECONDS - start)) s)"
-    [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1)) && cat "$OUT_DIR/torch_host_time.md"
-    script_reports+=("$OUT_DIR/torch_host_time.md")
-fi
+script_run torch_host_time "." env KERAS_TORCH_DEVICE=cpu KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/torch_host_time.py"
 # the Triton MLP kernel (torch) against torch's ops per nested group of ViT-B/16 at batch 256, bf16,
 # with its tile grid (rows print as they are measured: a run cut short keeps them)
-if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" triton_mlp "* ]]; then
-    selected=$((selected + 1))
-    # shellcheck disable=SC2086  # TRITON_MLP_ARGS: one word per argument
-    KERAS_BACKEND=torch timeout "${TIMEOUT_triton_mlp:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/triton_mlp.py" \
-        ${TRITON_MLP_ARGS:---sweep --budget 60} >"$OUT_DIR/triton_mlp.md" 2>"$OUT_DIR/triton_mlp.log"
-    rc=$?
-    echo "[gpu.sh] triton_mlp: exit $rc (total $((SECONDS - start)) s)"
-    [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))
-    grep -E "^- d = |KERAS_MONE_MLP_TILES|No setting" "$OUT_DIR/triton_mlp.md"
-    script_reports+=("$OUT_DIR/triton_mlp.md")
-fi
+# shellcheck disable=SC2086  # TRITON_MLP_ARGS: one word per argument
+script_run triton_mlp "^- d = |KERAS_MONE_MLP_TILES|No setting" \
+    env KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/triton_mlp.py" ${TRITON_MLP_ARGS:---sweep --budget 60}
 # the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
 # then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp
@@ -308,17 +295,9 @@ tuned_forms kernel_tiles_mlp mlp forms_vit_bf16_mlp_tuned mlp_kernel
 # each checked against XLA's per-group GEMMs), then the models with the winners (a
 # KERAS_MONE_PROJECTION_TILES set beforehand wins; each sweep notes how far the kernels' logits lie from
 # the present form's)
-if [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" grouped_tiles "* ]]; then
-    selected=$((selected + 1))
-    # shellcheck disable=SC2086  # GROUPED_TILES_ARGS: one word per argument
-    KERAS_BACKEND=jax timeout "${TIMEOUT_grouped_tiles:-$STEP_TIMEOUT}" "$PYTHON" "$ROOT/bench/grouped_tiles.py" \
-        ${GROUPED_TILES_ARGS:---budget 100} >"$OUT_DIR/grouped_tiles.md" 2>"$OUT_DIR/grouped_tiles.log"
-    rc=$?
-    echo "[gpu.sh] grouped_tiles: exit $rc (total $((SECONDS - start)) s)"
-    [ "$rc" -eq 0 ] && scripts_done=$((scripts_done + 1))
-    grep -E "best|no tile setting|KERAS_MONE_PROJECTION_TILES" "$OUT_DIR/grouped_tiles.md"
-    script_reports+=("$OUT_DIR/grouped_tiles.md")
-fi
+# shellcheck disable=SC2086  # GROUPED_TILES_ARGS: one word per argument
+script_run grouped_tiles "best|no tile setting|KERAS_MONE_PROJECTION_TILES" \
+    env KERAS_BACKEND=jax "$PYTHON" "$ROOT/bench/grouped_tiles.py" ${GROUPED_TILES_ARGS:---budget 100}
 # (the screen runs in bf16: its winners go to the bf16 sweep only, as a tile that fits shared memory with
 # bf16 rows may not with float32 ones; the float32 sweeps take the defaults or a variable set beforehand)
 grouped_tiles=$(grep -o 'KERAS_MONE_PROJECTION_TILES="[^"]*"' "$OUT_DIR/grouped_tiles.md" 2>/dev/null | cut -d'"' -f2)

@@ -26,8 +26,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from kernel_check import BOUNDS, GPU_BOUNDS, relative_error
-from kernel_tiles import median_ms
+from kernel_check import BOUNDS, GPU_BOUNDS
+from kernel_tiles import median_ms, timed_setting
 
 from keras_mone.kernels.grouped_projection import (
     TILES_ENV, check_tiles, default_tiles, grouped_projection, plain_grouped_projection,
@@ -91,16 +91,10 @@ def sweep(batch, groups, projection, candidates, dtype, repeats, interpret, dead
         if time.monotonic() > deadline:
             results.append((tiles, None, None, "not timed: --budget spent"))
             continue
-        try:
-            check_tiles(tiles, contraction, columns)
-            kernel = call(grouped_projection, tiles=tiles, interpret=interpret)
-            error = relative_error(kernel(*arguments), expected)
-            ms, note = median_ms(kernel, arguments, repeats), "default" if tiles == default else ""
-            if not error <= bound:  # NaN included
-                note = f"wrong: error {error:.1e} > {bound:.1e}" + (", default" if note else "")
-        except Exception as failure:  # tiles that do not fit the shape, or that the compiler rejects
-            ms, error = None, None
-            note = f"failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0][:120]}"
+        def kernel(t=tiles):
+            check_tiles(t, contraction, columns)
+            return call(grouped_projection, tiles=t, interpret=interpret)
+        ms, error, note = timed_setting(kernel, arguments, expected, bound, repeats, tiles == default)
         results.append((tiles, ms, error, note))
         log(f"{label} {tiles}: {'-' if ms is None else f'{ms:.3f} ms'} {note}")
     return results

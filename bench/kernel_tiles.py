@@ -79,6 +79,23 @@ def median_ms(function, arguments, repeats):
     return 1e3 * statistics.median(times)
 
 
+def timed_setting(make_kernel, arguments, expected, bound, repeats, is_default):
+    """``(ms or None, error or None, note)`` of one tile setting: ``make_kernel()`` builds the
+    jitted kernel, whose output is checked against ``expected`` before it is timed. An error
+    past ``bound`` (the largest difference over the largest value) gives a note starting
+    "wrong"; a setting that fails to build or compile gives "failed: ..." and no time, so a
+    sweep lists it and goes on."""
+    try:
+        kernel = make_kernel()
+        error = relative_error(kernel(*arguments), expected)
+        ms, note = median_ms(kernel, arguments, repeats), "default" if is_default else ""
+        if not error <= bound:  # NaN included
+            note = f"wrong: error {error:.1e} > {bound:.1e}" + (", default" if note else "")
+        return ms, error, note
+    except Exception as failure:  # a tile the compiler rejects, or one that does not fit the shape
+        return None, None, f"failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0][:120]}"
+
+
 def sweep(width, rows, args, interpret, log):
     """``[(tiles, ms or None, error or None, note)]`` for one width, the plain path first (tiles
     ``"plain (XLA)"``); ``error``: the largest difference from the plain path's output over its
@@ -104,17 +121,11 @@ def sweep(width, rows, args, interpret, log):
         axes = (args.grid or GRID).split(":")
         candidates = itertools.product(*[tuple(int(v) for v in axis.split(",")) for axis in axes])
     for tiles in dict.fromkeys([default, *candidates]):
-        kernel = jax.jit(lambda *a, t=tiles: fused(
-            *a, width, gelu, block_rows=t[0], block_hidden=t[1], num_warps=t[2], num_stages=t[3],
-            interpret=interpret))
-        try:
-            error = relative_error(kernel(*arguments), expected)
-            ms, note = median_ms(kernel, arguments, args.repeats), "default" if tiles == default else ""
-            if not error <= bound:  # NaN included
-                note = f"wrong: error {error:.1e} > {bound:.1e}" + (", default" if note else "")
-        except Exception as failure:  # a tile the compiler rejects: listed, the sweep goes on
-            ms, error = None, None
-            note = f"failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0][:120]}"
+        def kernel(t=tiles):
+            return jax.jit(lambda *a: fused(
+                *a, width, gelu, block_rows=t[0], block_hidden=t[1], num_warps=t[2], num_stages=t[3],
+                interpret=interpret))
+        ms, error, note = timed_setting(kernel, arguments, expected, bound, args.repeats, tiles == default)
         results.append((tiles, ms, error, note))
         log(f"d={width} {tiles}: {'-' if ms is None else f'{ms:.3f} ms'} {note}")
     return results
