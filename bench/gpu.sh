@@ -70,9 +70,11 @@
 #                    become KERAS_MONE_PROJECTION_TILES for forms_vit_grouped
 #  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel,
 #                    timm peer, profile
-#  forms_vit_f32_grouped  the same in float32 at batch 64
-#  forms_vivit_b1_grouped ViViT-FE-B/16 e_c 0.4, float32, batch 1, present against grouped_kernel, profile
-#  forms_vivit_b8_grouped ViViT-FE-B/16 e_c 0.3, float32, batch 8, present against grouped_kernel
+#  forms_vit_f32_grouped  the same in float32 at batch 64, also with flash attention
+#                    (grouped_kernel+flash_attention: KERAS_MONE_ATTENTION=flash, kernels.flash_attention)
+#  forms_vivit_b1_grouped ViViT-FE-B/16 e_c 0.4, float32, batch 1, present against grouped_kernel and
+#                    grouped_kernel+flash_attention, profile
+#  forms_vivit_b8_grouped ViViT-FE-B/16 e_c 0.3, float32, batch 8, the same forms
 #  forms_vivit_b1    ViViT-FE-B/16 e_c 0.4, float32, batch 1, profile
 #  forms_vivit_b1_highest  the same without TF32 (--matmul-precision highest), as MoNE Table 1
 #                    timed it on a V100: compute-bound, the roofline bound 1.97x (bench/gpu_program.py)
@@ -86,7 +88,7 @@
 # TIMEOUT_forms_vit_bf16=200, TIMEOUT_kernel_check=60, TIMEOUT_kernel_tiles_mlp=90), FORMS / FORMS_F32 / FORMS_TRAIN /
 # FORMS_VIVIT (the forms of each sweep), FORMS_EXTRA (appended to every sweep), TORCH_COMPILE=1
 # (run 4 also under torch.compile, default and reduce-overhead: adds minutes), WHEELS, and
-# FORMS_GROUPED (the forms of the *_grouped sweeps), GROUPED_TILES_ARGS (for bench/grouped_tiles.py),
+# FORMS_GROUPED / FORMS_GROUPED_F32 (the forms of the bf16 / float32 *_grouped sweeps), GROUPED_TILES_ARGS (for bench/grouped_tiles.py),
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
 # EXTRA_ARGS, appended to every run (the last of a repeated option wins), e.g.
@@ -304,11 +306,17 @@ grouped_tiles=$(grep -o 'KERAS_MONE_PROJECTION_TILES="[^"]*"' "$OUT_DIR/grouped_
 TIMEOUT_forms_vit_grouped="${TIMEOUT_forms_vit_grouped:-200}"
 KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$grouped_tiles}" \
     forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile --timm
-forms forms_vit_f32_grouped --batch-sizes 64 --precision float32 --forms "${FORMS_GROUPED:-present,grouped_kernel}"
+# in float32 also with attention as one Pallas kernel (KERAS_MONE_ATTENTION=flash: cuDNN takes no float32,
+# and XLA's attention writes and rereads the scores; compiled without a card, the bound of ViViT at batch 1
+# rises from 1.67x to 2.43x with it, BENCHMARKS.md "Flash attention in float32")
+TIMEOUT_forms_vivit_b1_grouped="${TIMEOUT_forms_vivit_b1_grouped:-200}"
+TIMEOUT_forms_vivit_b8_grouped="${TIMEOUT_forms_vivit_b8_grouped:-200}"
+forms forms_vit_f32_grouped --batch-sizes 64 --precision float32 \
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention}"
 forms forms_vivit_b1_grouped --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
-    --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention}" --profile
 forms forms_vivit_b8_grouped --family vivit --capacity 0.3 --batch-sizes 8 --precision float32 \
-    --forms "${FORMS_GROUPED:-present,grouped_kernel}"
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention}"
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_VIVIT:-present,keras_statistics}" --profile
 # MoNE Table 1's setting: float32 on a V100, which has no TF32 (matmuls at jax's "highest" precision)

@@ -33,6 +33,9 @@ call is traced, so one process compiles every form of the same two models:
     grouped_kernel $KERAS_MONE_PROJECTIONS=grouped_kernel: each nested projection of a block
                    one Pallas launch over all its token groups, bias, GELU, residual and gate in
                    the kernels' epilogues (``layers.grouped_block``)
+    flash_attention
+                   $KERAS_MONE_ATTENTION=flash: attention as one Pallas kernel that never writes
+                   the scores, in float32 too (``kernels.flash_attention``; both models)
     half_block_residuals
                    $KERAS_MONE_RESIDUALS=half_block: the groups' residuals also written after
                    attention (XLA's heap as dense's; more traffic)
@@ -93,6 +96,7 @@ SWITCHES = {
     "fused_residuals": {platform_forms.RESIDUALS_ENV: "fused"},
     "half_block_residuals": {platform_forms.RESIDUALS_ENV: "half_block"},
     "grouped_kernel": {platform_forms.PROJECTIONS_ENV: "grouped_kernel"},
+    "flash_attention": {platform_forms.ATTENTION_ENV: "flash"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV,
                   platform_forms.STATISTICS_ENV)

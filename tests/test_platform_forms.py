@@ -17,12 +17,17 @@ def test_the_cpu_keeps_its_measured_form(monkeypatch):
     assert platform_forms.attention_form() == ("fused" if BACKEND == "torch" else "explicit")
     for form in platform_forms.ATTENTION_FORMS:
         monkeypatch.setenv(platform_forms.ATTENTION_ENV, form)
+        if form == "flash" and BACKEND != "jax":  # a Pallas kernel: the variable names what the backend takes
+            with pytest.raises(ValueError, match=rf"KERAS_MONE_ATTENTION='flash' is a Pallas kernel \(jax\); "
+                                                 rf"the {BACKEND} backend takes 'fused' or 'explicit'"):
+                platform_forms.attention_form()
+            continue
         assert platform_forms.attention_form() == form
 
 
 def test_a_bad_override_names_the_variable(monkeypatch):
-    monkeypatch.setenv(platform_forms.ATTENTION_ENV, "flash")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION must be one of \['fused', 'explicit'\]"):
+    monkeypatch.setenv(platform_forms.ATTENTION_ENV, "cudnn")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION must be one of \['fused', 'explicit', 'flash'\]"):
         platform_forms.attention_form()
 
 
@@ -286,6 +291,51 @@ def test_one_kernel_per_nested_projection_equals_one_gemm_per_group(monkeypatch,
         results = _outputs_and_gradients_by_form(monkeypatch, model, "PROJECTIONS", training=False)
     assert not np.array_equal(results["grouped_kernel"][0], results["per_group"][0])  # (the kernels ran)
     _assert_forms_agree(results, "grouped_kernel", "per_group")
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend (the others: the form test above)")
+@pytest.mark.parametrize("name, kwargs, projections", [
+    ("MoNEViTBackbone", dict(capacity=0.3), "per_group"),
+    ("MoNEViTBackbone", dict(capacity=0.5, use_class_token=True), "grouped_kernel"),
+    ("MoNEViViTBackbone", dict(capacity=0.4), "grouped_kernel"),
+    ("ViTBackbone", dict(use_class_token=True), "per_group"),
+])
+def test_flash_attention_equals_the_explicit_form_in_whole_models(monkeypatch, name, kwargs, projections):
+    """``$KERAS_MONE_ATTENTION=flash`` (``kernels.flash_attention``, interpreted here): outputs
+    and the gradients of an inference call within float32 rounding of the explicit form,
+    with one GEMM per group and with the grouped projection kernels, whose q, k and v it
+    reads as they write them; heads of 16 (the kernel's smallest)."""
+    from keras_mone.kernels import flash_attention
+
+    calls = []
+    monkeypatch.setattr(flash_attention, "flash_attention", _counted(flash_attention.flash_attention, calls))
+    monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, projections)
+    video = "ViViT" in name
+    model = getattr(models, name)(**{**(TINY_VIDEO if video else TINY), "num_heads": 2}, **kwargs)
+    x = videos() if video else images()
+    model.build((None, *x.shape[1:]))
+    randomize_weights(model, seed=5)
+    results = {}
+    for form in ("explicit", "flash"):
+        monkeypatch.setenv(platform_forms.ATTENTION_ENV, form)
+        results[form] = to_numpy(model(x)), gradients(model, lambda out: keras.ops.mean(out * out), x,
+                                                      model.trainable_variables, training=False)
+    assert calls  # (the kernel ran)
+    _assert_forms_agree(results, "flash", "explicit")
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
+def test_flash_attention_leaves_heads_the_kernel_does_not_fit_to_the_library(monkeypatch):
+    """Heads of 8 (not a power of 2 of at least 16): ``keras.ops.dot_product_attention``."""
+    from keras_mone.kernels import flash_attention
+
+    calls = []
+    monkeypatch.setattr(flash_attention, "flash_attention", _counted(flash_attention.flash_attention, calls))
+    rng = np.random.default_rng(0)
+    qkv = rng.normal(size=(2, 9, 3, 4, 8)).astype("float32")
+    flash, explicit = _attention(monkeypatch, "flash", qkv), _attention(monkeypatch, "explicit", qkv)
+    assert_f32_close(flash, explicit, ulps=64)
+    assert not calls
 
 
 def _assert_forms_agree(results, form, reference):

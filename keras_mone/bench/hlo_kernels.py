@@ -214,16 +214,17 @@ def _attention_flops(operand_shapes):
 
 def _pallas_traffic(label, shape, operand_shapes):
     """``(FLOPs, bytes)`` of a ``keras_mone.kernels`` Pallas kernel, from its name
-    (``kernels.grouped_projection.kernel_label``: all it needs; ``kernels.tiles.kernel_name``:
-    with its output's (padded) rows): its two products and
-    what it reads and writes (``kernel_bytes``: weight slices, not whole weights); ``None``
-    for another custom call."""
-    from keras_mone.kernels.grouped_projection import labelled_cost
+    (``kernels.grouped_projection.kernel_label`` and ``kernels.flash_attention.kernel_label``:
+    all they need; ``kernels.tiles.kernel_name``: with its output's (padded) rows): its
+    products and what it reads and writes (``kernel_bytes``: weight slices, not whole
+    weights); ``None`` for another custom call."""
+    from keras_mone.kernels import flash_attention, grouped_projection
     from keras_mone.kernels.tiles import kernel_bytes, kernel_flops
 
-    grouped = labelled_cost(label, _element_bytes(shape))
-    if grouped is not None:
-        return grouped
+    for labelled_cost in (grouped_projection.labelled_cost, flash_attention.labelled_cost):
+        cost = labelled_cost(label, _element_bytes(shape))
+        if cost is not None:
+            return cost
     dims = _dims(shape)
     if len(dims) != 2 or kernel_flops(label, dims[0]) is None:
         return None

@@ -2,7 +2,14 @@
 
 * ``fused_nested_mlp``: a MoNE token group's nested MLP as one Pallas kernel (jax);
 * ``fused_residual_mlp``: a block's whole MLP half for a nested group (LayerNorm,
-  nested MLP, gate scale, residual) as one Pallas kernel (jax).
+  nested MLP, gate scale, residual) as one Pallas kernel (jax);
+* ``grouped_projection``: a nested projection over all of a block's token groups as one
+  Pallas kernel (jax; ``$KERAS_MONE_PROJECTIONS=grouped_kernel``, ``layers.grouped_block``);
+* ``flash_attention``: softmax attention as one Pallas kernel that never writes the scores
+  (jax, any float dtype; ``$KERAS_MONE_ATTENTION=flash``);
+* ``triton_nested_mlp``: a nested group's MLP as one Triton kernel (torch);
+* ``precision``: the Pallas kernels' products at jax's ``default_matmul_precision``;
+  ``tiles``: the fused MLP kernels' tile defaults.
 
 ``$KERAS_MONE_MLP=fused`` (``layers.platform_forms.mlp_form``) runs a ``ViTBlock``'s
 nested groups through ``fused_residual_mlp``, ``$KERAS_MONE_MLP=mlp_kernel`` through

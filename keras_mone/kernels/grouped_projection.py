@@ -32,6 +32,8 @@ import re
 import jax
 import jax.numpy as jnp
 
+from keras_mone.kernels.precision import dot_precision, precision_context, precision_name
+
 
 SIDES = ("in", "out")
 TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
@@ -110,7 +112,8 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
     if parts > 1 and side != "in":
         raise ValueError("`parts` belongs to side 'in' (q, k and v of one kernel).")
     norm = None if norm is None else tuple(norm)
-    return _jitted(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, bool(interpret))
+    return _jitted(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision_name(),
+                   bool(interpret))
 
 
 def shape_fits(*dimensions):
@@ -240,29 +243,33 @@ def _largest_power_of_2_dividing(n, at_most):
     return power
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
-def _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret):
-    return _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12))
+def _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret):
+    return _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
+                              interpret)
 
 
-def _projection_forward(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret):
-    outputs = _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret)
+def _projection_forward(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
+                        interpret):
+    outputs = _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
+                          interpret)
     return outputs, (x, w, b, residual, scale, norm)
 
 
-def _projection_backward(groups, side, activation, parts, tiles, interpret, saved, upstream):
+def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, saved, upstream):
     """The plain path's gradients, recomputed from the inputs (a forward form: nothing but
     the inputs is kept between the passes)."""
     def plain(x, w, b, residual, scale, norm):
         return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm)
 
-    _, pullback = jax.vjp(plain, *saved)
-    return pullback(upstream)
+    with precision_context(precision):
+        _, pullback = jax.vjp(plain, *saved)
+        return pullback(upstream)
 
 
 _projection.defvjp(_projection_forward, _projection_backward)
 # compiled once per (shapes, groups, side, activation, tiles): eager calls reuse the kernel
-_jitted = jax.jit(_projection, static_argnums=(6, 7, 8, 9, 10, 11))
+_jitted = jax.jit(_projection, static_argnums=(6, 7, 8, 9, 10, 11, 12))
 
 
 def _normalized(x, mean, rstd, gamma, beta):
@@ -272,7 +279,7 @@ def _normalized(x, mean, rstd, gamma, beta):
     return ((wide - mean.astype(jnp.float32)[..., None]) * scale + beta.astype(jnp.float32)).astype(x.dtype)
 
 
-def _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, interpret):
+def _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
@@ -299,7 +306,7 @@ def _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation,
     kernel = functools.partial(
         _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=scale is not None,
-        has_norm=norm is not None, parts=parts,
+        has_norm=norm is not None, parts=parts, precision=dot_precision(precision),
     )
     shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
     out = pl.pallas_call(
@@ -318,7 +325,7 @@ def _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation,
 
 
 def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, activation, blocks, has_residual,
-                     has_scale, has_norm, parts):
+                     has_scale, has_norm, parts, precision):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
@@ -362,7 +369,8 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
             normed = (tile.astype(jnp.float32) - mean[:, None]) * (rstd[:, None] * gamma) + beta
             tile = jnp.where(mask, normed, 0.0).astype(tile.dtype)
         weights = w_ref[contracted, pl.ds(start, block_cols)]
-        return accumulator + jnp.dot(tile, weights.astype(tile.dtype), preferred_element_type=jnp.float32)
+        return accumulator + jnp.dot(tile, weights.astype(tile.dtype), precision=precision,
+                                     preferred_element_type=jnp.float32)
 
     accumulator = jax.lax.fori_loop(0, steps, step, jnp.zeros((block_rows, block_cols), jnp.float32))
     accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)

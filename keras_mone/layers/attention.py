@@ -132,7 +132,7 @@ def multi_head_attention(qkv, return_received_attention=False):
     The exponentials and their sum are float32 whatever the compute dtype.
     """
     parts = list(qkv) if isinstance(qkv, (list, tuple)) else [qkv]
-    if not return_received_attention and attention_form() == "fused":
+    if not return_received_attention and attention_form() != "explicit":
         whole = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
         return fused_attention(whole[:, :, 0], whole[:, :, 1], whole[:, :, 2])
     if keras.backend.backend() == "torch":

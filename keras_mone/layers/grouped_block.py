@@ -80,7 +80,7 @@ def kernel_block(block, groups, widths, gates=None):
     # q, k and v written apart by the kernel: the fused attention reads them without a split copy
     query, key, value = (ops.reshape(t, heads) for t in normalized_projection(block.norm1, attention.qkv, stream,
                                                                                parts=3))
-    if attention_form() == "fused":
+    if attention_form() != "explicit":  # fused or flash
         attended = fused_attention(query, key, value)
     else:  # the platform's explicit form (the CPU's)
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))

@@ -10,7 +10,8 @@ rows far from zero: ``layers.layer_norm``). Unset, each takes the form measured 
 on the platform, or, where no card has timed a switch's forms yet (``statistics_form``),
 the one whose compiled programs move the fewest bytes:
 
-* ``$KERAS_MONE_ATTENTION`` (``attention_form``): fused kernel or explicit matmuls;
+* ``$KERAS_MONE_ATTENTION`` (``attention_form``): the library's fused kernel, explicit
+  matmuls, or a Pallas flash attention (jax; opt-in);
 * ``$KERAS_MONE_GELU`` (``gelu_form``): ``jax.nn.gelu`` or one rational pass;
 * ``$KERAS_MONE_PATCHES`` (``patches_form``): strided convolution or one matmul;
 * ``$KERAS_MONE_ORDER`` (``order_form``): jax's weight-slice ties on or off;
@@ -38,7 +39,7 @@ import warnings
 import keras
 
 ATTENTION_ENV = "KERAS_MONE_ATTENTION"
-ATTENTION_FORMS = ("fused", "explicit")
+ATTENTION_FORMS = ("fused", "explicit", "flash")
 MLP_ENV = "KERAS_MONE_MLP"
 MLP_FORMS = ("plain", "fused", "mlp_kernel")
 ORDER_ENV = "KERAS_MONE_ORDER"
@@ -107,11 +108,25 @@ def _detected_accelerator(backend):
 
 def attention_form():
     """``"fused"`` (``keras.ops.dot_product_attention``; on jax's GPU cuDNN's flash
-    attention for bf16, BENCHMARKS.md) or ``"explicit"`` (batched matmuls around the
-    softmax): ``$KERAS_MONE_ATTENTION`` when set, else fused on torch and on
-    accelerators, explicit on jax's and tensorflow's CPU."""
+    attention for bf16, BENCHMARKS.md), ``"explicit"`` (batched matmuls around the
+    softmax) or ``"flash"`` (``kernels.flash_attention``, jax only: one Pallas kernel that
+    never writes the scores, in any float dtype; cuDNN takes no float32, where XLA's attention
+    writes and rereads the ``(B, H, N, N)`` scores. Compiled for an H200 without one, with the
+    grouped projection kernels, it lifts MoNE-ViViT-FE-B/16's float32 (TF32) roofline bound
+    at batch 1 from 1.67x to 2.43x dense: BENCHMARKS.md, "Flash attention in float32". Compiled on a
+    GPU, interpreted elsewhere: exact and slow, for tests; heads whose size is not a power of
+    2 take ``keras.ops.dot_product_attention``). ``$KERAS_MONE_ATTENTION`` when set, else
+    fused on torch and on accelerators, explicit on jax's and tensorflow's CPU: flash is not
+    timed on a card."""
     fused = keras.backend.backend() == "torch" or accelerator() != "cpu"
-    return _env_form(ATTENTION_ENV, ATTENTION_FORMS, "fused" if fused else "explicit")
+    chosen = _env_form(ATTENTION_ENV, ATTENTION_FORMS, "fused" if fused else "explicit")
+    if chosen == "flash" and keras.backend.backend() != "jax":
+        raise ValueError(f"${ATTENTION_ENV}='flash' is a Pallas kernel (jax); the {keras.backend.backend()} "
+                         "backend takes 'fused' or 'explicit' (or leave it unset).")
+    if chosen == "flash" and accelerator() == "tpu":
+        raise ValueError(f"${ATTENTION_ENV}='flash' is written for GPUs (Pallas' Triton lowering); on a TPU "
+                         "take 'fused' or leave it unset.")
+    return chosen
 
 
 def mlp_form():
@@ -312,8 +327,9 @@ def _env_form(variable, forms, default):
 
 
 def fused_attention(query, key, value, heads_first=False):
-    """Softmax attention by the backend's fused kernel: ``(B, N, H, d)`` tensors
-    (``heads_first``: ``(B, H, N, d)``) in, the same layout out.
+    """Softmax attention by a fused kernel: ``(B, N, H, d)`` tensors (``heads_first``:
+    ``(B, H, N, d)``) in, the same layout out. Under ``attention_form()`` "flash",
+    ``kernels.flash_attention`` where the head size fits it; else the backend's.
 
     torch calls ``scaled_dot_product_attention`` itself: ``keras.ops.dot_product_attention``
     first builds torch's ``SDPAParams`` to check for flash attention, a C++
@@ -333,6 +349,11 @@ def fused_attention(query, key, value, heads_first=False):
     if heads_first:
         query, key, value = (keras.ops.transpose(x, (0, 2, 1, 3)) for x in (query, key, value))
         return keras.ops.transpose(fused_attention(query, key, value), (0, 2, 1, 3))
+    if attention_form() == "flash":
+        from keras_mone.kernels import flash_attention
+
+        if flash_attention.shape_fits(query.shape[-1]):
+            return flash_attention.flash_attention(query, key, value, interpret=accelerator() != "gpu")
     if _compiling_for_a_gpu_elsewhere() and str(query.dtype) in ("bfloat16", "float16"):
         return _cudnn_attention(query, key, value)
     return keras.ops.dot_product_attention(query, key, value)
