@@ -54,6 +54,7 @@
 #  forms_vit_bf16    ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256, timm peer, profile
 #  forms_vit_f32     the same in float32 at batch 64
 #  forms_vit_train   training steps, mixed_bfloat16, batch 128
+#  forms_vit_train_grouped  the same, present against grouped_kernel (its backward passes grouped kernels too)
 #  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
 #  forms_vit_bf16_tanh  batch 256, both models with the tanh GELU of the AugReg presets (--gelu-approximate)
 #  forms_vit_bf16_tanh_cublaslt  the same with every GEMM cuBLAS's and cuBLASLt on
@@ -258,6 +259,9 @@ TIMEOUT_forms_vit_train="${TIMEOUT_forms_vit_train:-240}"  # one form took 77 s;
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
 forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,library_gelu+patch_conv}" --timm
 forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,keras_statistics}"
+# the training step through the grouped kernels, forward and backward (kernels.grouped_gradients)
+TIMEOUT_forms_vit_train_grouped="${TIMEOUT_forms_vit_train_grouped:-240}"
+forms forms_vit_train_grouped --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN_GROUPED:-present,grouped_kernel}"
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present}"

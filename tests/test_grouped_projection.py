@@ -301,26 +301,40 @@ def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monk
     assert_f32_close(kernel, per_group, ulps=256)
 
 
-def test_training_calls_keep_one_gemm_per_group(monkeypatch):
-    """An inference form: the kernels' backward passes recompute the per-group path, which made
-    the training step move more bytes (BENCHMARKS.md), so ``training=True`` takes the generic path."""
+def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):
+    """Training calls take the kernels without their epilogues (XLA's GELU, gate and residual
+    adds: the kernels' backward passes are then grouped kernels) and give what an inference
+    call gives; a block with dropout or stochastic depth keeps one GEMM per group in training."""
     from keras_mone.kernels import grouped_projection as kernels
     from keras_mone.layers.block import ViTBlock
 
-    block = ViTBlock(32, 4, 64, gate="mone", name="training_block")
-    block.build((None, None, 32))
     rng = np.random.default_rng(7)
     groups, gates = [_normal(rng, 2, n, 32) for n in (4, 3)], [rng.random((2, n)).astype("float32") for n in (4, 3)]
     launches = []
     original = kernels.grouped_projection
-    monkeypatch.setattr(kernels, "grouped_projection", lambda *a, **k: launches.append(a[4]) or original(*a, **k))
+
+    def counted(*args, **kwargs):
+        launches.append(sorted(k for k in ("activation", "residual", "scale") if kwargs.get(k) is not None))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "grouped_projection", counted)
     monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    block = ViTBlock(32, 4, 64, gate="mone", name="training_block")
+    block.build((None, None, 32))
     trained = block(groups, widths=(8, 16), gates=gates, training=True)
-    assert launches == []
+    assert launches == [[]] * 4  # four kernels, no epilogue in any
     inferred = block(groups, widths=(8, 16), gates=gates, training=False)
-    assert len(launches) == 4
+    assert launches[4:] == [[], ["residual"], ["activation"], ["residual", "scale"]]
     for a, b in zip(trained, inferred):
         assert_f32_close(np.asarray(b), np.asarray(a), ulps=64)
+    for rates in (dict(dropout_rate=0.1), dict(drop_path_rate=0.1)):
+        launches.clear()
+        dropping = ViTBlock(32, 4, 64, gate="mone", **rates)
+        dropping.build((None, None, 32))
+        dropping(groups, widths=(8, 16), gates=gates, training=True)
+        assert launches == []
+        dropping(groups, widths=(8, 16), gates=gates, training=False)
+        assert len(launches) == 4
 
 
 def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeypatch):

@@ -27,20 +27,20 @@ interpreter (any platform: how CI tests it).
 """
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
 
-from keras_mone.kernels.precision import dot_precision, precision_context, precision_name
+from keras_mone.kernels.grouped_gradients import projection_gradients
+from keras_mone.kernels.grouped_kernel import (
+    SIDES, TILES_ENV, check_tiles, checked_groups, default_tiles, kernel_label, labelled_cost, normalized,
+    pallas_projection, shape_fits, tile_override,
+)
+from keras_mone.kernels.precision import precision_context, precision_name
 
-
-SIDES = ("in", "out")
-TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
-"""Tiles per kernel shape, e.g. ``768x2304=64,128,64,4,3;3072x768=64,64,64,4,3``: a ``(K, N)``
-kernel it names takes those ``tiles`` where a call gives none, whatever its dtype (screen
-them in the dtype that runs: a tile that fits shared memory with bf16 rows may not with
-float32 ones). ``bench/grouped_tiles.py`` prints the winners of a card's screen in this form."""
+__all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV", "check_tiles", "checked_groups",
+           "default_tiles", "kernel_label", "labelled_cost", "shape_fits", "tile_override"]
+"""The kernel's tiles, checks and labels (``kernels.grouped_kernel``) are named from here too."""
 
 
 def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None):
@@ -69,7 +69,7 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
     """
     w = w.astype(x.dtype)  # as the kernel casts each weight tile: its products are in x's dtype
     if norm is not None:
-        x = _normalized(x, *norm)
+        x = normalized(x, *norm)
     pieces, start = [], 0
     for size, width in groups:
         rows = x[:, start:start + size]
@@ -116,137 +116,10 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
                    bool(interpret))
 
 
-def shape_fits(*dimensions):
-    """Whether kernels of these ``K`` and ``N`` take the default tiles: multiples of 16 (Triton's
-    smallest dot; ViT-Ti to ViT-H all are)."""
-    return all(d % 16 == 0 for d in dimensions)
-
-
-def default_tiles(contraction, columns, dtype):
-    """Tiles for a ``(K, N)`` kernel: 128 rows on 8 warps (two Hopper warpgroups), the widest
-    power of 2 up to 128 dividing ``N``, and up to 64 (16-bit) or 32 (float32) contraction
-    elements per step, 3 stages. Compiled for sm_90 without a card (``bench/kernel_compile.py``'s
-    ``compile_stats``) at MoNE-ViT-B/16's four projections: wgmma, no spills, 98-131 KB of
-    shared memory; 64-row tiles on 4 warps read each weight panel from L2 twice as often, and
-    in float32 one of them failed to compile. Not screened on a card (``bench/grouped_tiles.py``)."""
-    block_cols = _largest_power_of_2_dividing(columns, 128)
-    block_k = _largest_power_of_2_dividing(contraction, 64 if jnp.dtype(dtype).itemsize <= 2 else 32)
-    return (128, block_cols, block_k, 8, 3)
-
-
-def tile_override(contraction, columns):
-    """The tiles ``$KERAS_MONE_PROJECTION_TILES`` names for a ``(K, N)`` kernel, or ``None``
-    (``TILES_ENV``); a malformed entry raises ``ValueError`` naming the variable."""
-    import os
-
-    for entry in os.environ.get(TILES_ENV, "").replace(";", " ").split():
-        shape, _, values = entry.partition("=")
-        try:
-            k, n = (int(v) for v in shape.split("x"))
-            tiles = tuple(int(v) for v in values.split(","))
-        except ValueError:
-            raise ValueError(f"${TILES_ENV} entries must read KxN=rows,cols,k,warps,stages (e.g. "
-                             f"768x2304=64,128,64,4,3), got {entry!r}.") from None
-        if (k, n) == (contraction, columns):
-            check_tiles(tiles, contraction, columns)
-            return tiles
-    return None
-
-
-def check_tiles(tiles, contraction, columns):
-    """Raises ``ValueError`` naming what is wrong with ``tiles`` for a ``(K, N)`` kernel."""
-    powers = len(tiles) == 5 and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tiles[:4])
-    if not powers or not isinstance(tiles[4], int) or tiles[4] < 1:
-        raise ValueError(f"`tiles` must be (block_rows, block_cols, block_k, num_warps, num_stages): four powers "
-                         f"of 2 and a positive stage count, got {tiles!r}.")
-    block_rows, block_cols, block_k = tiles[:3]
-    if block_rows < 16 or block_cols < 16 or block_k < 16:
-        raise ValueError(f"`tiles`' blocks must be at least 16 (Triton's dot), got {tiles[:3]}.")
-    if columns % block_cols or contraction % block_k:
-        raise ValueError(f"`tiles`' block_cols ({block_cols}) must divide N = {columns} and block_k ({block_k}) "
-                         f"divide K = {contraction}.")
-
-
-def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=None, norm=None):
-    """``groups`` as a tuple of ``(tokens, width)`` int pairs, after checking every argument
-    (clear errors naming it)."""
-    if side not in SIDES:
-        raise ValueError(f"`side` must be one of {list(SIDES)}, got {side!r}.")
-    if x.ndim != 3 or w.ndim != 2 or w.shape[0] != x.shape[-1] or b.shape != (w.shape[1],):
-        raise ValueError(f"`x` must be (batch, tokens, K), `w` (K, N) and `b` (N,); got x {x.shape}, "
-                         f"w {w.shape}, b {b.shape}.")
-    if not all(jnp.issubdtype(a.dtype, jnp.floating) for a in (x, w, b)):
-        raise ValueError(f"`x`, `w` and `b` must be floating point; got {x.dtype}, {w.dtype} and {b.dtype}.")
-    groups = tuple((int(size), int(width)) for size, width in groups)
-    limit = w.shape[0] if side == "in" else w.shape[1]
-    if sum(size for size, _ in groups) != x.shape[1] or any(s < 0 or not 0 < d <= limit for s, d in groups):
-        raise ValueError(f"`groups` must be (tokens, width) pairs whose tokens sum to {x.shape[1]} and whose "
-                         f"widths lie in [1, {limit}] (side {side!r}); got {groups}.")
-    if side == "in" and (residual is not None or scale is not None):
-        raise ValueError("`residual` and `scale` belong to side 'out' (the block's residual and gate).")
-    if side == "out" and (activation is not None or norm is not None):
-        raise ValueError("`activation` and `norm` belong to side 'in' (fc1's epilogue, the LayerNorm before q/k/v "
-                         "and fc1).")
-    if norm is not None:
-        shapes = [tuple(t.shape) for t in norm] if len(norm) == 4 else None
-        if shapes != [x.shape[:2], x.shape[:2], (x.shape[2],), (x.shape[2],)]:
-            raise ValueError(f"`norm` must be (mean, rstd, gamma, beta) of shapes {x.shape[:2]}, {x.shape[:2]}, "
-                             f"({x.shape[2]},), ({x.shape[2]},); got {shapes or norm!r}.")
-    out_shape = x.shape[:2] + (w.shape[1],)
-    if residual is not None and residual.shape != out_shape:
-        raise ValueError(f"`residual` must have the output's shape {out_shape}, got {residual.shape}.")
-    if scale is not None and scale.shape != x.shape[:2]:
-        raise ValueError(f"`scale` must be (batch, tokens) = {x.shape[:2]}, got {scale.shape}.")
-    return groups
-
-
-def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False):
-    """The name a kernel is compiled under, which says what it computes, so that a program's
-    reader (``bench.hlo_kernels``) and a profile can count its work (``labelled_cost``):
-    ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192``."""
-    epilogue = "_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
-    layout = "_".join(f"{size}x{width}" for size, width in groups)
-    return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
-
-
-_LABEL = re.compile(r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
-
-
-def labelled_cost(name, itemsize):
-    """``(FLOPs, bytes)`` of a kernel named by ``kernel_label``, or ``None`` for another name.
-    Bytes: the rows it reads (an in-projection only each group's first ``d`` features), the
-    weights its widest group needs once (later programs find them in L2), the bias, the
-    residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, and
-    the ``(batch, tokens, N)`` it writes. Weights are counted at the rows' itemsize (under
-    mixed precision the kernels read float32 weights: under 1% of the total, undercounted)."""
-    match = _LABEL.search(name)
-    if match is None:
-        return None
-    side, norm, residual, scale = match.group(1), bool(match.group(2)), bool(match.group(3)), bool(match.group(4))
-    contraction, columns, batch = (int(match.group(i)) for i in (5, 6, 7))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(8).strip("_").split("_")]
-    tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
-    widest = max(width for _, width in groups)
-    rows = batch * tokens
-    if side == "in":
-        flops, elements = 2 * batch * nested * columns, batch * nested + widest * columns + columns
-    else:
-        flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
-        elements += rows * columns * residual + rows * scale
-    return flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction)
-
-
-def _largest_power_of_2_dividing(n, at_most):
-    power = at_most
-    while power > 16 and n % power:
-        power //= 2
-    return power
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12))
 def _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret):
-    return _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                              interpret)
+    return pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
+                             interpret)
 
 
 def _projection_forward(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
@@ -257,8 +130,14 @@ def _projection_forward(x, w, b, residual, scale, norm, groups, side, activation
 
 
 def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, saved, upstream):
-    """The plain path's gradients, recomputed from the inputs (a forward form: nothing but
-    the inputs is kept between the passes)."""
+    """A projection without an epilogue (the training form, ``layers.grouped_block``): dX and
+    dW by grouped kernels (``kernels.grouped_gradients``). With an activation, residual or
+    scale epilogue (the inference form): the plain path's gradients, recomputed from the
+    inputs. Either way nothing but the inputs is kept between the passes."""
+    x, w, b, residual, scale, norm = saved
+    if activation is None and residual is None and scale is None:
+        return projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream)
+
     def plain(x, w, b, residual, scale, norm):
         return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm)
 
@@ -270,128 +149,3 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
 _projection.defvjp(_projection_forward, _projection_backward)
 # compiled once per (shapes, groups, side, activation, tiles): eager calls reuse the kernel
 _jitted = jax.jit(_projection, static_argnums=(6, 7, 8, 9, 10, 11, 12))
-
-
-def _normalized(x, mean, rstd, gamma, beta):
-    """``(x - mean) * (rstd * gamma) + beta`` in float32, rounded to ``x``'s dtype (the kernel's prologue)."""
-    wide = x.astype(jnp.float32)
-    scale = rstd.astype(jnp.float32)[..., None] * gamma.astype(jnp.float32)
-    return ((wide - mean.astype(jnp.float32)[..., None]) * scale + beta.astype(jnp.float32)).astype(x.dtype)
-
-
-def _pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret):
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as pl_triton
-
-    batch, tokens, contraction = x.shape
-    columns = w.shape[1]
-    block_rows, block_cols, block_k, num_warps, num_stages = tiles
-    # each group's row tiles, in order: (first tile, tokens, first token, width)
-    table, first_tile, first_token = [], 0, 0
-    for size, width in groups:
-        if size:
-            table.append((first_tile, size, first_token, width))
-            first_tile += -(-batch * size // block_rows)
-        first_token += size
-    if not table:  # every group empty: no tokens
-        empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
-        return empty if parts == 1 else (empty,) * parts
-    operands = [x.reshape(batch * tokens, contraction), w, b.reshape(1, columns)]
-    if residual is not None:
-        operands.append(residual.reshape(batch * tokens, columns))
-    if scale is not None:
-        operands.append(scale.reshape(1, batch * tokens))
-    if norm is not None:  # the statistics per row, the LayerNorm's weights per feature: float32
-        operands += [t.astype(jnp.float32).reshape(1, -1) for t in norm]
-    kernel = functools.partial(
-        _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
-        blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=scale is not None,
-        has_norm=norm is not None, parts=parts, precision=dot_precision(precision),
-    )
-    shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
-    out = pl.pallas_call(
-        kernel,
-        # the column tiles vary fastest: a row tile's inputs are read from L2 for its every column tile
-        grid=(columns // block_cols, first_tile),
-        out_shape=shape if parts == 1 else (shape,) * parts,
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
-                          norm is not None),
-    )(*operands)
-    if parts == 1:
-        return out.reshape(batch, tokens, columns)
-    return tuple(part.reshape(batch, tokens, columns // parts) for part in out)
-
-
-def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, activation, blocks, has_residual,
-                     has_scale, has_norm, parts, precision):
-    """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as pl_triton
-
-    inputs, outputs = refs[:len(refs) - parts], refs[len(refs) - parts:]
-    block_rows, block_cols, block_k = blocks
-    column_tile, row_tile = pl.program_id(0), pl.program_id(1)
-
-    def of_this_group(values):  # the value of the group this row tile belongs to (a static table)
-        chosen = jnp.int32(values[0])
-        for (first, *_), value in zip(table[1:], values[1:]):
-            chosen = jnp.where(row_tile >= first, jnp.int32(value), chosen)
-        return chosen
-
-    first, size, first_token, width = (of_this_group(column) for column in zip(*table))
-    index = (row_tile - first) * block_rows + jnp.arange(block_rows, dtype=jnp.int32)  # the group's rows
-    valid = index < batch * size
-    rows = jax.lax.div(index, size) * tokens + first_token + jax.lax.rem(index, size)  # rows of the (B T, K) view
-    # rows past the group's end point past the array: masked on the card, dropped by the interpreter's
-    # scatter (an in-range row there would be written twice in one store)
-    rows = jnp.where(valid, rows, batch * tokens)
-    start = column_tile * block_cols
-    columns = start + jnp.arange(block_cols, dtype=jnp.int32)
-    contraction = x_ref.shape[1]
-    if side == "in":  # the contraction stops at the group's width
-        steps, limit = (width + block_k - 1) // block_k, width
-    else:  # column tiles past the group's width have nothing to compute
-        # (a product, not jnp.where: Pallas' Triton lowering left the loop unverifiable with a select)
-        steps, limit = (start < width).astype(jnp.int32) * (contraction // block_k), contraction
-
-    if has_norm:  # the rows' LayerNorm statistics, loaded once per tile
-        mean, rstd = (pl_triton.load(ref.at[0, rows], mask=valid, other=0) for ref in inputs[:2])
-
-    def step(k, accumulator):
-        inner = k * block_k + jnp.arange(block_k, dtype=jnp.int32)
-        mask = valid[:, None] & (inner < limit)[None, :]
-        tile = pl_triton.load(x_ref.at[rows[:, None], inner[None, :]], mask=mask, other=0)
-        contracted = pl.ds(pl.multiple_of(k * block_k, block_k), block_k)
-        if has_norm:  # the prologue: (x - mean) * (rstd * gamma) + beta, as _normalized; zeros past the width
-            gamma, beta = (ref[:, contracted] for ref in inputs[2:4])
-            normed = (tile.astype(jnp.float32) - mean[:, None]) * (rstd[:, None] * gamma) + beta
-            tile = jnp.where(mask, normed, 0.0).astype(tile.dtype)
-        weights = w_ref[contracted, pl.ds(start, block_cols)]
-        return accumulator + jnp.dot(tile, weights.astype(tile.dtype), precision=precision,
-                                     preferred_element_type=jnp.float32)
-
-    accumulator = jax.lax.fori_loop(0, steps, step, jnp.zeros((block_rows, block_cols), jnp.float32))
-    accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)
-    if side == "in":
-        if activation is not None:
-            accumulator = activation(accumulator)
-    else:
-        accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
-        if has_scale:
-            scale = pl_triton.load(inputs[-1].at[0, rows], mask=valid, other=0)
-            accumulator = accumulator * scale.astype(jnp.float32)[:, None]
-        if has_residual:
-            residual = pl_triton.load(inputs[0].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
-            accumulator = accumulator + residual.astype(jnp.float32)
-    accumulator = accumulator.astype(outputs[0].dtype)
-    if parts == 1:
-        pl_triton.store(outputs[0].at[rows[:, None], columns[None, :]], accumulator, mask=valid[:, None])
-        return
-    width_of_part = outputs[0].shape[1]
-    for part, out_ref in enumerate(outputs):  # the part this column tile lies in
-        @pl.when(start // width_of_part == part)
-        def _store(out_ref=out_ref, part=part):
-            inner = columns - part * width_of_part
-            pl_triton.store(out_ref.at[rows[:, None], inner[None, :]], accumulator, mask=valid[:, None])

@@ -123,7 +123,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         if gates is not None and self.gate is None and any(g is not None for g in gates):
             raise ValueError(f"ViTBlock '{self.name}' got `gates` but was built without a gate (gate=None, routed=False).")
         if kernel_block_applies(self, groups, widths, gates, training, return_received_attention):
-            outputs = kernel_block(self, groups, widths, gates)  # jax: one kernel per nested projection
+            outputs = kernel_block(self, groups, widths, gates, training)  # jax: one kernel per nested projection
             return outputs[0] if single else outputs
         if packable(self, groups, gates, training, return_received_attention):
             outputs = packed_block(self, groups, widths, gates, training)  # torch: fewer ops and layer calls

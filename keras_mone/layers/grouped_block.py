@@ -18,20 +18,25 @@ fused form.
 The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover take
 the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
 without biases, the "score" gate, attention weights asked for, groups all at full width,
-widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), and models under a
-Keras distribution.
+widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), models under a
+Keras distribution, and training calls of blocks with dropout or stochastic depth.
 
-An inference form: training calls (``training=True``) take the generic path. The kernels'
-backward passes recompute the per-group path, and MoNE-ViT-B/16's training step (bf16,
-batch 128) compiled for an H200 moved 98.6 GB through the kernels' form against 63.0
-through the per-group one (BENCHMARKS.md). Gradients of a call outside training (``jax.grad``
-of an inference call) are exact either way.
+Training calls (``training=True``, without dropout or stochastic depth) take the kernels
+without their epilogues: XLA applies the GELU, the gate and the residual adds, and each
+kernel's backward pass is grouped kernels too (dX by the transposed weights, dW by
+``kernels.grouped_gradients``). With the fused epilogues the backward passes recompute the
+per-group path, which made MoNE-ViT-B/16's training step (bf16, batch 128) compiled for an
+H200 move 98.6 GB against 63.0 per group (BENCHMARKS.md). Gradients of an inference call
+(``jax.grad`` outside training) go through those fused kernels and are exact.
 """
+
+import functools
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_mone.layers.activations import gelu
 from keras_mone.layers.attention import MoNEAttention, multi_head_attention
 from keras_mone.layers.layer_norm import normalize, row_statistics
 from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
@@ -50,15 +55,19 @@ def kernel_block_applies(block, groups, widths, gates, training=None, return_rec
 
     if not shape_fits(block.hidden_dim, block.mlp.mlp_dim) or keras.distribution.distribution() is not None:
         return False  # (a sharded model: XLA's GEMMs, which the distribution's layouts reach)
-    if block.gate not in (None, "mone") or not block.attention.use_bias or training:
+    if block.gate not in (None, "mone") or not block.attention.use_bias:
+        return False
+    if training and (block.dropout_rate or block.drop_path_rate):  # (dropout and stochastic depth: XLA's path)
         return False
     return not any(isinstance(g, keras.KerasTensor) for g in groups)
 
 
-def kernel_block(block, groups, widths, gates=None):
+def kernel_block(block, groups, widths, gates=None, training=False):
     """``block``'s outputs for token ``groups`` (``(batch, k_j, D)`` each) at ``widths``,
     gated by ``gates`` (``None`` or one ``(batch, k_j)`` tensor or ``None`` per group):
-    ``(batch, k_j, D)`` each, as the generic path gives them."""
+    ``(batch, k_j, D)`` each, as the generic path gives them. ``training``: the epilogues
+    (GELU, gate, residual adds) by XLA, so that every kernel's backward pass is grouped
+    kernels too (``kernels.grouped_gradients``); the LayerNorm prologues stay the kernels'."""
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     dtype = block.compute_dtype
@@ -67,10 +76,16 @@ def kernel_block(block, groups, widths, gates=None):
     stream = ops.cast(groups[0] if len(groups) == 1 else ops.concatenate(groups, axis=1), dtype)
     batch, tokens = stream.shape[0], stream.shape[1]
     attention, mlp = block.attention, block.mlp
+    # training: the generic path's GELU (the erf form in the compute dtype, layers.activations.gelu)
+    mlp_gelu = functools.partial(gelu, approximate=mlp.gelu_approximate, training=True, nested=True)
 
-    def project(layer, x, side, **epilogue):
-        kernel, bias = _stored(layer.kernel), _stored(layer.bias)
-        return grouped_projection(ops.cast(x, dtype), kernel, bias, layout, side, interpret=interpret, **epilogue)
+    def project(layer, x, side, activation=None, residual=None, scale=None, **options):
+        kernel, bias, x = _stored(layer.kernel), _stored(layer.bias), ops.cast(x, dtype)
+        if not training:  # every epilogue in the kernel
+            return grouped_projection(x, kernel, bias, layout, side, activation=activation, residual=residual,
+                                      scale=scale, interpret=interpret, **options)
+        out = grouped_projection(x, kernel, bias, layout, side, interpret=interpret, **options)
+        return _epilogue(out, None if activation is None else mlp_gelu, residual, scale)
 
     def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the kernel's prologue where it can
         prologue = _prologue(norm, x)
@@ -90,6 +105,15 @@ def kernel_block(block, groups, widths, gates=None):
     outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=_gate_scale(block, groups, gates, dtype))
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
+
+
+def _epilogue(out, activation, residual, scale):
+    """The kernels' epilogue by XLA (training): ``residual + scale * activation(out)`` in the
+    compute dtype, as the generic path computes it (an upcast to float32 made XLA keep float32
+    hidden activations for the backward pass: twice the bytes)."""
+    out = out if activation is None else activation(out)
+    out = out if scale is None else out * ops.cast(scale, out.dtype)[..., None]
+    return out if residual is None else residual + out
 
 
 def _prologue(norm, x):

@@ -178,9 +178,11 @@ def projections_form():
     (BENCHMARKS.md, "MoNE on an H200, measured again"). Compiled for an H200 without one, the
     bf16 forward at batch 256 has 161 kernels (per group: 797) and a roofline bound of 3.07x
     dense (1.66x; BENCHMARKS.md, "One kernel per nested projection"). Compiled on a GPU,
-    interpreted elsewhere (exact and slow: for tests). An inference form: training calls keep
-    one GEMM per group. Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else
-    per_group."""
+    interpreted elsewhere (exact and slow: for tests). Training calls take the kernels without
+    their epilogues, and their backward passes are grouped kernels too
+    (``kernels.grouped_gradients``): the bf16 training step at batch 128 compiled for an H200,
+    bound 1.66x dense (per group 1.45x; BENCHMARKS.md, "The training step through grouped
+    kernels"). Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
     chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
     if chosen != "per_group" and keras.backend.backend() != "jax":
         raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is a Pallas kernel (jax); the "

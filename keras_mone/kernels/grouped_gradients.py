@@ -1,0 +1,239 @@
+"""The backward pass of a grouped nested projection as grouped kernels (jax; issue 40).
+
+``grouped_projection``'s kernel runs a nested projection over all of a block's token groups
+in one launch (MoNE App. A.1 Eq. 5-7). Its gradients are grouped nested products too:
+
+* **dX** is the same kind of projection on the other side, by ``W^T``. An in-projection's
+  ``dx[:, g, :d_g] = dy[:, g] @ W[:d_g]^T`` is an out-projection of ``dy`` (it writes only
+  the group's first ``d_g`` features); an out-projection's ``dx[:, g] = dy[:, g, :d_g] @
+  W[:, :d_g]^T`` is an in-projection (its contraction stops at ``d_g``). Both run through
+  ``grouped_projection``'s kernel.
+* **dW** (``grouped_weight_gradient``): ``dW[:d_g] += x_g[:, :d_g]^T dy_g`` (in) or
+  ``dW[:, :d_g] += x_g^T dy_g[:, :d_g]`` (out), one launch for all groups. A program owns one
+  ``block_k x block_n`` tile of ``dW``. It walks the groups whose width reaches its tile, and
+  their token rows, gathered across the batch. The rows are cut into ``splits`` chunks,
+  whose partial tiles XLA then sums, so that even a 768 x 768 weight gives the card enough
+  programs.
+* **db** (column sums of ``dy``; an out-projection's group ``g`` adds only its first ``d_g``
+  columns) and the LayerNorm prologue's vjp are XLA's.
+
+``projection_gradients`` is the backward pass of a projection without an epilogue
+(``grouped_projection`` with no activation, residual or scale; with or without the LayerNorm
+prologue and ``parts``): the form ``layers.grouped_block`` takes in training, where XLA
+applies the GELU, the gate and the residual adds. ``plain_weight_gradient`` is ``dW`` with
+XLA's ops: the reference the kernel equals.
+"""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+
+from keras_mone.kernels.grouped_kernel import (
+    checked_groups, default_tiles, largest_power_of_2_dividing, normalized, pallas_projection, tile_override,
+)
+from keras_mone.kernels.precision import dot_precision
+
+TARGET_PROGRAMS = 264
+"""Programs a weight-gradient launch aims at (two per streaming multiprocessor of an H100 or
+H200): ``default_splits`` cuts the token rows into as many chunks as that takes."""
+
+
+def plain_weight_gradient(x, dy, groups, side):
+    """``dW`` of a grouped nested projection with XLA's ops, one product per group, float32.
+
+    Args:
+        x: ``(batch, tokens, K)``, the projection's input (an in-projection's after its
+            LayerNorm); ``dy``: ``(batch, tokens, N)``, its output's cotangent.
+        groups, side: as ``grouped_projection``'s.
+
+    Returns:
+        ``(K, N)`` float32.
+    """
+    contraction, columns = x.shape[-1], dy.shape[-1]
+    out, start = jnp.zeros((contraction, columns), jnp.float32), 0
+    for size, width in groups:
+        rows = x[:, start:start + size].reshape(-1, contraction)
+        upstream = dy[:, start:start + size].reshape(-1, columns)
+        if side == "in":
+            out = out.at[:width].add(jnp.dot(rows[:, :width].T, upstream, preferred_element_type=jnp.float32))
+        else:
+            out = out.at[:, :width].add(jnp.dot(rows.T, upstream[:, :width], preferred_element_type=jnp.float32))
+        start += size
+    return out
+
+
+def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precision="default", interpret=False):
+    """``plain_weight_gradient`` as one Pallas kernel launch (see the module docstring).
+
+    Args: those of ``plain_weight_gradient``, and
+        tiles: ``(block_rows, block_k, block_n, num_warps, num_stages)`` (the first four powers
+            of 2, blocks of at least 16; ``block_k`` must divide K and ``block_n`` divide N);
+            ``None``: ``default_weight_tiles``.
+        splits: chunks of each group's token rows, summed by XLA afterwards; ``None``:
+            ``default_splits``.
+        precision: ``"default"`` or ``"highest"`` (``kernels.precision``).
+        interpret: run through Pallas' interpreter (no accelerator needed).
+    """
+    if x.ndim != 3 or dy.ndim != 3 or x.shape[:2] != dy.shape[:2]:
+        raise ValueError(f"`x` must be (batch, tokens, K) and `dy` (batch, tokens, N); got {x.shape} and {dy.shape}.")
+    groups = checked_groups(x, jnp.zeros((x.shape[-1], dy.shape[-1]), x.dtype), jnp.zeros(dy.shape[-1], x.dtype),
+                            groups, side)
+    tiles = default_weight_tiles(x.shape[-1], dy.shape[-1], x.dtype) if tiles is None else tuple(tiles)
+    check_weight_tiles(tiles, x.shape[-1], dy.shape[-1])
+    splits = default_splits(x.shape[-1], dy.shape[-1], tiles) if splits is None else splits
+    if not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"`splits` must be a positive int, got {splits!r}.")
+    return _weight_gradient(x, dy, groups, side, tiles, splits, precision, bool(interpret))
+
+
+def default_weight_tiles(contraction, columns, dtype):
+    """``(64, 128, 128, 8, 3)``: 64 token rows per step into a 128 x 128 tile of ``dW`` on 8
+    warps (32 rows and 2 stages in float32), the blocks narrowed to divide ``K`` and ``N``."""
+    wide = jnp.dtype(dtype).itemsize > 2
+    block_k, block_n = (largest_power_of_2_dividing(n, 128) for n in (contraction, columns))
+    return (32 if wide else 64, block_k, block_n, 8, 2 if wide else 3)
+
+
+def default_splits(contraction, columns, tiles):
+    """Chunks of the token rows that bring a launch to ``TARGET_PROGRAMS`` programs (at most 16)."""
+    output_tiles = (contraction // tiles[1]) * (columns // tiles[2])
+    return max(1, min(16, -(-TARGET_PROGRAMS // output_tiles)))
+
+
+def check_weight_tiles(tiles, contraction, columns):
+    """Raises ``ValueError`` naming what is wrong with ``tiles`` for a ``(K, N)`` weight."""
+    powers = len(tiles) == 5 and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tiles[:4])
+    if not powers or not isinstance(tiles[4], int) or tiles[4] < 1 or min(tiles[:3]) < 16:
+        raise ValueError(f"`tiles` must be (block_rows, block_k, block_n, num_warps, num_stages): four powers of 2, "
+                         f"blocks of at least 16, and a positive stage count; got {tiles!r}.")
+    if contraction % tiles[1] or columns % tiles[2]:
+        raise ValueError(f"`tiles`' block_k ({tiles[1]}) must divide K = {contraction} and block_n ({tiles[2]}) "
+                         f"divide N = {columns}.")
+
+
+def weight_gradient_label(side, contraction, columns, batch, splits, groups):
+    """The name the weight-gradient kernel is compiled under, from which a program's reader
+    counts its work (``labelled_cost``): ``grouped_in_weight_gradient_k768_n3072_b128_s2_g84x96_...``."""
+    layout = "_".join(f"{size}x{width}" for size, width in groups)
+    return f"grouped_{side}_weight_gradient_k{contraction}_n{columns}_b{batch}_s{splits}_g{layout}"
+
+
+_LABEL = re.compile(r"grouped_(in|out)_weight_gradient_k(\d+)_n(\d+)_b(\d+)_s(\d+)_g([\dx_]+)")
+
+
+def labelled_cost(name, itemsize):
+    """``(FLOPs, bytes)`` of a kernel named by ``weight_gradient_label``, or ``None`` for another
+    name: the products of every group; each group's rows of ``x`` and ``dy`` that it reads (an
+    in-projection's first ``d`` features of ``x``, an out-projection's first ``d`` columns of
+    ``dy``), counted once (a row tile's rereads by the other output tiles are L2 hits, at best),
+    and the float32 partial sums of every split written."""
+    match = _LABEL.search(name)
+    if match is None:
+        return None
+    side = match.group(1)
+    contraction, columns, batch, splits = (int(match.group(i)) for i in (2, 3, 4, 5))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(6).strip("_").split("_")]
+    rows = batch * sum(size for size, _ in groups)
+    nested = batch * sum(size * width for size, width in groups)
+    full = columns if side == "in" else contraction
+    return 2 * nested * full, itemsize * (nested + rows * full) + 4 * splits * contraction * columns
+
+
+def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream):
+    """The cotangents of ``(x, w, b, residual, scale, norm)`` of a projection without an
+    epilogue (see the module docstring): dX and dW by grouped kernels, db and the LayerNorm's
+    vjp by XLA. ``upstream``: the output's cotangent (``parts`` tensors where it has parts)."""
+    dy = (upstream if parts == 1 else jnp.concatenate(upstream, axis=-1)).astype(x.dtype)
+    contraction, columns = w.shape
+    transposed = w.T  # (N, K): the kernel casts its tiles, so a float32 master weight stays float32
+    tiles = tile_override(columns, contraction) or default_tiles(columns, contraction, x.dtype)
+    zeros = jnp.zeros((contraction,), jnp.float32)
+    if norm is not None:
+        inputs, pullback = jax.vjp(normalized, x, *norm)
+    else:
+        inputs = x
+    if side == "in":  # dx[:, g, :d_g] = dy_g @ W[:d_g]^T: an out-projection by W^T
+        dx = pallas_projection(dy, transposed, zeros, None, None, None, groups, "out", None, 1, tiles, precision,
+                                interpret)
+        db = jnp.sum(dy.astype(jnp.float32), axis=(0, 1))
+    else:  # dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T: an in-projection by W^T
+        dx = pallas_projection(dy, transposed, zeros, None, None, None, groups, "in", None, 1, tiles, precision,
+                                interpret)
+        db, start = jnp.zeros((columns,), jnp.float32), 0
+        for size, width in groups:
+            db = db.at[:width].add(jnp.sum(dy[:, start:start + size, :width].astype(jnp.float32), axis=(0, 1)))
+            start += size
+    dw = grouped_weight_gradient(inputs, dy, groups, side, precision=precision, interpret=interpret)
+    dnorm = None
+    if norm is not None:
+        dx, *dnorm = pullback(dx)
+        dnorm = tuple(dnorm)
+    return dx, dw.astype(w.dtype), db.astype(b.dtype), None, None, dnorm
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7))
+def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret):
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
+
+    batch, tokens, contraction = x.shape
+    columns = dy.shape[-1]
+    block_rows, block_k, block_n, num_warps, num_stages = tiles
+    table, first_token = [], 0  # (first token, tokens, width) of each non-empty group
+    for size, width in groups:
+        if size:
+            table.append((first_token, size, width))
+        first_token += size
+    if not table:
+        return jnp.zeros((contraction, columns), jnp.float32)
+    kernel = functools.partial(_weight_tile, table=tuple(table), batch=batch, tokens=tokens, side=side,
+                               blocks=(block_rows, block_k, block_n), splits=splits,
+                               precision=dot_precision(precision))
+    partial = pl.pallas_call(
+        kernel,
+        grid=(splits, contraction // block_k, columns // block_n),
+        out_shape=jax.ShapeDtypeStruct((splits * contraction, columns), jnp.float32),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name=weight_gradient_label(side, contraction, columns, batch, splits, groups),
+    )(x.reshape(batch * tokens, contraction), dy.reshape(batch * tokens, columns))
+    return jnp.sum(partial.reshape(splits, contraction, columns), axis=0)
+
+
+def _weight_tile(x_ref, dy_ref, out_ref, *, table, batch, tokens, side, blocks, splits, precision):
+    """One program: one ``block_k x block_n`` tile of ``dW`` over one chunk of every group's rows."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
+
+    block_rows, block_k, block_n = blocks
+    split, row_tile, column_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    features = row_tile * block_k + jnp.arange(block_k, dtype=jnp.int32)
+    columns = column_tile * block_n + jnp.arange(block_n, dtype=jnp.int32)
+    accumulator = jnp.zeros((block_k, block_n), jnp.float32)
+    for first_token, size, width in table:  # static: a few groups
+        steps_total = -(-batch * size // block_rows)
+        # this split's row tiles of the group; none where the tile lies past the group's width
+        reaches = (row_tile * block_k < width) if side == "in" else (column_tile * block_n < width)
+        low = jax.lax.div(split * steps_total, splits)
+        high = jax.lax.div((split + 1) * steps_total, splits)
+        feature_mask = (features < width) if side == "in" else jnp.ones((block_k,), jnp.bool_)
+        column_mask = (columns < width) if side == "out" else jnp.ones((block_n,), jnp.bool_)
+
+        def step(i, accumulator, first_token=first_token, size=size, low=low, feature_mask=feature_mask,
+                 column_mask=column_mask):
+            index = (low + i) * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
+            valid = index < batch * size
+            rows = jax.lax.div(index, size) * tokens + first_token + jax.lax.rem(index, size)
+            rows = jnp.where(valid, rows, batch * tokens)  # past the array: masked
+            a = pl_triton.load(x_ref.at[rows[:, None], features[None, :]],
+                               mask=valid[:, None] & feature_mask[None, :], other=0)
+            g = pl_triton.load(dy_ref.at[rows[:, None], columns[None, :]],
+                               mask=valid[:, None] & column_mask[None, :], other=0)
+            return accumulator + jax.lax.dot_general(a, g, (((0,), (0,)), ((), ())), precision=precision,
+                                                     preferred_element_type=jnp.float32)
+
+        accumulator = jax.lax.fori_loop(0, (high - low) * reaches.astype(jnp.int32), step, accumulator)
+    out_rows = split * x_ref.shape[1] + features  # this split's (K, N) slice of the partial sums
+    pl_triton.store(out_ref.at[out_rows[:, None], columns[None, :]], accumulator)

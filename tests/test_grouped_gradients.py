@@ -1,0 +1,187 @@
+"""The grouped nested projections' backward pass as grouped kernels (issue 40: the training
+step): ``kernels.grouped_gradients``' weight-gradient kernel equals a numpy reference and the
+plain path through Pallas' interpreter and lowers to one Triton call for a CUDA GPU without
+one; a projection without an epilogue (the training form) differentiates through it to the
+plain path's gradients; a MoNE model's training-call gradients equal the per-group form's."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import BACKEND, TINY, assert_f32_close, gradients, images, randomize_weights
+
+pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
+
+SMALL = (16, 16, 32, 4, 2)  # (block_rows, block_k, block_n, warps, stages): several tiles per axis here
+LAYOUTS = [((5, 16), (0, 32), (7, 40), (4, 64)), ((11, 8),), ((3, 64), (9, 24))]
+
+
+def _normal(rng, *shape):
+    return rng.normal(size=shape).astype("float32")
+
+
+def _numpy_weight_gradient(x, dy, layout, side):
+    """sum over groups of x_g[:, :d]^T dy_g (in) or x_g^T dy_g[:, :d] (out), float64."""
+    out, start = np.zeros((x.shape[-1], dy.shape[-1])), 0
+    for size, width in layout:
+        rows = x[:, start:start + size].reshape(-1, x.shape[-1]).astype("float64")
+        upstream = dy[:, start:start + size].reshape(-1, dy.shape[-1]).astype("float64")
+        if side == "in":
+            out[:width] += rows[:, :width].T @ upstream
+        else:
+            out[:, :width] += rows.T @ upstream[:, :width]
+        start += size
+    return out
+
+
+@pytest.mark.parametrize("side", ["in", "out"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_the_weight_gradient_equals_the_numpy_reference(side, layout, splits):
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient, plain_weight_gradient
+
+    rng = np.random.default_rng(0)
+    tokens = sum(size for size, _ in layout)
+    x, dy = _normal(rng, 3, tokens, 64), _normal(rng, 3, tokens, 64)
+    got = np.asarray(grouped_weight_gradient(x, dy, layout, side, tiles=SMALL, splits=splits, interpret=True))
+    expected = _numpy_weight_gradient(x, dy, layout, side)
+    # float32 sums of <= 3 x 16 products per element: a few ulps of the largest sum
+    assert_f32_close(got, expected, ulps=64)
+    assert_f32_close(np.asarray(plain_weight_gradient(x, dy, layout, side)), expected, ulps=64)
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 16, 4, 1), (32, 32, 16, 4, 2), (64, 64, 64, 8, 3)])
+def test_every_tile_setting_and_the_default_split_equal_the_plain_path(tiles):
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient, plain_weight_gradient
+
+    rng = np.random.default_rng(1)
+    layout = ((21, 16), (13, 32), (6, 64))
+    x, dy = _normal(rng, 2, 40, 64), _normal(rng, 2, 40, 128)
+    for side in ("in", "out"):
+        expected = np.asarray(plain_weight_gradient(x, dy, layout, side))
+        assert_f32_close(np.asarray(grouped_weight_gradient(x, dy, layout, side, tiles=tiles, interpret=True)),
+                         expected, ulps=64)
+
+
+def test_the_default_splits_fill_the_card():
+    from keras_mone.kernels.grouped_gradients import TARGET_PROGRAMS, default_splits, default_weight_tiles
+
+    for k, n in [(768, 768), (768, 2304), (768, 3072), (3072, 768)]:
+        tiles = default_weight_tiles(k, n, "bfloat16")
+        programs = (k // tiles[1]) * (n // tiles[2]) * default_splits(k, n, tiles)
+        assert programs >= TARGET_PROGRAMS or default_splits(k, n, tiles) == 16
+    assert default_splits(768, 768, (64, 128, 128, 8, 3)) == 8  # 36 output tiles
+
+
+def test_projections_without_an_epilogue_differentiate_through_the_grouped_kernels(monkeypatch):
+    """The training form's projections (the LayerNorm prologue, q/k/v parts, both sides, no
+    epilogue): gradients of every input equal the plain path's, and the backward pass runs
+    the weight-gradient kernel (not the per-group recompute)."""
+    import jax
+
+    from keras_mone.kernels import grouped_gradients
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+
+    calls = []
+    original = grouped_gradients.grouped_weight_gradient
+    monkeypatch.setattr(grouped_gradients, "grouped_weight_gradient",
+                        lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    rng = np.random.default_rng(3)
+    layout = ((5, 16), (0, 32), (7, 48), (2, 64))
+    x = 2.0 + _normal(rng, 2, 14, 64)
+    w1, b1 = 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    w2, b2 = 0.2 * _normal(rng, 32, 64), _normal(rng, 64)
+    mean, rstd = x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6)
+    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    weights = _normal(rng, 2, 14, 64)
+
+    def loss(function, **options):
+        def value(x, w1, b1, w2, b2, mean, rstd, gamma, beta):
+            q, k, v = function(x, w1, b1, layout, "in", parts=3, norm=(mean, rstd, gamma, beta), **options)
+            out = function(q * k + v, w2, b2, layout, "out", **options)
+            return (out * weights).sum()
+        return value
+
+    arguments = (x, w1, b1, w2, b2, mean, rstd, gamma, beta)
+    wrt = range(len(arguments))
+    kernel = jax.grad(loss(grouped_projection, tiles=(16, 32, 16, 4, 2), interpret=True), argnums=wrt)(*arguments)
+    plain = jax.grad(loss(plain_grouped_projection), argnums=wrt)(*arguments)
+    assert sorted(calls) == ["in", "out"]
+    for got, expected in zip(kernel, plain):
+        assert_f32_close(np.asarray(got), np.asarray(expected), ulps=64)
+
+
+def test_bad_arguments_are_named():
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient
+
+    x, dy = np.zeros((2, 8, 64), "float32"), np.zeros((2, 8, 32), "float32")
+    with pytest.raises(ValueError, match="`x` must be"):
+        grouped_weight_gradient(x[0], dy, ((8, 16),), "in", interpret=True)
+    with pytest.raises(ValueError, match="`groups` must be"):
+        grouped_weight_gradient(x, dy, ((7, 16),), "in", interpret=True)
+    with pytest.raises(ValueError, match="`side` must be"):
+        grouped_weight_gradient(x, dy, ((8, 16),), "up", interpret=True)
+    with pytest.raises(ValueError, match=r"`tiles` must be \(block_rows, block_k, block_n"):
+        grouped_weight_gradient(x, dy, ((8, 16),), "in", tiles=(16, 8, 16, 4, 2), interpret=True)
+    with pytest.raises(ValueError, match=r"block_n \(64\) divide N = 32"):
+        grouped_weight_gradient(x, dy, ((8, 16),), "in", tiles=(16, 16, 64, 4, 2), interpret=True)
+    with pytest.raises(ValueError, match="`splits` must be a positive int"):
+        grouped_weight_gradient(x, dy, ((8, 16),), "in", splits=0, interpret=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_each_weight_gradient_of_a_vit_b16_block_lowers_to_one_triton_call(dtype):
+    import jax
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.cuda_lowering import TRITON_CALL, lower_for_cuda
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient
+
+    layout = ((84, 96), (62, 192), (37, 384), (14, 768))
+    for side, (k, n) in [("in", (768, 2304)), ("out", (768, 768)), ("in", (768, 3072)), ("out", (3072, 768))]:
+        spec = [jax.ShapeDtypeStruct((128, 197, k), jnp.dtype(dtype)), jax.ShapeDtypeStruct((128, 197, n), jnp.dtype(dtype))]
+        out_layout = layout if side == "in" else tuple((size, min(width, n)) for size, width in layout)
+
+        def gradient(x, dy, side=side, out_layout=out_layout):
+            return grouped_weight_gradient(x, dy, out_layout, side)
+
+        assert lower_for_cuda(gradient, *spec).count(TRITON_CALL) == 1
+
+
+def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_forms(monkeypatch):
+    """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` in a training call (``training=True``): the
+    loss's gradients with respect to every weight, the router's included (through MoNE's gate),
+    within float32 rounding of the per-group form's."""
+    from keras_mone import models
+    from keras_mone.layers import platform_forms
+
+    model = models.MoNEViTBackbone(**TINY, capacity=0.3)
+    model.build((None, 32, 32, 3))
+    randomize_weights(model, seed=4)
+    x = images()
+    results = {}
+    for form in platform_forms.PROJECTIONS_FORMS:
+        monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
+        results[form] = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables,
+                                  training=True)
+    assert any("router" in v.path for v in model.trainable_variables)
+    for got, expected in zip(results["grouped_kernel"], results["per_group"]):
+        assert (got is None) == (expected is None)
+        if got is not None:
+            np.testing.assert_allclose(got, expected, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
+
+
+def test_the_roofline_counts_the_weight_gradients_work_from_its_name():
+    from keras_mone.bench.hlo_kernels import _pallas_traffic
+    from keras_mone.bench.kernel_profile import kind_of
+    from keras_mone.kernels.grouped_gradients import labelled_cost, weight_gradient_label
+
+    groups = ((84, 96), (61, 192), (37, 384), (14, 768))
+    nested = 128 * (84 * 96 + 61 * 192 + 37 * 384 + 14 * 768)
+    name = weight_gradient_label("in", 768, 3072, 128, 2, groups)
+    assert name == "grouped_in_weight_gradient_k768_n3072_b128_s2_g84x96_61x192_37x384_14x768"
+    assert labelled_cost(name, 2) == (2 * nested * 3072, 2 * (nested + 128 * 196 * 3072) + 4 * 2 * 768 * 3072)
+    out = weight_gradient_label("out", 3072, 768, 128, 2, groups)
+    assert labelled_cost(out, 2) == (2 * nested * 3072, 2 * (nested + 128 * 196 * 3072) + 4 * 2 * 3072 * 768)
+    # the rows' itemsize from the kernel's first operand (its output is float32 partial sums)
+    assert _pallas_traffic(name, "f32[1536,3072]", ["bf16[25216,768]", "bf16[25216,3072]"]) == labelled_cost(name, 2)
+    assert kind_of(name) == "pallas" and labelled_cost("grouped_in_projection_k768_n768_b1_g4x96", 2) is None
