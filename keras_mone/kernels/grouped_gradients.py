@@ -78,8 +78,9 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
     """
     if x.ndim != 3 or dy.ndim != 3 or x.shape[:2] != dy.shape[:2]:
         raise ValueError(f"`x` must be (batch, tokens, K) and `dy` (batch, tokens, N); got {x.shape} and {dy.shape}.")
-    groups = checked_groups(x, jnp.zeros((x.shape[-1], dy.shape[-1]), x.dtype), jnp.zeros(dy.shape[-1], x.dtype),
-                            groups, side)
+    # the projection's checks of groups and side, on the weight's shape only (nothing allocated)
+    weight = jax.ShapeDtypeStruct((x.shape[-1], dy.shape[-1]), x.dtype)
+    groups = checked_groups(x, weight, jax.ShapeDtypeStruct((dy.shape[-1],), x.dtype), groups, side)
     tiles = default_weight_tiles(x.shape[-1], dy.shape[-1], x.dtype) if tiles is None else tuple(tiles)
     check_weight_tiles(tiles, x.shape[-1], dy.shape[-1])
     splits = default_splits(x.shape[-1], dy.shape[-1], tiles) if splits is None else splits
