@@ -49,6 +49,63 @@ def test_the_weight_gradient_equals_the_numpy_reference(side, layout, splits):
     assert_f32_close(np.asarray(plain_weight_gradient(x, dy, layout, side)), expected, ulps=64)
 
 
+@pytest.mark.parametrize("side", ["in", "out"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_the_bias_gradient_comes_from_the_weight_gradients_launch(side, layout, splits):
+    """``bias=True``: the column sums of ``dy`` (an out-projection's group only its first ``d``
+    columns) from the first row tile's programs, equal to a float64 numpy reference; ``dW``
+    unchanged."""
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient, plain_bias_gradient
+
+    rng = np.random.default_rng(5)
+    tokens = sum(size for size, _ in layout)
+    x, dy = _normal(rng, 3, tokens, 64), 1.0 + _normal(rng, 3, tokens, 64)
+    dw, db = grouped_weight_gradient(x, dy, layout, side, tiles=SMALL, splits=splits, interpret=True, bias=True)
+    expected, start = np.zeros(64), 0
+    for size, width in layout:
+        columns = 64 if side == "in" else width
+        expected[:columns] += dy[:, start:start + size, :columns].astype("float64").sum(axis=(0, 1))
+        start += size
+    assert_f32_close(np.asarray(db), expected, ulps=64)
+    assert_f32_close(np.asarray(plain_bias_gradient(dy, layout, side)), expected, ulps=64)
+    assert_f32_close(np.asarray(dw), _numpy_weight_gradient(x, dy, layout, side), ulps=64)
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+def test_an_out_projection_of_an_activation_takes_its_derivative_in_the_dx_kernel(approximate):
+    """fc2 of the training form (``input_activation``): the output and the gradients of the
+    pre-activations, weights and bias equal the plain path's (autodiff through the GELU), and
+    the dX kernel carries the derivative in its epilogue (its compiled name)."""
+    import jax
+
+    from keras_mone.kernels.cuda_lowering import lower_for_cuda
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+    from keras_mone.layers.mlp import _kernel_gelu
+
+    gelu = _kernel_gelu(approximate)
+    rng = np.random.default_rng(6)
+    layout = ((5, 16), (0, 32), (7, 48), (2, 64))
+    hidden, w, b = 2.0 * _normal(rng, 2, 14, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
+    weights = _normal(rng, 2, 14, 64)
+
+    def loss(function, **options):
+        return lambda h, w, b: (function(h, w, b, layout, "out", input_activation=gelu, **options) * weights).sum()
+
+    kernel_loss = loss(grouped_projection, tiles=(16, 32, 16, 4, 2), interpret=True)
+    assert_f32_close(np.asarray(kernel_loss(hidden, w, b)), np.asarray(loss(plain_grouped_projection)(hidden, w, b)),
+                     ulps=64)
+    got = jax.grad(kernel_loss, argnums=(0, 1, 2))(hidden, w, b)
+    expected = jax.grad(loss(plain_grouped_projection), argnums=(0, 1, 2))(hidden, w, b)
+    for got_one, expected_one in zip(got, expected):
+        assert_f32_close(np.asarray(got_one), np.asarray(expected_one), ulps=64)
+    on_the_card = jax.grad(loss(grouped_projection, tiles=(16, 32, 16, 4, 2)), argnums=(0, 1, 2))
+    text = lower_for_cuda(on_the_card, hidden, w, b)
+    assert "grouped_in_projection_derivative_k64_n96" in text and "weight_gradient_bias" in text
+    with pytest.raises(ValueError, match="`input_activation` belongs to side 'out'"):
+        grouped_projection(hidden, w, b, layout, "in", input_activation=gelu, interpret=True)
+
+
 @pytest.mark.parametrize("tiles", [(16, 16, 16, 4, 1), (32, 32, 16, 4, 2), (64, 64, 64, 8, 3)])
 def test_every_tile_setting_and_the_default_split_equal_the_plain_path(tiles):
     from keras_mone.kernels.grouped_gradients import grouped_weight_gradient, plain_weight_gradient
@@ -141,10 +198,11 @@ def test_each_weight_gradient_of_a_vit_b16_block_lowers_to_one_triton_call(dtype
         spec = [jax.ShapeDtypeStruct((128, 197, k), jnp.dtype(dtype)), jax.ShapeDtypeStruct((128, 197, n), jnp.dtype(dtype))]
         out_layout = layout if side == "in" else tuple((size, min(width, n)) for size, width in layout)
 
-        def gradient(x, dy, side=side, out_layout=out_layout):
-            return grouped_weight_gradient(x, dy, out_layout, side)
+        for bias in (False, True):
+            def gradient(x, dy, side=side, out_layout=out_layout, bias=bias):
+                return grouped_weight_gradient(x, dy, out_layout, side, bias=bias)
 
-        assert lower_for_cuda(gradient, *spec).count(TRITON_CALL) == 1
+            assert lower_for_cuda(gradient, *spec).count(TRITON_CALL) == 1
 
 
 def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_forms(monkeypatch):
@@ -185,3 +243,18 @@ def test_the_roofline_counts_the_weight_gradients_work_from_its_name():
     # the rows' itemsize from the kernel's first operand (its output is float32 partial sums)
     assert _pallas_traffic(name, "f32[1536,3072]", ["bf16[25216,768]", "bf16[25216,3072]"]) == labelled_cost(name, 2)
     assert kind_of(name) == "pallas" and labelled_cost("grouped_in_projection_k768_n768_b1_g4x96", 2) is None
+    # db's partial sums: one float32 row per split more
+    with_bias = weight_gradient_label("out", 3072, 768, 128, 2, groups, bias=True)
+    assert with_bias.startswith("grouped_out_weight_gradient_bias_k3072")
+    assert labelled_cost(with_bias, 2)[1] == labelled_cost(out, 2)[1] + 4 * 2 * 768
+
+
+def test_the_roofline_counts_a_derivative_epilogues_reads():
+    from keras_mone.kernels.grouped_kernel import kernel_label, labelled_cost
+
+    groups = ((84, 96), (61, 192), (37, 384), (14, 768))
+    plain = kernel_label("in", 768, 3072, 128, groups)
+    derivative = kernel_label("in", 768, 3072, 128, groups, derivative=True)
+    assert derivative == plain.replace("projection_", "projection_derivative_")
+    assert labelled_cost(derivative, 2)[0] == labelled_cost(plain, 2)[0]
+    assert labelled_cost(derivative, 2)[1] == labelled_cost(plain, 2)[1] + 2 * 128 * 196 * 3072

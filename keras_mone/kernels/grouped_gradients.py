@@ -15,7 +15,9 @@ in one launch (MoNE App. A.1 Eq. 5-7). Its gradients are grouped nested products
   whose partial tiles XLA then sums, so that even a 768 x 768 weight gives the card enough
   programs.
 * **db** (column sums of ``dy``; an out-projection's group ``g`` adds only its first ``d_g``
-  columns) and the LayerNorm prologue's vjp are XLA's.
+  columns) in the same launch (``bias=True``): the programs of ``dW``'s first row tile sum
+  the ``dy`` tiles they load anyway, so ``dy`` is not read again for it.
+* The LayerNorm prologue's vjp is XLA's.
 
 ``projection_gradients`` is the backward pass of a projection without an epilogue
 (``grouped_projection`` with no activation, residual or scale; with or without the LayerNorm
@@ -64,7 +66,20 @@ def plain_weight_gradient(x, dy, groups, side):
     return out
 
 
-def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precision="default", interpret=False):
+def plain_bias_gradient(dy, groups, side):
+    """``db`` of a grouped nested projection with XLA's ops, float32: the column sums of ``dy``
+    (an out-projection's group adds only its first ``d_g`` columns)."""
+    if side == "in":
+        return jnp.sum(dy.astype(jnp.float32), axis=(0, 1))
+    out, start = jnp.zeros((dy.shape[-1],), jnp.float32), 0
+    for size, width in groups:
+        out = out.at[:width].add(jnp.sum(dy[:, start:start + size, :width].astype(jnp.float32), axis=(0, 1)))
+        start += size
+    return out
+
+
+def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precision="default", interpret=False,
+                            bias=False):
     """``plain_weight_gradient`` as one Pallas kernel launch (see the module docstring).
 
     Args: those of ``plain_weight_gradient``, and
@@ -75,6 +90,7 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
             ``default_splits``.
         precision: ``"default"`` or ``"highest"`` (``kernels.precision``).
         interpret: run through Pallas' interpreter (no accelerator needed).
+        bias: also return ``plain_bias_gradient`` from the same launch: ``(dW, db)``.
     """
     if x.ndim != 3 or dy.ndim != 3 or x.shape[:2] != dy.shape[:2]:
         raise ValueError(f"`x` must be (batch, tokens, K) and `dy` (batch, tokens, N); got {x.shape} and {dy.shape}.")
@@ -86,7 +102,8 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
     splits = default_splits(x.shape[-1], dy.shape[-1], tiles) if splits is None else splits
     if not isinstance(splits, int) or splits < 1:
         raise ValueError(f"`splits` must be a positive int, got {splits!r}.")
-    return _weight_gradient(x, dy, groups, side, tiles, splits, precision, bool(interpret))
+    dw, db = _weight_gradient(x, dy, groups, side, tiles, splits, precision, bool(interpret), bool(bias))
+    return (dw, db) if bias else dw
 
 
 def default_weight_tiles(contraction, columns, dtype):
@@ -114,14 +131,14 @@ def check_weight_tiles(tiles, contraction, columns):
                          f"divide N = {columns}.")
 
 
-def weight_gradient_label(side, contraction, columns, batch, splits, groups):
+def weight_gradient_label(side, contraction, columns, batch, splits, groups, bias=False):
     """The name the weight-gradient kernel is compiled under, from which a program's reader
-    counts its work (``labelled_cost``): ``grouped_in_weight_gradient_k768_n3072_b128_s2_g84x96_...``."""
+    counts its work (``labelled_cost``): ``grouped_in_weight_gradient_bias_k768_n3072_b128_s2_g84x96_...``."""
     layout = "_".join(f"{size}x{width}" for size, width in groups)
-    return f"grouped_{side}_weight_gradient_k{contraction}_n{columns}_b{batch}_s{splits}_g{layout}"
+    return f"grouped_{side}_weight_gradient{'_bias' * bias}_k{contraction}_n{columns}_b{batch}_s{splits}_g{layout}"
 
 
-_LABEL = re.compile(r"grouped_(in|out)_weight_gradient_k(\d+)_n(\d+)_b(\d+)_s(\d+)_g([\dx_]+)")
+_LABEL = re.compile(r"grouped_(in|out)_weight_gradient(_bias)?_k(\d+)_n(\d+)_b(\d+)_s(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
@@ -129,44 +146,42 @@ def labelled_cost(name, itemsize):
     name: the products of every group; each group's rows of ``x`` and ``dy`` that it reads (an
     in-projection's first ``d`` features of ``x``, an out-projection's first ``d`` columns of
     ``dy``), counted once (a row tile's rereads by the other output tiles are L2 hits, at best),
-    and the float32 partial sums of every split written."""
+    and the float32 partial sums of every split written (``dW``'s, and ``db``'s with ``bias``)."""
     match = _LABEL.search(name)
     if match is None:
         return None
-    side = match.group(1)
-    contraction, columns, batch, splits = (int(match.group(i)) for i in (2, 3, 4, 5))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(6).strip("_").split("_")]
+    side, bias = match.group(1), bool(match.group(2))
+    contraction, columns, batch, splits = (int(match.group(i)) for i in (3, 4, 5, 6))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(7).strip("_").split("_")]
     rows = batch * sum(size for size, _ in groups)
     nested = batch * sum(size * width for size, width in groups)
     full = columns if side == "in" else contraction
-    return 2 * nested * full, itemsize * (nested + rows * full) + 4 * splits * contraction * columns
+    return 2 * nested * full, itemsize * (nested + rows * full) + 4 * splits * (contraction + bias) * columns
 
 
-def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream):
+def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream, input_activation=None,
+                         activated=None):
     """The cotangents of ``(x, w, b, residual, scale, norm)`` of a projection without an
-    epilogue (see the module docstring): dX and dW by grouped kernels, db and the LayerNorm's
-    vjp by XLA. ``upstream``: the output's cotangent (``parts`` tensors where it has parts)."""
+    epilogue (see the module docstring): dX by a grouped projection kernel, dW and db by the
+    weight-gradient kernel, the LayerNorm's vjp by XLA. ``upstream``: the output's cotangent
+    (``parts`` tensors where it has parts). ``input_activation`` (side ``"out"``): the
+    projection took ``activated = input_activation(x)``; the dX kernel's epilogue multiplies
+    by the activation's derivative at ``x``, so its output is ``x``'s cotangent (fc2 of a
+    training call: the GELU's backward pass is no separate pass over the hidden activations)."""
     dy = (upstream if parts == 1 else jnp.concatenate(upstream, axis=-1)).astype(x.dtype)
     contraction, columns = w.shape
-    transposed = w.T  # (N, K): the kernel casts its tiles, so a float32 master weight stays float32
+    # dX's kernel reads w transposed, tile by tile, and casts its tiles: no (N, K) copy is written
     tiles = tile_override(columns, contraction) or default_tiles(columns, contraction, x.dtype)
     zeros = jnp.zeros((contraction,), jnp.float32)
+    inputs = x if input_activation is None else activated
     if norm is not None:
         inputs, pullback = jax.vjp(normalized, x, *norm)
-    else:
-        inputs = x
-    if side == "in":  # dx[:, g, :d_g] = dy_g @ W[:d_g]^T: an out-projection by W^T
-        dx = pallas_projection(dy, transposed, zeros, None, None, None, groups, "out", None, 1, tiles, precision,
-                                interpret)
-        db = jnp.sum(dy.astype(jnp.float32), axis=(0, 1))
-    else:  # dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T: an in-projection by W^T
-        dx = pallas_projection(dy, transposed, zeros, None, None, None, groups, "in", None, 1, tiles, precision,
-                                interpret)
-        db, start = jnp.zeros((columns,), jnp.float32), 0
-        for size, width in groups:
-            db = db.at[:width].add(jnp.sum(dy[:, start:start + size, :width].astype(jnp.float32), axis=(0, 1)))
-            start += size
-    dw = grouped_weight_gradient(inputs, dy, groups, side, precision=precision, interpret=interpret)
+    # in: dx[:, g, :d_g] = dy_g @ W[:d_g]^T, an out-projection by W^T;
+    # out: dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T, an in-projection by W^T
+    derivative = None if input_activation is None else (input_activation, x)
+    dx = pallas_projection(dy, w, zeros, None, None, None, groups, "out" if side == "in" else "in", None, 1, tiles,
+                           precision, interpret, transposed=True, derivative=derivative)
+    dw, db = grouped_weight_gradient(inputs, dy, groups, side, precision=precision, interpret=interpret, bias=True)
     dnorm = None
     if norm is not None:
         dx, *dnorm = pullback(dx)
@@ -174,8 +189,9 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
     return dx, dw.astype(w.dtype), db.astype(b.dtype), None, None, dnorm
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7))
-def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8))
+def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret, bias):
+    """``(dW, db)``: ``db`` ``None`` unless ``bias``."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
@@ -188,23 +204,28 @@ def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret):
             table.append((first_token, size, width))
         first_token += size
     if not table:
-        return jnp.zeros((contraction, columns), jnp.float32)
+        return jnp.zeros((contraction, columns), jnp.float32), (jnp.zeros((columns,), jnp.float32) if bias else None)
     kernel = functools.partial(_weight_tile, table=tuple(table), batch=batch, tokens=tokens, side=side,
-                               blocks=(block_rows, block_k, block_n), splits=splits,
+                               blocks=(block_rows, block_k, block_n), splits=splits, bias=bias,
                                precision=dot_precision(precision))
-    partial = pl.pallas_call(
+    partial_sums = jax.ShapeDtypeStruct((splits * contraction, columns), jnp.float32)
+    outputs = pl.pallas_call(
         kernel,
         grid=(splits, contraction // block_k, columns // block_n),
-        out_shape=jax.ShapeDtypeStruct((splits * contraction, columns), jnp.float32),
+        out_shape=(partial_sums, jax.ShapeDtypeStruct((splits, columns), jnp.float32)) if bias else partial_sums,
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name=weight_gradient_label(side, contraction, columns, batch, splits, groups),
+        name=weight_gradient_label(side, contraction, columns, batch, splits, groups, bias),
     )(x.reshape(batch * tokens, contraction), dy.reshape(batch * tokens, columns))
-    return jnp.sum(partial.reshape(splits, contraction, columns), axis=0)
+    partial, column_sums = outputs if bias else (outputs, None)
+    dw = jnp.sum(partial.reshape(splits, contraction, columns), axis=0)
+    return dw, (None if column_sums is None else jnp.sum(column_sums, axis=0))
 
 
-def _weight_tile(x_ref, dy_ref, out_ref, *, table, batch, tokens, side, blocks, splits, precision):
-    """One program: one ``block_k x block_n`` tile of ``dW`` over one chunk of every group's rows."""
+def _weight_tile(x_ref, dy_ref, out_ref, *bias_ref, table, batch, tokens, side, blocks, splits, bias, precision):
+    """One program: one ``block_k x block_n`` tile of ``dW`` over one chunk of every group's rows;
+    with ``bias``, the programs of the first row tile also sum the ``dy`` columns they load
+    (``db``: an out-projection's loads are already cut at each group's width)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
@@ -212,7 +233,8 @@ def _weight_tile(x_ref, dy_ref, out_ref, *, table, batch, tokens, side, blocks, 
     split, row_tile, column_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     features = row_tile * block_k + jnp.arange(block_k, dtype=jnp.int32)
     columns = column_tile * block_n + jnp.arange(block_n, dtype=jnp.int32)
-    accumulator = jnp.zeros((block_k, block_n), jnp.float32)
+    sums_here = row_tile == 0  # every group reaches dW's first row tile (widths are at least 1)
+    carry = (jnp.zeros((block_k, block_n), jnp.float32), jnp.zeros((block_n,), jnp.float32))
     for first_token, size, width in table:  # static: a few groups
         steps_total = -(-batch * size // block_rows)
         # this split's row tiles of the group; none where the tile lies past the group's width
@@ -222,8 +244,9 @@ def _weight_tile(x_ref, dy_ref, out_ref, *, table, batch, tokens, side, blocks, 
         feature_mask = (features < width) if side == "in" else jnp.ones((block_k,), jnp.bool_)
         column_mask = (columns < width) if side == "out" else jnp.ones((block_n,), jnp.bool_)
 
-        def step(i, accumulator, first_token=first_token, size=size, low=low, feature_mask=feature_mask,
+        def step(i, carry, first_token=first_token, size=size, low=low, feature_mask=feature_mask,
                  column_mask=column_mask):
+            accumulator, column_sums = carry
             index = (low + i) * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
             valid = index < batch * size
             rows = jax.lax.div(index, size) * tokens + first_token + jax.lax.rem(index, size)
@@ -232,9 +255,18 @@ def _weight_tile(x_ref, dy_ref, out_ref, *, table, batch, tokens, side, blocks, 
                                mask=valid[:, None] & feature_mask[None, :], other=0)
             g = pl_triton.load(dy_ref.at[rows[:, None], columns[None, :]],
                                mask=valid[:, None] & column_mask[None, :], other=0)
-            return accumulator + jax.lax.dot_general(a, g, (((0,), (0,)), ((), ())), precision=precision,
-                                                     preferred_element_type=jnp.float32)
+            accumulator = accumulator + jax.lax.dot_general(a, g, (((0,), (0,)), ((), ())), precision=precision,
+                                                            preferred_element_type=jnp.float32)
+            if bias:  # a uniform branch: only the first row tile's programs sum
+                column_sums = jax.lax.cond(sums_here, lambda s: s + jnp.sum(g.astype(jnp.float32), axis=0),
+                                           lambda s: s, column_sums)
+            return accumulator, column_sums
 
-        accumulator = jax.lax.fori_loop(0, (high - low) * reaches.astype(jnp.int32), step, accumulator)
+        carry = jax.lax.fori_loop(0, (high - low) * reaches.astype(jnp.int32), step, carry)
+    accumulator, column_sums = carry
     out_rows = split * x_ref.shape[1] + features  # this split's (K, N) slice of the partial sums
     pl_triton.store(out_ref.at[out_rows[:, None], columns[None, :]], accumulator)
+    if bias:
+        @pl.when(sums_here)
+        def _store_column_sums():
+            pl_triton.store(bias_ref[0].at[split, columns], column_sums)

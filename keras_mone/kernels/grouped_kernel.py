@@ -105,36 +105,40 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
     return groups
 
 
-def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False):
+def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False,
+                 derivative=False):
     """The name a kernel is compiled under, which says what it computes, so that a program's
     reader (``bench.hlo_kernels``) and a profile can count its work (``labelled_cost``):
     ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192``."""
-    epilogue = "_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
+    epilogue = ("_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
+                + "_derivative" * bool(derivative))
     layout = "_".join(f"{size}x{width}" for size, width in groups)
     return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
 
 
-_LABEL = re.compile(r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
+_LABEL = re.compile(
+    r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?(_derivative)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
     """``(FLOPs, bytes)`` of a kernel named by ``kernel_label``, or ``None`` for another name.
     Bytes: the rows it reads (an in-projection only each group's first ``d`` features), the
     weights its widest group needs once (later programs find them in L2), the bias, the
-    residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, and
-    the ``(batch, tokens, N)`` it writes. Weights are counted at the rows' itemsize (under
+    residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, the
+    pre-activations a ``derivative`` epilogue reads, and the ``(batch, tokens, N)`` it writes. Weights are counted at the rows' itemsize (under
     mixed precision the kernels read float32 weights: under 1% of the total, undercounted)."""
     match = _LABEL.search(name)
     if match is None:
         return None
-    side, norm, residual, scale = match.group(1), bool(match.group(2)), bool(match.group(3)), bool(match.group(4))
-    contraction, columns, batch = (int(match.group(i)) for i in (5, 6, 7))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(8).strip("_").split("_")]
+    side, (norm, residual, scale, derivative) = match.group(1), (bool(match.group(i)) for i in range(2, 6))
+    contraction, columns, batch = (int(match.group(i)) for i in (6, 7, 8))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(9).strip("_").split("_")]
     tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
     widest = max(width for _, width in groups)
     rows = batch * tokens
     if side == "in":
         flops, elements = 2 * batch * nested * columns, batch * nested + widest * columns + columns
+        elements += rows * columns * derivative
     else:
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
         elements += rows * columns * residual + rows * scale
@@ -156,12 +160,22 @@ def normalized(x, mean, rstd, gamma, beta):
     return ((wide - mean.astype(jnp.float32)[..., None]) * scale + beta.astype(jnp.float32)).astype(x.dtype)
 
 
-def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret):
+def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
+                      transposed=False, derivative=None):
+    """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). Two more
+    forms serve the backward passes (``kernels.grouped_gradients``):
+
+    * ``transposed``: ``w`` is given as ``(N, K)`` and read transposed, tile by tile (a dX
+      kernel's ``W^T`` without a transposed copy of the weights written first).
+    * ``derivative``: ``(function, pre)``, side ``"in"``: the epilogue multiplies by
+      ``function'(pre)`` (elementwise, in float32; ``pre`` ``(batch, tokens, N)``), so the dX
+      kernel of an out-projection of ``function(pre)`` writes ``d pre`` directly.
+    """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
     batch, tokens, contraction = x.shape
-    columns = w.shape[1]
+    columns = w.shape[0] if transposed else w.shape[1]
     block_rows, block_cols, block_k, num_warps, num_stages = tiles
     # each group's row tiles, in order: (first tile, tokens, first token, width)
     table, first_tile, first_token = [], 0, 0
@@ -180,10 +194,13 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         operands.append(scale.reshape(1, batch * tokens))
     if norm is not None:  # the statistics per row, the LayerNorm's weights per feature: float32
         operands += [t.astype(jnp.float32).reshape(1, -1) for t in norm]
+    if derivative is not None:
+        operands.append(derivative[1].reshape(batch * tokens, columns))
     kernel = functools.partial(
         _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=scale is not None,
-        has_norm=norm is not None, parts=parts, precision=dot_precision(precision),
+        has_norm=norm is not None, parts=parts, precision=dot_precision(precision), transposed=transposed,
+        derivative_of=None if derivative is None else derivative[0],
     )
     shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
     out = pl.pallas_call(
@@ -194,7 +211,7 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
-                          norm is not None),
+                          norm is not None, derivative is not None),
     )(*operands)
     if parts == 1:
         return out.reshape(batch, tokens, columns)
@@ -202,7 +219,7 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
 
 
 def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, activation, blocks, has_residual,
-                     has_scale, has_norm, parts, precision):
+                     has_scale, has_norm, parts, precision, transposed, derivative_of):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
@@ -245,7 +262,10 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
             gamma, beta = (ref[:, contracted] for ref in inputs[2:4])
             normed = (tile.astype(jnp.float32) - mean[:, None]) * (rstd[:, None] * gamma) + beta
             tile = jnp.where(mask, normed, 0.0).astype(tile.dtype)
-        weights = w_ref[contracted, pl.ds(start, block_cols)]
+        if transposed:  # (block_cols, block_k) of the (N, K) array given
+            weights = w_ref[pl.ds(start, block_cols), contracted].T
+        else:
+            weights = w_ref[contracted, pl.ds(start, block_cols)]
         return accumulator + jnp.dot(tile, weights.astype(tile.dtype), precision=precision,
                                      preferred_element_type=jnp.float32)
 
@@ -254,6 +274,10 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
     if side == "in":
         if activation is not None:
             accumulator = activation(accumulator)
+        if derivative_of is not None:  # d pre = d out * function'(pre)
+            pre = pl_triton.load(inputs[-1].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
+            pre = pre.astype(jnp.float32)
+            accumulator = accumulator * jax.jvp(derivative_of, (pre,), (jnp.ones_like(pre),))[1]
     else:
         accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
         if has_scale:

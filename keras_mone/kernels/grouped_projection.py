@@ -43,7 +43,8 @@ __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV
 """The kernel's tiles, checks and labels (``kernels.grouped_kernel``) are named from here too."""
 
 
-def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None):
+def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
+                             input_activation=None):
     """The grouped nested projection with XLA's ops, one GEMM per group (see the module docstring).
 
     Args:
@@ -63,11 +64,16 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
             ``((x - mean) * rstd * gamma + beta)`` in float32, rounded to ``x``'s dtype (as
             ``layers.layer_norm.normalize`` gives it); ``mean`` and ``rstd`` ``(batch, tokens)``,
             ``gamma`` and ``beta`` ``(K,)``.
+        input_activation: ``side="out"``: an elementwise function (its result in ``x``'s dtype)
+            applied to ``x`` first: fc2 of ``GELU(h)`` given ``h`` (the training form; its
+            backward pass applies the derivative in the dX kernel's epilogue).
 
     Returns:
         ``(batch, tokens, N)`` in ``x``'s dtype, or ``parts`` tensors ``(batch, tokens, N / parts)``.
     """
     w = w.astype(x.dtype)  # as the kernel casts each weight tile: its products are in x's dtype
+    if input_activation is not None:
+        x = input_activation(x).astype(x.dtype)
     if norm is not None:
         x = normalized(x, *norm)
     pieces, start = [], 0
@@ -91,7 +97,7 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
 
 
 def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
-                       tiles=None, interpret=False):
+                       input_activation=None, tiles=None, interpret=False):
     """``plain_grouped_projection`` as one Pallas kernel launch (see the module docstring).
 
     Args: those of ``plain_grouped_projection``, and
@@ -111,41 +117,54 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
                          f"tiles ({tiles[1]}), got {parts!r}.")
     if parts > 1 and side != "in":
         raise ValueError("`parts` belongs to side 'in' (q, k and v of one kernel).")
+    if input_activation is not None and side != "out":
+        raise ValueError("`input_activation` belongs to side 'out' (fc2 of the activated hidden units).")
     norm = None if norm is None else tuple(norm)
     return _jitted(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision_name(),
-                   bool(interpret))
+                   bool(interpret), input_activation)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12))
-def _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret):
-    return pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                             interpret)
+def _activated(x, input_activation):
+    return x if input_activation is None else input_activation(x).astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12, 13))
+def _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
+                input_activation):
+    return pallas_projection(_activated(x, input_activation), w, b, residual, scale, norm, groups, side, activation,
+                             parts, tiles, precision, interpret)
 
 
 def _projection_forward(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                        interpret):
-    outputs = _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                          interpret)
-    return outputs, (x, w, b, residual, scale, norm)
+                        interpret, input_activation):
+    activated = _activated(x, input_activation)
+    outputs = pallas_projection(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles,
+                                precision, interpret)
+    return outputs, (x, w, b, residual, scale, norm, None if input_activation is None else activated)
 
 
-def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, saved, upstream):
+def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, input_activation, saved,
+                         upstream):
     """A projection without an epilogue (the training form, ``layers.grouped_block``): dX and
     dW by grouped kernels (``kernels.grouped_gradients``). With an activation, residual or
     scale epilogue (the inference form): the plain path's gradients, recomputed from the
-    inputs. Either way nothing but the inputs is kept between the passes."""
-    x, w, b, residual, scale, norm = saved
+    inputs. Either way nothing but the inputs (and an ``input_activation``'s output, which
+    dW needs) is kept between the passes."""
+    *inputs, activated = saved
+    x, w, b, residual, scale, norm = inputs
     if activation is None and residual is None and scale is None:
-        return projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream)
+        return projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream,
+                                    input_activation, activated)
 
     def plain(x, w, b, residual, scale, norm):
-        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm)
+        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
+                                        input_activation)
 
     with precision_context(precision):
-        _, pullback = jax.vjp(plain, *saved)
+        _, pullback = jax.vjp(plain, *inputs)
         return pullback(upstream)
 
 
 _projection.defvjp(_projection_forward, _projection_backward)
-# compiled once per (shapes, groups, side, activation, tiles): eager calls reuse the kernel
-_jitted = jax.jit(_projection, static_argnums=(6, 7, 8, 9, 10, 11, 12))
+# compiled once per (shapes, groups, side, activation, tiles, input activation): eager calls reuse the kernel
+_jitted = jax.jit(_projection, static_argnums=(6, 7, 8, 9, 10, 11, 12, 13))

@@ -22,21 +22,21 @@ widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), model
 Keras distribution, and training calls of blocks with dropout or stochastic depth.
 
 Training calls (``training=True``, without dropout or stochastic depth) take the kernels
-without their epilogues: XLA applies the GELU, the gate and the residual adds, and each
-kernel's backward pass is grouped kernels too (dX by the transposed weights, dW by
-``kernels.grouped_gradients``). With the fused epilogues the backward passes recompute the
+without their epilogues: fc1 writes its pre-activations, fc2 applies the GELU to them first
+(``input_activation``: XLA's elementwise pass, float32 arithmetic like the kernels' epilogue,
+the result in the compute dtype), and XLA applies the gate and the residual adds. Each
+kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``: dX by the
+transposed weights, fc2's with the GELU's derivative in its epilogue; dW and db by one
+weight-gradient launch). With the fused epilogues the backward passes recompute the
 per-group path, which made MoNE-ViT-B/16's training step (bf16, batch 128) compiled for an
 H200 move 98.6 GB against 63.0 per group (BENCHMARKS.md). Gradients of an inference call
 (``jax.grad`` outside training) go through those fused kernels and are exact.
 """
 
-import functools
-
 import keras
 import numpy as np
 from keras import ops
 
-from keras_mone.layers.activations import gelu
 from keras_mone.layers.attention import MoNEAttention, multi_head_attention
 from keras_mone.layers.layer_norm import normalize, row_statistics
 from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
@@ -76,16 +76,15 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     stream = ops.cast(groups[0] if len(groups) == 1 else ops.concatenate(groups, axis=1), dtype)
     batch, tokens = stream.shape[0], stream.shape[1]
     attention, mlp = block.attention, block.mlp
-    # training: the generic path's GELU (the erf form in the compute dtype, layers.activations.gelu)
-    mlp_gelu = functools.partial(gelu, approximate=mlp.gelu_approximate, training=True, nested=True)
+    mlp_gelu = _kernel_gelu(mlp.gelu_approximate)  # float32 arithmetic, the result in the compute dtype
 
-    def project(layer, x, side, activation=None, residual=None, scale=None, **options):
+    def project(layer, x, side, residual=None, scale=None, **options):
         kernel, bias, x = _stored(layer.kernel), _stored(layer.bias), ops.cast(x, dtype)
         if not training:  # every epilogue in the kernel
-            return grouped_projection(x, kernel, bias, layout, side, activation=activation, residual=residual,
-                                      scale=scale, interpret=interpret, **options)
+            return grouped_projection(x, kernel, bias, layout, side, residual=residual, scale=scale,
+                                      interpret=interpret, **options)
         out = grouped_projection(x, kernel, bias, layout, side, interpret=interpret, **options)
-        return _epilogue(out, None if activation is None else mlp_gelu, residual, scale)
+        return _epilogue(out, residual, scale)
 
     def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the kernel's prologue where it can
         prologue = _prologue(norm, x)
@@ -101,17 +100,20 @@ def kernel_block(block, groups, widths, gates=None, training=False):
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     mid = project(attention.out, attended, "out", residual=stream)
-    hidden = normalized_projection(block.norm2, mlp.fc1, mid, activation=_kernel_gelu(mlp.gelu_approximate))
-    outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=_gate_scale(block, groups, gates, dtype))
+    scale = _gate_scale(block, groups, gates, dtype)
+    if training:  # fc2 takes fc1's pre-activations: its backward pass applies the GELU's derivative
+        hidden = normalized_projection(block.norm2, mlp.fc1, mid)
+        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu)
+    else:
+        hidden = normalized_projection(block.norm2, mlp.fc1, mid, activation=mlp_gelu)
+        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale)
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
 
 
-def _epilogue(out, activation, residual, scale):
-    """The kernels' epilogue by XLA (training): ``residual + scale * activation(out)`` in the
-    compute dtype, as the generic path computes it (an upcast to float32 made XLA keep float32
-    hidden activations for the backward pass: twice the bytes)."""
-    out = out if activation is None else activation(out)
+def _epilogue(out, residual, scale):
+    """The out-projections' epilogue by XLA (training): ``residual + scale * out`` in the
+    compute dtype, as the generic path computes it, so that autodiff reaches the gate."""
     out = out if scale is None else out * ops.cast(scale, out.dtype)[..., None]
     return out if residual is None else residual + out
 
