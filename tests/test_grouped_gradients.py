@@ -72,6 +72,47 @@ def test_the_bias_gradient_comes_from_the_weight_gradients_launch(side, layout, 
     assert_f32_close(np.asarray(dw), _numpy_weight_gradient(x, dy, layout, side), ulps=64)
 
 
+def test_the_weight_gradient_reads_dy_in_parts():
+    """q, k and v's cotangents as three parts: ``dW`` and ``db`` equal those of the joined ``dy``,
+    and the launch lowers to one Triton call; parts of unequal shapes are refused by name."""
+    from keras_mone.kernels.cuda_lowering import TRITON_CALL, lower_for_cuda
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient
+
+    rng = np.random.default_rng(7)
+    layout = ((5, 16), (0, 32), (7, 48), (2, 64))
+    x, parts = _normal(rng, 2, 14, 64), tuple(_normal(rng, 2, 14, 32) for _ in range(3))
+    joined = np.concatenate(parts, axis=-1)
+    for side in ("in", "out"):
+        got = grouped_weight_gradient(x, parts, layout, side, tiles=SMALL, splits=2, interpret=True, bias=True)
+        expected = grouped_weight_gradient(x, joined, layout, side, tiles=SMALL, splits=2, interpret=True, bias=True)
+        for got_one, expected_one in zip(got, expected):
+            np.testing.assert_array_equal(np.asarray(got_one), np.asarray(expected_one))
+    assert_f32_close(np.asarray(got[0]), _numpy_weight_gradient(x, joined, layout, "out"), ulps=64)
+    text = lower_for_cuda(lambda x, *parts: grouped_weight_gradient(x, parts, layout, "in", tiles=SMALL, bias=True),
+                          x, *parts)
+    assert text.count(TRITON_CALL) == 1
+    with pytest.raises(ValueError, match="or equal parts of it"):
+        grouped_weight_gradient(x, (parts[0], parts[1][:, :, :16]), layout, "in", interpret=True)
+
+
+def test_the_dx_kernel_reads_its_contraction_in_parts():
+    """dX of q/k/v: an out-projection whose input comes in three parts along the contraction
+    equals it on the joined input, bit for bit; parts are refused where they do not apply."""
+    from keras_mone.kernels.grouped_kernel import pallas_projection
+
+    rng = np.random.default_rng(8)
+    layout = ((5, 16), (7, 48), (2, 64))
+    parts, w, b = tuple(_normal(rng, 2, 14, 32) for _ in range(3)), _normal(rng, 96, 64), _normal(rng, 64)
+    tiles = (16, 16, 16, 4, 2)
+
+    def run(x, side="out"):
+        return np.asarray(pallas_projection(x, w, b, None, None, None, layout, side, None, 1, tiles, "default", True))
+
+    np.testing.assert_array_equal(run(parts), run(np.concatenate(parts, axis=-1)))
+    with pytest.raises(ValueError, match="`x` in parts needs side 'out'"):
+        run(parts, side="in")
+
+
 @pytest.mark.parametrize("approximate", [False, True])
 def test_an_out_projection_of_an_activation_takes_its_derivative_in_the_dx_kernel(approximate):
     """fc2 of the training form (``input_activation``): the output and the gradients of the

@@ -91,17 +91,25 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
         precision: ``"default"`` or ``"highest"`` (``kernels.precision``).
         interpret: run through Pallas' interpreter (no accelerator needed).
         bias: also return ``plain_bias_gradient`` from the same launch: ``(dW, db)``.
+
+    ``dy`` may also be a tuple of equal parts along its columns (q, k and v's cotangents): the
+    kernel reads each where a column tile lies, without a joined copy (each part's width a
+    multiple of ``block_n``).
     """
-    if x.ndim != 3 or dy.ndim != 3 or x.shape[:2] != dy.shape[:2]:
-        raise ValueError(f"`x` must be (batch, tokens, K) and `dy` (batch, tokens, N); got {x.shape} and {dy.shape}.")
+    parts = tuple(dy) if isinstance(dy, (tuple, list)) else (dy,)
+    if x.ndim != 3 or any(p.ndim != 3 or p.shape != parts[0].shape for p in parts) or x.shape[:2] != parts[0].shape[:2]:
+        raise ValueError(f"`x` must be (batch, tokens, K) and `dy` (batch, tokens, N) or equal parts of it; got "
+                         f"{x.shape} and {[p.shape for p in parts]}.")
+    columns = len(parts) * parts[0].shape[-1]
     # the projection's checks of groups and side, on the weight's shape only (nothing allocated)
-    weight = jax.ShapeDtypeStruct((x.shape[-1], dy.shape[-1]), x.dtype)
-    groups = checked_groups(x, weight, jax.ShapeDtypeStruct((dy.shape[-1],), x.dtype), groups, side)
-    tiles = default_weight_tiles(x.shape[-1], dy.shape[-1], x.dtype) if tiles is None else tuple(tiles)
-    check_weight_tiles(tiles, x.shape[-1], dy.shape[-1])
-    splits = default_splits(x.shape[-1], dy.shape[-1], tiles) if splits is None else splits
+    weight = jax.ShapeDtypeStruct((x.shape[-1], columns), x.dtype)
+    groups = checked_groups(x, weight, jax.ShapeDtypeStruct((columns,), x.dtype), groups, side)
+    tiles = default_weight_tiles(x.shape[-1], parts[0].shape[-1], x.dtype) if tiles is None else tuple(tiles)
+    check_weight_tiles(tiles, x.shape[-1], parts[0].shape[-1])
+    splits = default_splits(x.shape[-1], columns, tiles) if splits is None else splits
     if not isinstance(splits, int) or splits < 1:
         raise ValueError(f"`splits` must be a positive int, got {splits!r}.")
+    dy = parts if len(parts) > 1 else parts[0]
     dw, db = _weight_gradient(x, dy, groups, side, tiles, splits, precision, bool(interpret), bool(bias))
     return (dw, db) if bias else dw
 
@@ -164,11 +172,12 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
     """The cotangents of ``(x, w, b, residual, scale, norm)`` of a projection without an
     epilogue (see the module docstring): dX by a grouped projection kernel, dW and db by the
     weight-gradient kernel, the LayerNorm's vjp by XLA. ``upstream``: the output's cotangent
-    (``parts`` tensors where it has parts). ``input_activation`` (side ``"out"``): the
+    (``parts`` tensors where it has parts: read apart, never joined). ``input_activation`` (side ``"out"``): the
     projection took ``activated = input_activation(x)``; the dX kernel's epilogue multiplies
     by the activation's derivative at ``x``, so its output is ``x``'s cotangent (fc2 of a
     training call: the GELU's backward pass is no separate pass over the hidden activations)."""
-    dy = (upstream if parts == 1 else jnp.concatenate(upstream, axis=-1)).astype(x.dtype)
+    # q, k and v's cotangents stay apart: both kernels read each part where it lies
+    dy = upstream.astype(x.dtype) if parts == 1 else tuple(part.astype(x.dtype) for part in upstream)
     contraction, columns = w.shape
     # dX's kernel reads w transposed, tile by tile, and casts its tiles: no (N, K) copy is written
     tiles = tile_override(columns, contraction) or default_tiles(columns, contraction, x.dtype)
@@ -191,12 +200,14 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8))
 def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret, bias):
-    """``(dW, db)``: ``db`` ``None`` unless ``bias``."""
+    """``(dW, db)``: ``db`` ``None`` unless ``bias``. ``dy``: one array or a tuple of equal parts
+    along the columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
+    parts = dy if isinstance(dy, tuple) else (dy,)
     batch, tokens, contraction = x.shape
-    columns = dy.shape[-1]
+    columns = sum(part.shape[-1] for part in parts)
     block_rows, block_k, block_n, num_warps, num_stages = tiles
     table, first_token = [], 0  # (first token, tokens, width) of each non-empty group
     for size, width in groups:
@@ -206,7 +217,7 @@ def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret, b
     if not table:
         return jnp.zeros((contraction, columns), jnp.float32), (jnp.zeros((columns,), jnp.float32) if bias else None)
     kernel = functools.partial(_weight_tile, table=tuple(table), batch=batch, tokens=tokens, side=side,
-                               blocks=(block_rows, block_k, block_n), splits=splits, bias=bias,
+                               blocks=(block_rows, block_k, block_n), splits=splits, bias=bias, parts=len(parts),
                                precision=dot_precision(precision))
     partial_sums = jax.ShapeDtypeStruct((splits * contraction, columns), jnp.float32)
     outputs = pl.pallas_call(
@@ -216,21 +227,41 @@ def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret, b
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name=weight_gradient_label(side, contraction, columns, batch, splits, groups, bias),
-    )(x.reshape(batch * tokens, contraction), dy.reshape(batch * tokens, columns))
+    )(x.reshape(batch * tokens, contraction), *(part.reshape(batch * tokens, -1) for part in parts))
     partial, column_sums = outputs if bias else (outputs, None)
     dw = jnp.sum(partial.reshape(splits, contraction, columns), axis=0)
     return dw, (None if column_sums is None else jnp.sum(column_sums, axis=0))
 
 
-def _weight_tile(x_ref, dy_ref, out_ref, *bias_ref, table, batch, tokens, side, blocks, splits, bias, precision):
+def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias, parts, precision):
     """One program: one ``block_k x block_n`` tile of ``dW`` over one chunk of every group's rows;
     with ``bias``, the programs of the first row tile also sum the ``dy`` columns they load
-    (``db``: an out-projection's loads are already cut at each group's width)."""
+    (``db``: an out-projection's loads are already cut at each group's width). ``dy`` comes in
+    ``parts`` equal column blocks (q, k and v's cotangents, not joined first): a column tile
+    reads the part it lies in."""
+    from jax.experimental import pallas as pl
+
+    dy_refs, out_refs = refs[:parts], refs[parts:]
+    part_width = dy_refs[0].shape[1]
+    program = tuple(pl.program_id(axis) for axis in range(3))  # (read here: Pallas' interpreter takes no
+    column_tile = program[2]                                    # program_id inside a branch)
+    tile = functools.partial(_weight_tile_of_part, x_ref, out_refs=out_refs, program=program, table=table,
+                             batch=batch, tokens=tokens, side=side, blocks=blocks, splits=splits, bias=bias,
+                             precision=precision)
+    if parts == 1:
+        return tile(dy_refs[0], 0)
+    for part, dy_ref in enumerate(dy_refs):
+        pl.when(column_tile * blocks[2] // part_width == part)(functools.partial(tile, dy_ref, part * part_width))
+
+
+def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, program, table, batch, tokens, side, blocks, splits, bias,
+                         precision):
+    """``_weight_tile`` with ``dy``'s columns ``[offset, offset + dy_ref's width)`` in ``dy_ref``."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
     block_rows, block_k, block_n = blocks
-    split, row_tile, column_tile = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    split, row_tile, column_tile = program
     features = row_tile * block_k + jnp.arange(block_k, dtype=jnp.int32)
     columns = column_tile * block_n + jnp.arange(block_n, dtype=jnp.int32)
     sums_here = row_tile == 0  # every group reaches dW's first row tile (widths are at least 1)
@@ -253,7 +284,7 @@ def _weight_tile(x_ref, dy_ref, out_ref, *bias_ref, table, batch, tokens, side, 
             rows = jnp.where(valid, rows, batch * tokens)  # past the array: masked
             a = pl_triton.load(x_ref.at[rows[:, None], features[None, :]],
                                mask=valid[:, None] & feature_mask[None, :], other=0)
-            g = pl_triton.load(dy_ref.at[rows[:, None], columns[None, :]],
+            g = pl_triton.load(dy_ref.at[rows[:, None], columns[None, :] - offset],
                                mask=valid[:, None] & column_mask[None, :], other=0)
             accumulator = accumulator + jax.lax.dot_general(a, g, (((0,), (0,)), ((), ())), precision=precision,
                                                             preferred_element_type=jnp.float32)
@@ -265,8 +296,8 @@ def _weight_tile(x_ref, dy_ref, out_ref, *bias_ref, table, batch, tokens, side, 
         carry = jax.lax.fori_loop(0, (high - low) * reaches.astype(jnp.int32), step, carry)
     accumulator, column_sums = carry
     out_rows = split * x_ref.shape[1] + features  # this split's (K, N) slice of the partial sums
-    pl_triton.store(out_ref.at[out_rows[:, None], columns[None, :]], accumulator)
+    pl_triton.store(out_refs[0].at[out_rows[:, None], columns[None, :]], accumulator)
     if bias:
         @pl.when(sums_here)
         def _store_column_sums():
-            pl_triton.store(bias_ref[0].at[split, columns], column_sums)
+            pl_triton.store(out_refs[1].at[split, columns], column_sums)

@@ -170,11 +170,19 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     * ``derivative``: ``(function, pre)``, side ``"in"``: the epilogue multiplies by
       ``function'(pre)`` (elementwise, in float32; ``pre`` ``(batch, tokens, N)``), so the dX
       kernel of an out-projection of ``function(pre)`` writes ``d pre`` directly.
+    * ``x`` a tuple of equal parts along the contraction, side ``"out"``, no ``norm``: each read
+      where it lies (the dX kernel of q/k/v reads their three cotangents, not a joined copy).
     """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
-    batch, tokens, contraction = x.shape
+    pieces = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    if len(pieces) > 1 and (side != "out" or norm is not None or pieces[0].shape[-1] % tiles[2]):
+        raise ValueError(f"`x` in parts needs side 'out', no `norm` and parts of whole contraction steps "
+                         f"({tiles[2]}); got side {side!r} and parts of {pieces[0].shape[-1]}.")
+    x = pieces[0]
+    batch, tokens = x.shape[:2]
+    contraction = len(pieces) * x.shape[-1]
     columns = w.shape[0] if transposed else w.shape[1]
     block_rows, block_cols, block_k, num_warps, num_stages = tiles
     # each group's row tiles, in order: (first tile, tokens, first token, width)
@@ -187,7 +195,7 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     if not table:  # every group empty: no tokens
         empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
         return empty if parts == 1 else (empty,) * parts
-    operands = [x.reshape(batch * tokens, contraction), w, b.reshape(1, columns)]
+    operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
     if residual is not None:
         operands.append(residual.reshape(batch * tokens, columns))
     if scale is not None:
@@ -200,7 +208,7 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=scale is not None,
         has_norm=norm is not None, parts=parts, precision=dot_precision(precision), transposed=transposed,
-        derivative_of=None if derivative is None else derivative[0],
+        derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces),
     )
     shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
     out = pl.pallas_call(
@@ -218,12 +226,13 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     return tuple(part.reshape(batch, tokens, columns // parts) for part in out)
 
 
-def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, activation, blocks, has_residual,
-                     has_scale, has_norm, parts, precision, transposed, derivative_of):
+def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_residual, has_scale, has_norm, parts,
+                     precision, transposed, derivative_of, input_parts):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
+    x_refs, (w_ref, b_ref), refs = refs[:input_parts], refs[input_parts:input_parts + 2], refs[input_parts + 2:]
     inputs, outputs = refs[:len(refs) - parts], refs[len(refs) - parts:]
     block_rows, block_cols, block_k = blocks
     column_tile, row_tile = pl.program_id(0), pl.program_id(1)
@@ -243,21 +252,21 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
     rows = jnp.where(valid, rows, batch * tokens)
     start = column_tile * block_cols
     columns = start + jnp.arange(block_cols, dtype=jnp.int32)
-    contraction = x_ref.shape[1]
-    if side == "in":  # the contraction stops at the group's width
+    part_contraction = x_refs[0].shape[1]
+    if side == "in":  # the contraction stops at the group's width (one part)
         steps, limit = (width + block_k - 1) // block_k, width
     else:  # column tiles past the group's width have nothing to compute
         # (a product, not jnp.where: Pallas' Triton lowering left the loop unverifiable with a select)
-        steps, limit = (start < width).astype(jnp.int32) * (contraction // block_k), contraction
+        steps, limit = (start < width).astype(jnp.int32) * (part_contraction // block_k), part_contraction
 
     if has_norm:  # the rows' LayerNorm statistics, loaded once per tile
         mean, rstd = (pl_triton.load(ref.at[0, rows], mask=valid, other=0) for ref in inputs[:2])
 
-    def step(k, accumulator):
+    def step(k, accumulator, x_ref, offset):
         inner = k * block_k + jnp.arange(block_k, dtype=jnp.int32)
         mask = valid[:, None] & (inner < limit)[None, :]
         tile = pl_triton.load(x_ref.at[rows[:, None], inner[None, :]], mask=mask, other=0)
-        contracted = pl.ds(pl.multiple_of(k * block_k, block_k), block_k)
+        contracted = pl.ds(pl.multiple_of(offset + k * block_k, block_k), block_k)  # the weights' rows
         if has_norm:  # the prologue: (x - mean) * (rstd * gamma) + beta, as normalized; zeros past the width
             gamma, beta = (ref[:, contracted] for ref in inputs[2:4])
             normed = (tile.astype(jnp.float32) - mean[:, None]) * (rstd[:, None] * gamma) + beta
@@ -269,7 +278,10 @@ def _projection_tile(x_ref, w_ref, b_ref, *refs, table, batch, tokens, side, act
         return accumulator + jnp.dot(tile, weights.astype(tile.dtype), precision=precision,
                                      preferred_element_type=jnp.float32)
 
-    accumulator = jax.lax.fori_loop(0, steps, step, jnp.zeros((block_rows, block_cols), jnp.float32))
+    accumulator = jnp.zeros((block_rows, block_cols), jnp.float32)
+    for part, x_ref in enumerate(x_refs):  # the contraction part by part (one part but for dX of q/k/v)
+        part_step = functools.partial(step, x_ref=x_ref, offset=part * part_contraction)
+        accumulator = jax.lax.fori_loop(0, steps, part_step, accumulator)
     accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)
     if side == "in":
         if activation is not None:
