@@ -7,7 +7,9 @@ in one launch (MoNE App. A.1 Eq. 5-7). Its gradients are grouped nested products
   ``dx[:, g, :d_g] = dy[:, g] @ W[:d_g]^T`` is an out-projection of ``dy`` (it writes only
   the group's first ``d_g`` features); an out-projection's ``dx[:, g] = dy[:, g, :d_g] @
   W[:, :d_g]^T`` is an in-projection (its contraction stops at ``d_g``). Both run through
-  ``grouped_projection``'s kernel.
+  ``grouped_projection``'s kernel, which reads ``W`` transposed tile by tile (no transposed
+  copy). fc2's takes the GELU's derivative in its epilogue (``input_activation``), so it
+  writes fc1's pre-activation cotangent: the GELU's backward pass is no separate pass.
 * **dW** (``grouped_weight_gradient``): ``dW[:d_g] += x_g[:, :d_g]^T dy_g`` (in) or
   ``dW[:, :d_g] += x_g^T dy_g[:, :d_g]`` (out), one launch for all groups. A program owns one
   ``block_k x block_n`` tile of ``dW``. It walks the groups whose width reaches its tile, and
@@ -17,13 +19,15 @@ in one launch (MoNE App. A.1 Eq. 5-7). Its gradients are grouped nested products
 * **db** (column sums of ``dy``; an out-projection's group ``g`` adds only its first ``d_g``
   columns) in the same launch (``bias=True``): the programs of ``dW``'s first row tile sum
   the ``dy`` tiles they load anyway, so ``dy`` is not read again for it.
+* q, k and v's cotangents (attention's backward pass writes three tensors) are read apart by
+  both kernels, never joined.
 * The LayerNorm prologue's vjp is XLA's.
 
 ``projection_gradients`` is the backward pass of a projection without an epilogue
 (``grouped_projection`` with no activation, residual or scale; with or without the LayerNorm
-prologue and ``parts``): the form ``layers.grouped_block`` takes in training, where XLA
-applies the GELU, the gate and the residual adds. ``plain_weight_gradient`` is ``dW`` with
-XLA's ops: the reference the kernel equals.
+prologue, ``parts`` and ``input_activation``): the form ``layers.grouped_block`` takes in
+training, where XLA applies the gate and the residual adds. ``plain_weight_gradient`` and
+``plain_bias_gradient`` are ``dW`` and ``db`` with XLA's ops: the references the kernel equals.
 """
 
 import functools

@@ -283,22 +283,8 @@ def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_
         part_step = functools.partial(step, x_ref=x_ref, offset=part * part_contraction)
         accumulator = jax.lax.fori_loop(0, steps, part_step, accumulator)
     accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)
-    if side == "in":
-        if activation is not None:
-            accumulator = activation(accumulator)
-        if derivative_of is not None:  # d pre = d out * function'(pre)
-            pre = pl_triton.load(inputs[-1].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
-            pre = pre.astype(jnp.float32)
-            accumulator = accumulator * jax.jvp(derivative_of, (pre,), (jnp.ones_like(pre),))[1]
-    else:
-        accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
-        if has_scale:
-            scale = pl_triton.load(inputs[-1].at[0, rows], mask=valid, other=0)
-            accumulator = accumulator * scale.astype(jnp.float32)[:, None]
-        if has_residual:
-            residual = pl_triton.load(inputs[0].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
-            accumulator = accumulator + residual.astype(jnp.float32)
-    accumulator = accumulator.astype(outputs[0].dtype)
+    accumulator = _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of,
+                            has_scale, has_residual).astype(outputs[0].dtype)
     if parts == 1:
         pl_triton.store(outputs[0].at[rows[:, None], columns[None, :]], accumulator, mask=valid[:, None])
         return
@@ -308,3 +294,27 @@ def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_
         def _store(out_ref=out_ref, part=part):
             inner = columns - part * width_of_part
             pl_triton.store(out_ref.at[rows[:, None], inner[None, :]], accumulator, mask=valid[:, None])
+
+
+def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of, has_scale,
+              has_residual):
+    """A program's float32 tile after its bias: an in-projection's activation or derivative, an
+    out-projection's zeros past the group's width, gate and residual."""
+    from jax.experimental.pallas import triton as pl_triton
+
+    if side == "in":
+        if activation is not None:
+            accumulator = activation(accumulator)
+        if derivative_of is not None:  # d pre = d out * function'(pre)
+            pre = pl_triton.load(inputs[-1].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
+            pre = pre.astype(jnp.float32)
+            accumulator = accumulator * jax.jvp(derivative_of, (pre,), (jnp.ones_like(pre),))[1]
+        return accumulator
+    accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
+    if has_scale:
+        scale = pl_triton.load(inputs[-1].at[0, rows], mask=valid, other=0)
+        accumulator = accumulator * scale.astype(jnp.float32)[:, None]
+    if has_residual:
+        residual = pl_triton.load(inputs[0].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
+        accumulator = accumulator + residual.astype(jnp.float32)
+    return accumulator
