@@ -269,6 +269,31 @@ def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_
             np.testing.assert_allclose(got, expected, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
 
 
+def test_stochastic_depth_trains_through_the_kernels_with_the_generic_paths_draws(monkeypatch):
+    """A MoNE ViT with stochastic depth (the ViViT recipes' 0.3) trains through the kernels:
+    its gradients equal the per-group form's, the same examples' branches dropped."""
+    from keras_mone import models
+    from keras_mone.kernels import grouped_projection as kernels
+    from keras_mone.layers import platform_forms
+
+    calls = []
+    original = kernels.grouped_projection
+    monkeypatch.setattr(kernels, "grouped_projection", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model = models.MoNEViTBackbone(**{**TINY, "drop_path_rate": 0.6}, capacity=0.3)
+    model.build((None, 32, 32, 3))
+    randomize_weights(model, seed=5)
+    x = images(batch=8)
+    results = {}
+    for form in ("grouped_kernel", "per_group"):
+        monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
+        results[form] = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables,
+                                  training=True)
+    assert calls  # the kernels ran in the training call
+    for got, expected in zip(results["grouped_kernel"], results["per_group"]):
+        if got is not None:
+            np.testing.assert_allclose(got, expected, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
+
+
 def test_the_roofline_counts_the_weight_gradients_work_from_its_name():
     from keras_mone.bench.hlo_kernels import _pallas_traffic
     from keras_mone.bench.kernel_profile import kind_of

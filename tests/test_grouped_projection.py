@@ -302,9 +302,10 @@ def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monk
 
 
 def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):
-    """Training calls take the kernels without their epilogues (XLA's GELU, gate and residual
-    adds: the kernels' backward passes are then grouped kernels) and give what an inference
-    call gives; a block with dropout or stochastic depth keeps one GEMM per group in training."""
+    """Training calls take the kernels without their epilogues (XLA's gate, stochastic depth
+    and residual adds; fc2 takes fc1's pre-activations: the kernels' backward passes are then
+    grouped kernels) and give what an inference call gives; a block with dropout keeps one GEMM
+    per group in training, and one with stochastic depth draws what the generic path draws."""
     from keras_mone.kernels import grouped_projection as kernels
     from keras_mone.layers.block import ViTBlock
 
@@ -327,14 +328,30 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     assert launches[4:] == [[], ["residual"], ["activation"], ["residual", "scale"]]
     for a, b in zip(trained, inferred):
         assert_f32_close(np.asarray(b), np.asarray(a), ulps=64)
-    for rates in (dict(dropout_rate=0.1), dict(drop_path_rate=0.1)):
-        launches.clear()
-        dropping = ViTBlock(32, 4, 64, gate="mone", **rates)
-        dropping.build((None, None, 32))
-        dropping(groups, widths=(8, 16), gates=gates, training=True)
-        assert launches == []
-        dropping(groups, widths=(8, 16), gates=gates, training=False)
-        assert len(launches) == 4
+    launches.clear()
+    dropping = ViTBlock(32, 4, 64, gate="mone", dropout_rate=0.1)
+    dropping.build((None, None, 32))
+    dropping(groups, widths=(8, 16), gates=gates, training=True)
+    assert launches == []
+    dropping(groups, widths=(8, 16), gates=gates, training=False)
+    assert len(launches) == 4
+
+    # stochastic depth: 8 examples at rate 0.5 (some branch dropped but with odds 2^-16)
+    groups, gates = [_normal(rng, 8, n, 32) for n in (4, 3)], [rng.random((8, n)).astype("float32") for n in (4, 3)]
+    depth = ViTBlock(32, 4, 64, gate="mone", drop_path_rate=0.5)
+    depth.build((None, None, 32))
+    state = np.asarray(depth.drop_path.seed_generator.state.value)
+    launches.clear()
+    with_kernels = depth(groups, widths=(8, 16), gates=gates, training=True)
+    assert launches == [[]] * 4
+    depth.drop_path.seed_generator.state.assign(state)
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "per_group")
+    generic = depth(groups, widths=(8, 16), gates=gates, training=True)
+    assert launches == [[]] * 4
+    for a, b in zip(with_kernels, generic):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * float(np.abs(np.asarray(b)).max()))
+    unchanged = depth(groups, widths=(8, 16), gates=gates, training=False)
+    assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3 for a, b in zip(generic, unchanged))
 
 
 def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeypatch):

@@ -19,12 +19,13 @@ The outputs are the groups again, cut from one tensor. Blocks the kernels do not
 the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
 without biases, the "score" gate, attention weights asked for, groups all at full width,
 widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), models under a
-Keras distribution, and training calls of blocks with dropout or stochastic depth.
+Keras distribution, and training calls of blocks with dropout (stochastic depth is XLA's
+epilogue in training).
 
-Training calls (``training=True``, without dropout or stochastic depth) take the kernels
+Training calls (``training=True``, without dropout) take the kernels
 without their epilogues: fc1 writes its pre-activations, fc2 applies the GELU to them first
 (``input_activation``: XLA's elementwise pass, float32 arithmetic like the kernels' epilogue,
-the result in the compute dtype), and XLA applies the gate and the residual adds. Each
+the result in the compute dtype), and XLA applies the gate, stochastic depth and the residual adds. Each
 kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``: dX by the
 transposed weights, fc2's with the GELU's derivative in its epilogue; dW and db by one
 weight-gradient launch). With the fused epilogues the backward passes recompute the
@@ -57,7 +58,7 @@ def kernel_block_applies(block, groups, widths, gates, training=None, return_rec
         return False  # (a sharded model: XLA's GEMMs, which the distribution's layouts reach)
     if block.gate not in (None, "mone") or not block.attention.use_bias:
         return False
-    if training and (block.dropout_rate or block.drop_path_rate):  # (dropout and stochastic depth: XLA's path)
+    if training and block.dropout_rate:  # (dropout inside attention and the MLP: XLA's path)
         return False
     return not any(isinstance(g, keras.KerasTensor) for g in groups)
 
@@ -84,7 +85,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
             return grouped_projection(x, kernel, bias, layout, side, residual=residual, scale=scale,
                                       interpret=interpret, **options)
         out = grouped_projection(x, kernel, bias, layout, side, interpret=interpret, **options)
-        return _epilogue(out, residual, scale)
+        return _epilogue(out, residual, scale, block.drop_path)
 
     def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the kernel's prologue where it can
         prologue = _prologue(norm, x)
@@ -111,11 +112,15 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
 
 
-def _epilogue(out, residual, scale):
-    """The out-projections' epilogue by XLA (training): ``residual + scale * out`` in the
-    compute dtype, as the generic path computes it, so that autodiff reaches the gate."""
+def _epilogue(out, residual, scale, drop_path):
+    """The out-projections' epilogue by XLA (training): ``residual + drop_path(scale * out)`` in
+    the compute dtype, as the generic path computes it, so that autodiff reaches the gate.
+    ``drop_path``: the block's stochastic depth, one draw per example for all its tokens (the
+    generic path's draw over its groups: the same shape, so the same draws)."""
+    if residual is None:
+        return out
     out = out if scale is None else out * ops.cast(scale, out.dtype)[..., None]
-    return out if residual is None else residual + out
+    return residual + drop_path(out, training=True)
 
 
 def _prologue(norm, x):
