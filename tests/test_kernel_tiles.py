@@ -72,3 +72,15 @@ def test_bad_tiles_name_the_argument(arguments, message):
 def test_an_unknown_kernel_is_named():
     with pytest.raises(ValueError, match=r"`kernel` must be one of \['mlp', 'residual', 'triton'\], got 'pallas'"):
         tiles.default_tiles(96, 3072, 2, "pallas")
+
+
+def test_launchable_is_every_kernels_tile_check():
+    from keras_mone.kernels.tiles import launchable
+
+    assert launchable((64, 64, 4, 2), blocks=2) and launchable((128, 128, 64, 8, 3), blocks=3)
+    assert not launchable((64, 64, 4, 2), blocks=3)  # a field short
+    assert not launchable((64, 8, 4, 2), blocks=2)  # a block under Triton's smallest dot
+    assert not launchable((64, 48, 4, 2), blocks=2)  # a block not a power of 2
+    assert not launchable((64, 64, 6, 2), blocks=2)  # warps not a power of 2
+    assert not launchable((64, 64, 4, 0), blocks=2)  # no stage
+    assert not launchable((64, 64.0, 4, 2), blocks=2) and not launchable([64, 64, 4, 2], blocks=2)

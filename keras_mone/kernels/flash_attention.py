@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.precision import dot_precision, precision_context, precision_name
+from keras_mone.kernels.tiles import launchable
 
 
 def plain_attention(query, key, value):
@@ -97,8 +98,7 @@ def check_inputs(query, key, value):
 
 def check_tiles(tiles):
     """Raises ``ValueError`` naming what is wrong with ``tiles``."""
-    powers = len(tiles) == 4 and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tiles[:3])
-    if not powers or not isinstance(tiles[3], int) or tiles[3] < 1 or min(tiles[:2]) < 16:
+    if not launchable(tuple(tiles), blocks=2):
         raise ValueError(f"`tiles` must be (block_q, block_k, num_warps, num_stages): powers of 2, both blocks "
                          f"at least 16 (Triton's dot), and a positive stage count; got {tiles!r}.")
 

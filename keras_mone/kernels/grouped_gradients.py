@@ -40,6 +40,7 @@ from keras_mone.kernels.grouped_kernel import (
     checked_groups, default_tiles, largest_power_of_2_dividing, normalized, pallas_projection, tile_override,
 )
 from keras_mone.kernels.precision import dot_precision
+from keras_mone.kernels.tiles import launchable
 
 TARGET_PROGRAMS = 264
 """Programs a weight-gradient launch aims at (two per streaming multiprocessor of an H100 or
@@ -134,8 +135,7 @@ def default_splits(contraction, columns, tiles):
 
 def check_weight_tiles(tiles, contraction, columns):
     """Raises ``ValueError`` naming what is wrong with ``tiles`` for a ``(K, N)`` weight."""
-    powers = len(tiles) == 5 and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tiles[:4])
-    if not powers or not isinstance(tiles[4], int) or tiles[4] < 1 or min(tiles[:3]) < 16:
+    if not launchable(tuple(tiles), blocks=3):
         raise ValueError(f"`tiles` must be (block_rows, block_k, block_n, num_warps, num_stages): four powers of 2, "
                          f"blocks of at least 16, and a positive stage count; got {tiles!r}.")
     if contraction % tiles[1] or columns % tiles[2]:

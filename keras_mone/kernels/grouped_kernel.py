@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.precision import dot_precision
+from keras_mone.kernels.tiles import launchable
 
 SIDES = ("in", "out")
 TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
@@ -60,13 +61,10 @@ def tile_override(contraction, columns):
 
 def check_tiles(tiles, contraction, columns):
     """Raises ``ValueError`` naming what is wrong with ``tiles`` for a ``(K, N)`` kernel."""
-    powers = len(tiles) == 5 and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tiles[:4])
-    if not powers or not isinstance(tiles[4], int) or tiles[4] < 1:
+    if not launchable(tuple(tiles), blocks=3):
         raise ValueError(f"`tiles` must be (block_rows, block_cols, block_k, num_warps, num_stages): four powers "
-                         f"of 2 and a positive stage count, got {tiles!r}.")
-    block_rows, block_cols, block_k = tiles[:3]
-    if block_rows < 16 or block_cols < 16 or block_k < 16:
-        raise ValueError(f"`tiles`' blocks must be at least 16 (Triton's dot), got {tiles[:3]}.")
+                         f"of 2, blocks of at least 16 (Triton's dot), and a positive stage count; got {tiles!r}.")
+    block_cols, block_k = tiles[1:3]
     if columns % block_cols or contraction % block_k:
         raise ValueError(f"`tiles`' block_cols ({block_cols}) must divide N = {columns} and block_k ({block_k}) "
                          f"divide K = {contraction}.")

@@ -2,7 +2,9 @@
 
 Pure Python, no framework: ``fused_nested_mlp`` and ``fused_residual_mlp`` (Pallas, jax) and
 ``triton_nested_mlp`` (Triton, torch) take their tiles here; ``bench.hlo_kernels`` reads a
-compiled kernel's products and traffic from its name (``kernel_name``).
+compiled kernel's products and traffic from its name (``kernel_name``). ``launchable`` is the
+check every Triton launch setting here passes (the grouped projections', their gradients' and
+flash attention's too).
 """
 
 import os
@@ -10,6 +12,16 @@ import re
 
 MIN_CHUNK = 16
 """The smallest feature chunk a tensor-core ``dot`` takes (Triton: K >= 16)."""
+
+
+def launchable(tiles, blocks):
+    """Whether ``tiles`` reads as ``blocks`` block sizes, a warp count and a stage count: the
+    blocks and the warps powers of 2, the blocks at least ``MIN_CHUNK``, the stages a positive
+    int. Each kernel's check raises its own message, naming its tuple's fields."""
+    if not isinstance(tiles, tuple) or len(tiles) != blocks + 2 or not all(isinstance(t, int) for t in tiles):
+        return False
+    powers = all(t > 0 and t & (t - 1) == 0 for t in tiles[:blocks + 1])
+    return powers and min(tiles[:blocks]) >= MIN_CHUNK and tiles[-1] >= 1
 
 
 def feature_chunk(width):
