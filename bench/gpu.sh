@@ -54,6 +54,10 @@
 #  forms_vit_bf16    ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256, timm peer, profile
 #  forms_vit_f32     the same in float32 at batch 64
 #  forms_vit_train   training steps, mixed_bfloat16, batch 128
+#  weight_gradient_tiles  the training step's grouped weight-gradient kernel (dW and db of each nested
+#                    weight in one launch) timed against XLA's per-group products, each setting checked
+#                    first (bench/weight_gradient_tiles.py, bf16, batch 128); its winners become
+#                    KERAS_MONE_WEIGHT_GRADIENT_TILES for forms_vit_train_grouped
 #  forms_vit_train_grouped  the same, present against grouped_kernel (its backward passes grouped kernels too)
 #  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
 #  forms_vit_bf16_tanh  batch 256, both models with the tanh GELU of the AugReg presets (--gelu-approximate)
@@ -90,6 +94,7 @@
 # FORMS_VIVIT (the forms of each sweep), FORMS_EXTRA (appended to every sweep), TORCH_COMPILE=1
 # (run 4 also under torch.compile, default and reduce-overhead: adds minutes), WHEELS, and
 # FORMS_GROUPED / FORMS_GROUPED_F32 (the forms of the bf16 / float32 *_grouped sweeps), GROUPED_TILES_ARGS (for bench/grouped_tiles.py),
+# WEIGHT_TILES_ARGS (for bench/weight_gradient_tiles.py),
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
 # EXTRA_ARGS, appended to every run (the last of a repeated option wins), e.g.
@@ -259,9 +264,17 @@ TIMEOUT_forms_vit_train="${TIMEOUT_forms_vit_train:-240}"  # one form took 77 s;
 forms forms_vit_bf16 --batch-sizes 64,256 --forms "$FORMS" --profile --timm
 forms forms_vit_f32 --batch-sizes 64 --precision float32 --forms "${FORMS_F32:-present,library_gelu+patch_conv}" --timm
 forms forms_vit_train --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN:-present,keras_statistics}"
-# the training step through the grouped kernels, forward and backward (kernels.grouped_gradients)
+# the training step through the grouped kernels, forward and backward (kernels.grouped_gradients): the
+# weight-gradient kernel's tiles first (a KERAS_MONE_WEIGHT_GRADIENT_TILES set beforehand wins)
+# shellcheck disable=SC2086  # WEIGHT_TILES_ARGS: one word per argument
+script_run weight_gradient_tiles "best|no tile setting|KERAS_MONE_WEIGHT_GRADIENT_TILES" \
+    env KERAS_BACKEND=jax "$PYTHON" "$ROOT/bench/weight_gradient_tiles.py" ${WEIGHT_TILES_ARGS:---budget 80}
+weight_tiles=$(grep -o 'KERAS_MONE_WEIGHT_GRADIENT_TILES="[^"]*"' "$OUT_DIR/weight_gradient_tiles.md" 2>/dev/null \
+    | cut -d'"' -f2)
 TIMEOUT_forms_vit_train_grouped="${TIMEOUT_forms_vit_train_grouped:-240}"
-forms forms_vit_train_grouped --batch-sizes "" --train-batch 128 --train-forms "${FORMS_TRAIN_GROUPED:-present,grouped_kernel}"
+KERAS_MONE_WEIGHT_GRADIENT_TILES="${KERAS_MONE_WEIGHT_GRADIENT_TILES:-$weight_tiles}" \
+    forms forms_vit_train_grouped --batch-sizes "" --train-batch 128 \
+    --train-forms "${FORMS_TRAIN_GROUPED:-present,grouped_kernel}"
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present}"

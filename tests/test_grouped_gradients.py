@@ -208,6 +208,31 @@ def test_projections_without_an_epilogue_differentiate_through_the_grouped_kerne
         assert_f32_close(np.asarray(got), np.asarray(expected), ulps=64)
 
 
+def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch):
+    """``$KERAS_MONE_WEIGHT_GRADIENT_TILES`` (a card's screen, ``bench/weight_gradient_tiles.py``)
+    names tiles per weight shape; q/k/v's entry is keyed by the whole weight, its tiles checked
+    against one part; a malformed or unlaunchable entry is refused naming the variable."""
+    from keras_mone.kernels import grouped_gradients
+
+    seen = []
+    original = grouped_gradients._weight_gradient
+    monkeypatch.setattr(grouped_gradients, "_weight_gradient", lambda *a: seen.append(a[4]) or original(*a))
+    rng = np.random.default_rng(9)
+    layout = ((5, 16), (7, 48), (2, 64))
+    x, parts = _normal(rng, 2, 14, 64), tuple(_normal(rng, 2, 14, 32) for _ in range(3))
+    expected = grouped_gradients.grouped_weight_gradient(x, parts, layout, "in", interpret=True)
+    monkeypatch.setenv(grouped_gradients.WEIGHT_TILES_ENV, "64x32=16,16,16,4,2;64x96=16,32,32,4,1")
+    got = grouped_gradients.grouped_weight_gradient(x, parts, layout, "in", interpret=True)
+    assert seen[-1] == (16, 32, 32, 4, 1)
+    assert_f32_close(np.asarray(got), np.asarray(expected), ulps=64)
+    monkeypatch.setenv(grouped_gradients.WEIGHT_TILES_ENV, "64x96=16,32,64,4,1")  # 64 does not divide a part (32)
+    with pytest.raises(ValueError, match=r"block_n \(64\) divide N = 32"):
+        grouped_gradients.grouped_weight_gradient(x, parts, layout, "in", interpret=True)
+    monkeypatch.setenv(grouped_gradients.WEIGHT_TILES_ENV, "64x96:16,32")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_WEIGHT_GRADIENT_TILES entries must read"):
+        grouped_gradients.grouped_weight_gradient(x, parts, layout, "in", interpret=True)
+
+
 def test_bad_arguments_are_named():
     from keras_mone.kernels.grouped_gradients import grouped_weight_gradient
 

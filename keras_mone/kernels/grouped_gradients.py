@@ -42,6 +42,11 @@ from keras_mone.kernels.grouped_kernel import (
 from keras_mone.kernels.precision import dot_precision
 from keras_mone.kernels.tiles import launchable
 
+WEIGHT_TILES_ENV = "KERAS_MONE_WEIGHT_GRADIENT_TILES"
+"""Tiles per weight shape, e.g. ``768x3072=64,128,128,8,3;3072x768=32,128,64,4,3`` (``(K, N)`` of
+the weight; the values ``grouped_weight_gradient``'s ``tiles``): taken where a call gives
+none. ``bench/weight_gradient_tiles.py`` prints a card's winners in this form."""
+
 TARGET_PROGRAMS = 264
 """Programs a weight-gradient launch aims at (two per streaming multiprocessor of an H100 or
 H200): ``default_splits`` cuts the token rows into as many chunks as that takes."""
@@ -90,7 +95,8 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
     Args: those of ``plain_weight_gradient``, and
         tiles: ``(block_rows, block_k, block_n, num_warps, num_stages)`` (the first four powers
             of 2, blocks of at least 16; ``block_k`` must divide K and ``block_n`` divide N);
-            ``None``: ``default_weight_tiles``.
+            ``None``: those ``$KERAS_MONE_WEIGHT_GRADIENT_TILES`` names for ``(K, N)``, else
+            ``default_weight_tiles``.
         splits: chunks of each group's token rows, summed by XLA afterwards; ``None``:
             ``default_splits``.
         precision: ``"default"`` or ``"highest"`` (``kernels.precision``).
@@ -109,8 +115,13 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
     # the projection's checks of groups and side, on the weight's shape only (nothing allocated)
     weight = jax.ShapeDtypeStruct((x.shape[-1], columns), x.dtype)
     groups = checked_groups(x, weight, jax.ShapeDtypeStruct((columns,), x.dtype), groups, side)
-    tiles = default_weight_tiles(x.shape[-1], parts[0].shape[-1], x.dtype) if tiles is None else tuple(tiles)
-    check_weight_tiles(tiles, x.shape[-1], parts[0].shape[-1])
+    part_width = parts[0].shape[-1]
+    if tiles is None:
+        check = (lambda tiles, k, n: check_weight_tiles(tiles, k, part_width))
+        tiles = (tile_override(x.shape[-1], columns, WEIGHT_TILES_ENV, check)
+                 or default_weight_tiles(x.shape[-1], part_width, x.dtype))
+    tiles = tuple(tiles)
+    check_weight_tiles(tiles, x.shape[-1], part_width)
     splits = default_splits(x.shape[-1], columns, tiles) if splits is None else splits
     if not isinstance(splits, int) or splits < 1:
         raise ValueError(f"`splits` must be a positive int, got {splits!r}.")

@@ -40,21 +40,22 @@ def default_tiles(contraction, columns, dtype):
     return (128, block_cols, block_k, 8, 3)
 
 
-def tile_override(contraction, columns):
-    """The tiles ``$KERAS_MONE_PROJECTION_TILES`` names for a ``(K, N)`` kernel, or ``None``
-    (``TILES_ENV``); a malformed entry raises ``ValueError`` naming the variable."""
+def tile_override(contraction, columns, variable=TILES_ENV, check=None):
+    """The tiles the environment ``variable`` (``$KERAS_MONE_PROJECTION_TILES``) names for a
+    ``(K, N)`` kernel, or ``None``; a malformed entry raises ``ValueError`` naming the variable.
+    ``check(tiles, K, N)`` raises for tiles the kernel cannot take (default ``check_tiles``)."""
     import os
 
-    for entry in os.environ.get(TILES_ENV, "").replace(";", " ").split():
+    for entry in os.environ.get(variable, "").replace(";", " ").split():
         shape, _, values = entry.partition("=")
         try:
             k, n = (int(v) for v in shape.split("x"))
             tiles = tuple(int(v) for v in values.split(","))
         except ValueError:
-            raise ValueError(f"${TILES_ENV} entries must read KxN=rows,cols,k,warps,stages (e.g. "
+            raise ValueError(f"${variable} entries must read KxN=five,comma,separated,ints (e.g. "
                              f"768x2304=64,128,64,4,3), got {entry!r}.") from None
         if (k, n) == (contraction, columns):
-            check_tiles(tiles, contraction, columns)
+            (check or check_tiles)(tiles, contraction, columns)
             return tiles
     return None
 

@@ -1,0 +1,144 @@
+"""Tile settings of the grouped weight-gradient kernel against XLA's per-group products, timed on this device (jax).
+
+The training step through the grouped kernels (``$KERAS_MONE_PROJECTIONS=grouped_kernel``)
+computes each nested projection's ``dW`` and ``db`` in one launch over all token groups
+(``kernels.grouped_gradients.grouped_weight_gradient``, ``bias=True``). Its default tiles were
+chosen from the code compiled for sm_90 without a card (wgmma, no spills: BENCHMARKS.md).
+This times the four weights of a ViT-B/16 block (q/k/v with its cotangent in three parts, the
+attention's out-projection, fc1, fc2) at MoNE-ViT-B/16's token groups at e_c 0.3 and the
+training batch 128, for the default tiles and a list of others, against
+``plain_weight_gradient`` and ``plain_bias_gradient`` compiled by XLA (one product and one
+reduction per group), and prints the fastest tiles of each weight as a
+``$KERAS_MONE_WEIGHT_GRADIENT_TILES`` value, which ``bench/gpu_forms.py --train-forms
+grouped_kernel`` then times in the training step. Each setting's ``dW`` and ``db`` are checked
+against XLA's first; a setting off by more than the bound is listed as wrong and never chosen,
+one the compiler rejects as failed. ``--budget`` bounds the sweep's seconds (a quarter per weight).
+
+    KERAS_BACKEND=jax python bench/weight_gradient_tiles.py                          # a GPU
+    KERAS_BACKEND=jax python bench/weight_gradient_tiles.py --batch-size 2 --dim 32 --hidden 64 \\
+        --groups 5x4,3x8,2x16,1x32 --repeats 1 --tiles 16,16,32,4,2                  # a CPU smoke test
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from grouped_tiles import GROUPS
+from kernel_check import BOUNDS, GPU_BOUNDS
+from kernel_tiles import median_ms, timed_setting
+
+from keras_mone.kernels.grouped_gradients import (
+    WEIGHT_TILES_ENV, check_weight_tiles, default_weight_tiles, grouped_weight_gradient, plain_bias_gradient,
+    plain_weight_gradient,
+)
+
+CANDIDATES = [(64, 128, 128, 8, 2), (128, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 128, 64, 4, 3),
+              (64, 64, 128, 4, 3), (64, 64, 64, 4, 3), (128, 64, 128, 8, 3), (64, 128, 256, 8, 3)]
+"""Timed after each weight's default (``default_weight_tiles``: 64 token rows into a 128 x 128
+tile of ``dW`` on 8 warps, 3 stages): 32-128 rows per step, 64-256-wide tiles of ``dW`` on one
+or two warpgroups, 2-3 stages. Not compiled for sm_90 beforehand: a setting that does not
+compile is listed as failed."""
+
+
+def weights(dim, hidden):
+    """``[(label, side, K, N, parts)]`` of a ViT block's four nested weights."""
+    return [("q/k/v", "in", dim, 3 * dim, 3), ("attention out", "out", dim, dim, 1), ("fc1", "in", dim, hidden, 1),
+            ("fc2", "out", hidden, dim, 1)]
+
+
+def sweep(batch, groups, weight, candidates, dtype, repeats, interpret, deadline, log):
+    """``[(tiles, ms or None, error or None, note)]`` for one weight, XLA's path first."""
+    label, side, contraction, columns, parts = weight
+    groups = groups if side == "in" else tuple((size, min(width, columns)) for size, width in groups)
+    tokens = sum(size for size, _ in groups)
+    keys = jax.random.split(jax.random.PRNGKey(0), 1 + parts)
+    x = jax.random.normal(keys[0], (batch, tokens, contraction), dtype)
+    cotangents = [jax.random.normal(key, (batch, tokens, columns // parts), dtype) for key in keys[1:]]
+    arguments = (x, *cotangents)
+
+    def plain(x, *dy):  # dW and db as one vector, so that one number says how far a setting lies
+        dy = dy[0] if parts == 1 else jnp.concatenate(dy, axis=-1)
+        return jnp.concatenate([plain_weight_gradient(x, dy, groups, side).ravel(),
+                                plain_bias_gradient(dy, groups, side)])
+
+    def kernel(tiles):
+        check_weight_tiles(tiles, contraction, columns // parts)
+
+        def run(x, *dy):
+            dw, db = grouped_weight_gradient(x, dy if parts > 1 else dy[0], groups, side, tiles=tiles, bias=True,
+                                             interpret=interpret)
+            return jnp.concatenate([dw.ravel(), db])
+        return jax.jit(run)
+
+    plain = jax.jit(plain)
+    expected = plain(*arguments)
+    bound = (BOUNDS if interpret else GPU_BOUNDS)["float32"]  # float32 sums of the same products
+    results = [("plain (XLA)", median_ms(plain, arguments, repeats), 0.0, "")]
+    log(f"{label}: plain {results[0][1]:.3f} ms")
+    default = default_weight_tiles(contraction, columns // parts, dtype)
+    for tiles in dict.fromkeys([default, *candidates]):
+        if time.monotonic() > deadline and tiles != default:
+            results.append((tiles, None, None, "not timed: --budget spent"))
+            continue
+        ms, error, note = timed_setting(lambda t=tiles: kernel(t), arguments, expected, bound, repeats,
+                                        tiles == default)
+        results.append((tiles, ms, error, note))
+        log(f"{label} {tiles}: {'-' if ms is None else f'{ms:.3f} ms'} {note}")
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--groups", default=GROUPS, help="tokens x width per group, in token order")
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tiles", default=None, help="settings to time after the default, rows,k,n,warps,"
+                        "stages separated by ';' (default: CANDIDATES)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--budget", type=float, default=math.inf,
+                        help="seconds, shared equally by the four weights; each weight's settings past its share "
+                        "are listed untimed (its default always timed)")
+    args = parser.parse_args(argv)
+    if not args.budget >= 0:  # NaN included
+        parser.error(f"--budget must be a number of seconds >= 0, got {args.budget}")
+    groups = tuple(tuple(int(v) for v in pair.split("x")) for pair in args.groups.split(","))
+    candidates = CANDIDATES if args.tiles is None else [
+        tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry]
+    interpret = jax.default_backend() != "gpu"
+    log = (lambda message: print(f"[weight_gradient_tiles] {message}", file=sys.stderr, flush=True))
+    device = jax.devices()[0].device_kind if not interpret else "cpu (interpreted)"
+    print(f"Weight-gradient tiles on {device}, jax {jax.__version__}, {args.dtype}, batch {args.batch_size}, "
+          f"groups {args.groups}, D={args.dim}, H={args.hidden}, medians of {args.repeats}; "
+          f"`KERAS_BACKEND=jax python bench/weight_gradient_tiles.py "
+          f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    print("| weight | K x N | tiles (rows, k, n, warps, stages) | ms | XLA / kernel | error / max value | note |\n"
+          "|---|---|---|---|---|---|---|")
+    best = []
+    for weight in weights(args.dim, args.hidden):
+        label, _, contraction, columns, _ = weight
+        shape = f"{contraction}x{columns}"
+        deadline = time.monotonic() + args.budget / 4
+        results = sweep(args.batch_size, groups, weight, candidates, jnp.dtype(args.dtype), args.repeats, interpret,
+                        deadline, log)
+        plain_ms = results[0][1]
+        for tiles, ms, error, note in results:
+            ratio = "" if ms is None else f"{plain_ms / ms:.2f}"
+            shown = "" if error is None else f"{error:.1e}"
+            print(f"| {label} | {shape} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {shown} | {note} |")
+        timed = [(ms, tiles) for tiles, ms, _, note in results[1:] if ms is not None and not note.startswith("wrong")]
+        if not timed:
+            print(f"| {label} | {shape} | **no tile setting both ran and matched XLA's path**: the defaults stay | | | | |")
+            continue
+        ms, tiles = min(timed)
+        print(f"| {label} | {shape} | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | | |")
+        best.append(f"{shape}={','.join(map(str, tiles))}")
+    print(f"\n{WEIGHT_TILES_ENV}=\"{';'.join(best)}\"")
+
+
+if __name__ == "__main__":
+    main()
