@@ -72,6 +72,37 @@ def test_the_bias_gradient_comes_from_the_weight_gradients_launch(side, layout, 
     assert_f32_close(np.asarray(dw), _numpy_weight_gradient(x, dy, layout, side), ulps=64)
 
 
+def test_the_weight_gradient_normalises_its_rows_with_the_layernorms_prologue():
+    """``norm``: ``x`` normalised tile by tile as loaded (the normalised tokens never written for
+    it) gives what ``normalized(x)`` gives, at several splits and in bf16; one Triton call for
+    CUDA; the prologue refused on side "out" and with misshapen statistics, by name."""
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.cuda_lowering import TRITON_CALL, lower_for_cuda
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient
+    from keras_mone.kernels.grouped_kernel import normalized
+
+    rng = np.random.default_rng(10)
+    layout = ((5, 16), (0, 32), (7, 48), (2, 64))
+    x, dy = 2.0 + _normal(rng, 3, 14, 64), _normal(rng, 3, 14, 96)
+    norm = (x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6), 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64))
+    for dtype, splits in (("float32", 1), ("float32", 3), ("bfloat16", 2)):
+        rows, upstream = jnp.asarray(x, dtype), jnp.asarray(dy, dtype)
+        got = grouped_weight_gradient(rows, upstream, layout, "in", tiles=SMALL, splits=splits, interpret=True,
+                                      bias=True, norm=norm)
+        expected = grouped_weight_gradient(normalized(rows, *norm), upstream, layout, "in", tiles=SMALL,
+                                           splits=splits, interpret=True, bias=True)
+        for got_one, expected_one in zip(got, expected):  # the same rounded rows, the same sums
+            assert_f32_close(np.asarray(got_one), np.asarray(expected_one), ulps=8)
+    text = lower_for_cuda(lambda x, dy, *norm: grouped_weight_gradient(x, dy, layout, "in", tiles=SMALL, norm=norm),
+                          x, dy, *norm)
+    assert text.count(TRITON_CALL) == 1 and "weight_gradient_norm_k64" in text
+    with pytest.raises(ValueError, match="`norm` belongs to side 'in'"):
+        grouped_weight_gradient(x, dy[..., :64], ((5, 16), (9, 48)), "out", interpret=True, norm=norm)
+    with pytest.raises(ValueError, match="`norm` belongs to side 'in'"):
+        grouped_weight_gradient(x, dy, layout, "in", interpret=True, norm=norm[:3])
+
+
 def test_the_weight_gradient_reads_dy_in_parts():
     """q, k and v's cotangents as three parts: ``dW`` and ``db`` equal those of the joined ``dy``,
     and the launch lowers to one Triton call; parts of unequal shapes are refused by name."""
@@ -216,7 +247,7 @@ def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch
 
     seen = []
     original = grouped_gradients._weight_gradient
-    monkeypatch.setattr(grouped_gradients, "_weight_gradient", lambda *a: seen.append(a[4]) or original(*a))
+    monkeypatch.setattr(grouped_gradients, "_weight_gradient", lambda *a: seen.append(a[5]) or original(*a))
     rng = np.random.default_rng(9)
     layout = ((5, 16), (7, 48), (2, 64))
     x, parts = _normal(rng, 2, 14, 64), tuple(_normal(rng, 2, 14, 32) for _ in range(3))
@@ -338,6 +369,11 @@ def test_the_roofline_counts_the_weight_gradients_work_from_its_name():
     with_bias = weight_gradient_label("out", 3072, 768, 128, 2, groups, bias=True)
     assert with_bias.startswith("grouped_out_weight_gradient_bias_k3072")
     assert labelled_cost(with_bias, 2)[1] == labelled_cost(out, 2)[1] + 4 * 2 * 768
+    # a LayerNorm prologue: float32 statistics per row and weights per feature
+    normed = weight_gradient_label("in", 768, 3072, 128, 2, groups, bias=True, norm=True)
+    assert "_weight_gradient_norm_bias_k768" in normed
+    extra = labelled_cost(normed, 2)[1] - labelled_cost(name, 2)[1]
+    assert extra == 4 * 2 * 3072 + 4 * (2 * 128 * 196 + 2 * 768)
 
 
 def test_the_roofline_counts_a_derivative_epilogues_reads():

@@ -89,7 +89,7 @@ def plain_bias_gradient(dy, groups, side):
 
 
 def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precision="default", interpret=False,
-                            bias=False):
+                            bias=False, norm=None):
     """``plain_weight_gradient`` as one Pallas kernel launch (see the module docstring).
 
     Args: those of ``plain_weight_gradient``, and
@@ -102,6 +102,9 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
         precision: ``"default"`` or ``"highest"`` (``kernels.precision``).
         interpret: run through Pallas' interpreter (no accelerator needed).
         bias: also return ``plain_bias_gradient`` from the same launch: ``(dW, db)``.
+        norm: side ``"in"``: ``(mean, rstd, gamma, beta)`` of the LayerNorm before the
+            projection (``grouped_projection``'s ``norm``): ``x`` is normalised tile by tile as
+            it is loaded (``normalized``), so the normalised tokens are not written for it.
 
     ``dy`` may also be a tuple of equal parts along its columns (q, k and v's cotangents): the
     kernel reads each where a column tile lies, without a joined copy (each part's width a
@@ -126,7 +129,14 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
     if not isinstance(splits, int) or splits < 1:
         raise ValueError(f"`splits` must be a positive int, got {splits!r}.")
     dy = parts if len(parts) > 1 else parts[0]
-    dw, db = _weight_gradient(x, dy, groups, side, tiles, splits, precision, bool(interpret), bool(bias))
+    if norm is not None:
+        shapes = [tuple(t.shape) for t in norm] if len(norm) == 4 else None
+        if side != "in" or shapes != [x.shape[:2], x.shape[:2], x.shape[2:], x.shape[2:]]:
+            raise ValueError(f"`norm` belongs to side 'in' and must be (mean, rstd, gamma, beta) of shapes "
+                             f"{x.shape[:2]}, {x.shape[:2]}, {x.shape[2:]}, {x.shape[2:]}; got side {side!r} and "
+                             f"{shapes or norm!r}.")
+        norm = tuple(t.astype(jnp.float32) for t in norm)
+    dw, db = _weight_gradient(x, dy, norm, groups, side, tiles, splits, precision, bool(interpret), bool(bias))
     return (dw, db) if bias else dw
 
 
@@ -154,14 +164,15 @@ def check_weight_tiles(tiles, contraction, columns):
                          f"divide N = {columns}.")
 
 
-def weight_gradient_label(side, contraction, columns, batch, splits, groups, bias=False):
+def weight_gradient_label(side, contraction, columns, batch, splits, groups, bias=False, norm=False):
     """The name the weight-gradient kernel is compiled under, from which a program's reader
     counts its work (``labelled_cost``): ``grouped_in_weight_gradient_bias_k768_n3072_b128_s2_g84x96_...``."""
     layout = "_".join(f"{size}x{width}" for size, width in groups)
-    return f"grouped_{side}_weight_gradient{'_bias' * bias}_k{contraction}_n{columns}_b{batch}_s{splits}_g{layout}"
+    features = "_norm" * bool(norm) + "_bias" * bool(bias)
+    return f"grouped_{side}_weight_gradient{features}_k{contraction}_n{columns}_b{batch}_s{splits}_g{layout}"
 
 
-_LABEL = re.compile(r"grouped_(in|out)_weight_gradient(_bias)?_k(\d+)_n(\d+)_b(\d+)_s(\d+)_g([\dx_]+)")
+_LABEL = re.compile(r"grouped_(in|out)_weight_gradient(_norm)?(_bias)?_k(\d+)_n(\d+)_b(\d+)_s(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
@@ -169,17 +180,19 @@ def labelled_cost(name, itemsize):
     name: the products of every group; each group's rows of ``x`` and ``dy`` that it reads (an
     in-projection's first ``d`` features of ``x``, an out-projection's first ``d`` columns of
     ``dy``), counted once (a row tile's rereads by the other output tiles are L2 hits, at best),
-    and the float32 partial sums of every split written (``dW``'s, and ``db``'s with ``bias``)."""
+    the float32 partial sums of every split written (``dW``'s, and ``db``'s with ``bias``), and a
+    LayerNorm prologue's float32 statistics and weights."""
     match = _LABEL.search(name)
     if match is None:
         return None
-    side, bias = match.group(1), bool(match.group(2))
-    contraction, columns, batch, splits = (int(match.group(i)) for i in (3, 4, 5, 6))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(7).strip("_").split("_")]
+    side, norm, bias = match.group(1), bool(match.group(2)), bool(match.group(3))
+    contraction, columns, batch, splits = (int(match.group(i)) for i in (4, 5, 6, 7))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(8).strip("_").split("_")]
     rows = batch * sum(size for size, _ in groups)
     nested = batch * sum(size * width for size, width in groups)
     full = columns if side == "in" else contraction
-    return 2 * nested * full, itemsize * (nested + rows * full) + 4 * splits * (contraction + bias) * columns
+    statistics = 4 * (2 * rows + 2 * contraction) * norm  # a LayerNorm prologue's, float32
+    return 2 * nested * full, itemsize * (nested + rows * full) + 4 * splits * (contraction + bias) * columns + statistics
 
 
 def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream, input_activation=None,
@@ -198,14 +211,15 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
     tiles = tile_override(columns, contraction) or default_tiles(columns, contraction, x.dtype)
     zeros = jnp.zeros((contraction,), jnp.float32)
     inputs = x if input_activation is None else activated
-    if norm is not None:
-        inputs, pullback = jax.vjp(normalized, x, *norm)
+    if norm is not None:  # (the weight-gradient kernel normalises x itself: the normalised tokens are not kept)
+        _, pullback = jax.vjp(normalized, x, *norm)
     # in: dx[:, g, :d_g] = dy_g @ W[:d_g]^T, an out-projection by W^T;
     # out: dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T, an in-projection by W^T
     derivative = None if input_activation is None else (input_activation, x)
     dx = pallas_projection(dy, w, zeros, None, None, None, groups, "out" if side == "in" else "in", None, 1, tiles,
                            precision, interpret, transposed=True, derivative=derivative)
-    dw, db = grouped_weight_gradient(inputs, dy, groups, side, precision=precision, interpret=interpret, bias=True)
+    dw, db = grouped_weight_gradient(inputs, dy, groups, side, precision=precision, interpret=interpret, bias=True,
+                                     norm=norm)
     dnorm = None
     if norm is not None:
         dx, *dnorm = pullback(dx)
@@ -213,8 +227,8 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
     return dx, dw.astype(w.dtype), db.astype(b.dtype), None, None, dnorm
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8))
-def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret, bias):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8, 9))
+def _weight_gradient(x, dy, norm, groups, side, tiles, splits, precision, interpret, bias):
     """``(dW, db)``: ``db`` ``None`` unless ``bias``. ``dy``: one array or a tuple of equal parts
     along the columns."""
     from jax.experimental import pallas as pl
@@ -233,7 +247,8 @@ def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret, b
         return jnp.zeros((contraction, columns), jnp.float32), (jnp.zeros((columns,), jnp.float32) if bias else None)
     kernel = functools.partial(_weight_tile, table=tuple(table), batch=batch, tokens=tokens, side=side,
                                blocks=(block_rows, block_k, block_n), splits=splits, bias=bias, parts=len(parts),
-                               precision=dot_precision(precision))
+                               has_norm=norm is not None, precision=dot_precision(precision))
+    statistics = () if norm is None else tuple(t.reshape(1, -1) for t in norm)  # per row, then per feature
     partial_sums = jax.ShapeDtypeStruct((splits * contraction, columns), jnp.float32)
     outputs = pl.pallas_call(
         kernel,
@@ -241,14 +256,14 @@ def _weight_gradient(x, dy, groups, side, tiles, splits, precision, interpret, b
         out_shape=(partial_sums, jax.ShapeDtypeStruct((splits, columns), jnp.float32)) if bias else partial_sums,
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name=weight_gradient_label(side, contraction, columns, batch, splits, groups, bias),
-    )(x.reshape(batch * tokens, contraction), *(part.reshape(batch * tokens, -1) for part in parts))
+        name=weight_gradient_label(side, contraction, columns, batch, splits, groups, bias, norm is not None),
+    )(x.reshape(batch * tokens, contraction), *(part.reshape(batch * tokens, -1) for part in parts), *statistics)
     partial, column_sums = outputs if bias else (outputs, None)
     dw = jnp.sum(partial.reshape(splits, contraction, columns), axis=0)
     return dw, (None if column_sums is None else jnp.sum(column_sums, axis=0))
 
 
-def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias, parts, precision):
+def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias, parts, has_norm, precision):
     """One program: one ``block_k x block_n`` tile of ``dW`` over one chunk of every group's rows;
     with ``bias``, the programs of the first row tile also sum the ``dy`` columns they load
     (``db``: an out-projection's loads are already cut at each group's width). ``dy`` comes in
@@ -256,11 +271,12 @@ def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias,
     reads the part it lies in."""
     from jax.experimental import pallas as pl
 
-    dy_refs, out_refs = refs[:parts], refs[parts:]
+    dy_refs, norm_refs, out_refs = refs[:parts], refs[parts:parts + 4 * has_norm], refs[parts + 4 * has_norm:]
     part_width = dy_refs[0].shape[1]
     program = tuple(pl.program_id(axis) for axis in range(3))  # (read here: Pallas' interpreter takes no
     column_tile = program[2]                                    # program_id inside a branch)
-    tile = functools.partial(_weight_tile_of_part, x_ref, out_refs=out_refs, program=program, table=table,
+    tile = functools.partial(_weight_tile_of_part, x_ref, out_refs=out_refs, norm_refs=norm_refs, program=program,
+                             table=table,
                              batch=batch, tokens=tokens, side=side, blocks=blocks, splits=splits, bias=bias,
                              precision=precision)
     if parts == 1:
@@ -269,7 +285,7 @@ def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias,
         pl.when(column_tile * blocks[2] // part_width == part)(functools.partial(tile, dy_ref, part * part_width))
 
 
-def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, program, table, batch, tokens, side, blocks, splits, bias,
+def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, program, table, batch, tokens, side, blocks, splits, bias,
                          precision):
     """``_weight_tile`` with ``dy``'s columns ``[offset, offset + dy_ref's width)`` in ``dy_ref``."""
     from jax.experimental import pallas as pl
@@ -280,6 +296,8 @@ def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, program, table, bat
     features = row_tile * block_k + jnp.arange(block_k, dtype=jnp.int32)
     columns = column_tile * block_n + jnp.arange(block_n, dtype=jnp.int32)
     sums_here = row_tile == 0  # every group reaches dW's first row tile (widths are at least 1)
+    if norm_refs:  # the LayerNorm's weights of this tile's features
+        gamma, beta = (ref[:, pl.ds(pl.multiple_of(row_tile * block_k, block_k), block_k)] for ref in norm_refs[2:])
     carry = (jnp.zeros((block_k, block_n), jnp.float32), jnp.zeros((block_n,), jnp.float32))
     for first_token, size, width in table:  # static: a few groups
         steps_total = -(-batch * size // block_rows)
@@ -297,8 +315,12 @@ def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, program, table, bat
             valid = index < batch * size
             rows = jax.lax.div(index, size) * tokens + first_token + jax.lax.rem(index, size)
             rows = jnp.where(valid, rows, batch * tokens)  # past the array: masked
-            a = pl_triton.load(x_ref.at[rows[:, None], features[None, :]],
-                               mask=valid[:, None] & feature_mask[None, :], other=0)
+            mask = valid[:, None] & feature_mask[None, :]
+            a = pl_triton.load(x_ref.at[rows[:, None], features[None, :]], mask=mask, other=0)
+            if norm_refs:  # the LayerNorm, as normalized computes it; zeros where masked
+                mean, rstd = (pl_triton.load(ref.at[0, rows], mask=valid, other=0) for ref in norm_refs[:2])
+                normed = (a.astype(jnp.float32) - mean[:, None]) * (rstd[:, None] * gamma) + beta
+                a = jnp.where(mask, normed, 0.0).astype(a.dtype)
             g = pl_triton.load(dy_ref.at[rows[:, None], columns[None, :] - offset],
                                mask=valid[:, None] & column_mask[None, :], other=0)
             accumulator = accumulator + jax.lax.dot_general(a, g, (((0,), (0,)), ((), ())), precision=precision,
