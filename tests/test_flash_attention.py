@@ -153,18 +153,23 @@ def test_the_kernels_products_follow_jaxs_matmul_precision():
     import jax.numpy as jnp
 
     from keras_mone.kernels.flash_attention import flash_attention
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     attention = [jax.ShapeDtypeStruct((2, 64, 2, 16), jnp.float32)] * 3
     projection = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((2, 32, 64), (64, 64), (64,))]
+    gradient = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((2, 32, 64), (2, 32, 64))]
 
     def project(x, w, b):
         return grouped_projection(x, w, b, ((16, 32), (16, 64)), "in", tiles=(16, 32, 16, 4, 2))
 
+    def weight_gradient(x, dy):  # (the training step's dW and db kernel)
+        return grouped_weight_gradient(x, dy, ((16, 32), (16, 64)), "in", tiles=(16, 16, 32, 4, 2), bias=True)
+
     def dots(function, spec):  # the tt.dot lines (Triton prints IEEE, its default, without an attribute)
         return [line for line in _triton_module(function, *spec).splitlines() if "tt.dot" in line]
 
-    for function, spec in [(flash_attention, attention), (project, projection)]:
+    for function, spec in [(flash_attention, attention), (project, projection), (weight_gradient, gradient)]:
         default = dots(function, spec)
         assert default and all("inputPrecision = tf32" in line for line in default)
         with jax.default_matmul_precision("highest"):

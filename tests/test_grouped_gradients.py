@@ -280,6 +280,12 @@ def test_bad_arguments_are_named():
         grouped_weight_gradient(x, dy, ((8, 16),), "in", tiles=(16, 16, 64, 4, 2), interpret=True)
     with pytest.raises(ValueError, match="`splits` must be a positive int"):
         grouped_weight_gradient(x, dy, ((8, 16),), "in", splits=0, interpret=True)
+    with pytest.raises(ValueError, match="`x` and `dy` must be floating point of one dtype"):
+        grouped_weight_gradient(x, dy.astype("int32"), ((8, 16),), "in", interpret=True)
+    with pytest.raises(ValueError, match="`x` and `dy` must be floating point of one dtype"):
+        grouped_weight_gradient(x, dy.astype("float16"), ((8, 16),), "in", interpret=True)
+    with pytest.raises(ValueError, match="`precision` must be 'highest' or 'default'"):
+        grouped_weight_gradient(x, dy, ((8, 16),), "in", precision="high", interpret=True)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

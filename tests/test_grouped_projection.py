@@ -328,13 +328,18 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     assert launches[4:] == [[], ["residual"], ["activation"], ["residual", "scale"]]
     for a, b in zip(trained, inferred):
         assert_f32_close(np.asarray(b), np.asarray(a), ulps=64)
-    launches.clear()
-    dropping = ViTBlock(32, 4, 64, gate="mone", dropout_rate=0.1)
-    dropping.build((None, None, 32))
-    dropping(groups, widths=(8, 16), gates=gates, training=True)
-    assert launches == []
-    dropping(groups, widths=(8, 16), gates=gates, training=False)
-    assert len(launches) == 4
+    from keras_mone.layers.attention import MoNEAttention
+    from keras_mone.layers.mlp import NestedMLP
+
+    for parts in ({"dropout_rate": 0.1}, {"mlp": NestedMLP(32, 64, dropout_rate=0.5)},
+                  {"attention": MoNEAttention(32, 4, dropout_rate=0.5)}):  # a given part's own rate counts too
+        launches.clear()
+        dropping = ViTBlock(32, 4, 64, gate="mone", **parts)
+        dropping.build((None, None, 32))
+        dropping(groups, widths=(8, 16), gates=gates, training=True)
+        assert launches == [], parts
+        dropping(groups, widths=(8, 16), gates=gates, training=False)
+        assert len(launches) == 4
 
     # stochastic depth: 8 examples at rate 0.5 (some branch dropped but with odds 2^-16)
     groups, gates = [_normal(rng, 8, n, 32) for n in (4, 3)], [rng.random((8, n)).astype("float32") for n in (4, 3)]

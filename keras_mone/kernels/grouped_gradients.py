@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from keras_mone.kernels.grouped_kernel import (
     checked_groups, default_tiles, largest_power_of_2_dividing, normalized, pallas_projection, tile_override,
 )
-from keras_mone.kernels.precision import dot_precision
+from keras_mone.kernels.precision import dot_precision, precision_name
 from keras_mone.kernels.tiles import launchable
 
 WEIGHT_TILES_ENV = "KERAS_MONE_WEIGHT_GRADIENT_TILES"
@@ -88,7 +88,7 @@ def plain_bias_gradient(dy, groups, side):
     return out
 
 
-def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precision="default", interpret=False,
+def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precision=None, interpret=False,
                             bias=False, norm=None):
     """``plain_weight_gradient`` as one Pallas kernel launch (see the module docstring).
 
@@ -99,7 +99,8 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
             ``default_weight_tiles``.
         splits: chunks of each group's token rows, summed by XLA afterwards; ``None``:
             ``default_splits``.
-        precision: ``"default"`` or ``"highest"`` (``kernels.precision``).
+        precision: ``"default"`` or ``"highest"``; ``None``: what jax's
+            ``default_matmul_precision`` asks now (``kernels.precision.precision_name``).
         interpret: run through Pallas' interpreter (no accelerator needed).
         bias: also return ``plain_bias_gradient`` from the same launch: ``(dW, db)``.
         norm: side ``"in"``: ``(mean, rstd, gamma, beta)`` of the LayerNorm before the
@@ -114,6 +115,12 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
     if x.ndim != 3 or any(p.ndim != 3 or p.shape != parts[0].shape for p in parts) or x.shape[:2] != parts[0].shape[:2]:
         raise ValueError(f"`x` must be (batch, tokens, K) and `dy` (batch, tokens, N) or equal parts of it; got "
                          f"{x.shape} and {[p.shape for p in parts]}.")
+    floating = [jnp.issubdtype(t.dtype, jnp.floating) for t in (x, *parts)]
+    if not all(floating) or any(p.dtype != x.dtype for p in parts):
+        raise ValueError(f"`x` and `dy` must be floating point of one dtype; got {x.dtype} and "
+                         f"{[str(p.dtype) for p in parts]}.")
+    precision = precision_name() if precision is None else precision
+    dot_precision(precision)  # a clear error for another name, before the launch is traced
     columns = len(parts) * parts[0].shape[-1]
     # the projection's checks of groups and side, on the weight's shape only (nothing allocated)
     weight = jax.ShapeDtypeStruct((x.shape[-1], columns), x.dtype)

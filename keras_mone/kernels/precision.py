@@ -11,8 +11,9 @@ import contextlib
 
 import jax
 
-HIGHEST_NAMES = ("highest", "float32", "precision.highest")
-"""``jax_default_matmul_precision`` values meaning float32 products without TF32."""
+HIGHEST_NAMES = ("highest", "float32", "precision.highest", "f32_f32_f32", "dotalgorithmpreset.f32_f32_f32")
+"""``jax_default_matmul_precision`` values meaning float32 products without TF32 (lower case;
+the dot-algorithm preset ``F32_F32_F32`` included)."""
 
 
 def precision_name():
@@ -26,7 +27,7 @@ def dot_precision(name):
     """The ``precision`` a kernel's ``jnp.dot`` takes for ``precision_name()``'s ``name``:
     ``lax.Precision.HIGHEST`` or ``None`` (TF32 for float32 operands, as XLA's default)."""
     if name not in ("highest", "default"):
-        raise ValueError(f"`name` must be 'highest' or 'default', got {name!r}.")
+        raise ValueError(f"`precision` must be 'highest' or 'default' (precision_name()), got {name!r}.")
     return jax.lax.Precision.HIGHEST if name == "highest" else None
 
 

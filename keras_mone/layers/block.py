@@ -214,8 +214,8 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         none = [None] * len(mids)
         if keras.backend.backend() != "jax" or self.gate not in (None, "mone") or mlp_form() != "fused":
             return none
-        if type(self.mlp) is not NestedMLP or (training and (self.dropout_rate or self.drop_path_rate)):
-            return none
+        if type(self.mlp) is not NestedMLP or (training and (self.mlp.dropout.rate or self.drop_path_rate)):
+            return none  # (the MLP's own rate: a block given its MLP may hold one its dropout_rate does not say)
         return [
             self.mlp.fused_residual(z, self.norm2, width, self._gate.mlp_scale(gate, self.alpha))
             for z, width, gate in zip(mids, widths, gates)

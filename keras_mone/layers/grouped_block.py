@@ -58,8 +58,8 @@ def kernel_block_applies(block, groups, widths, gates, training=None, return_rec
         return False  # (a sharded model: XLA's GEMMs, which the distribution's layouts reach)
     if block.gate not in (None, "mone") or not block.attention.use_bias:
         return False
-    if training and block.dropout_rate:  # (dropout inside attention and the MLP: XLA's path)
-        return False
+    if training and (block.attention.dropout.rate or block.mlp.dropout.rate):  # (the parts' own rates: a block
+        return False  # given its parts may hold rates its dropout_rate does not say; dropout: XLA's path)
     return not any(isinstance(g, keras.KerasTensor) for g in groups)
 
 
