@@ -328,7 +328,8 @@ def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_
     for got, expected in zip(results["grouped_kernel"], results["per_group"]):
         assert (got is None) == (expected is None)
         if got is not None:
-            np.testing.assert_allclose(got, expected, atol=1e-5 * float(np.abs(expected).max()))  # float32 rounding of the largest gradient
+            # float32 rounding of the variable's largest gradient
+            np.testing.assert_allclose(got, expected, atol=1e-5 * float(np.abs(expected).max()))
 
 
 def test_stochastic_depth_trains_through_the_kernels_with_the_generic_paths_draws(monkeypatch):
@@ -353,7 +354,8 @@ def test_stochastic_depth_trains_through_the_kernels_with_the_generic_paths_draw
     assert calls  # the kernels ran in the training call
     for got, expected in zip(results["grouped_kernel"], results["per_group"]):
         if got is not None:
-            np.testing.assert_allclose(got, expected, atol=1e-5 * float(np.abs(expected).max()))  # float32 rounding of the largest gradient
+            # float32 rounding of the variable's largest gradient
+            np.testing.assert_allclose(got, expected, atol=1e-5 * float(np.abs(expected).max()))
 
 
 def test_the_roofline_counts_the_weight_gradients_work_from_its_name():

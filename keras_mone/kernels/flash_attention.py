@@ -20,7 +20,8 @@ masked.
 (float32 scores and softmax in both) and its backward pass, which recomputes it from q, k and
 v. The backward pass is therefore XLA's attention: a training step under this form writes and
 keeps the ``(B, H, N, N)`` float32 scores and probabilities as XLA's form does, and computes
-the forward twice (an inference form; FlashAttention-2's backward, Alg. 2, is not built). ``interpret=True`` runs the kernel through Pallas' interpreter (any platform: how CI tests
+the forward twice (an inference form; FlashAttention-2's backward, Alg. 2, is not built).
+``interpret=True`` runs the kernel through Pallas' interpreter (any platform: how CI tests
 it). Products follow jax's ``default_matmul_precision`` (``kernels.precision``).
 """
 

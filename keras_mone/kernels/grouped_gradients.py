@@ -199,7 +199,8 @@ def labelled_cost(name, itemsize):
     nested = batch * sum(size * width for size, width in groups)
     full = columns if side == "in" else contraction
     statistics = 4 * (2 * rows + 2 * contraction) * norm  # a LayerNorm prologue's, float32
-    return 2 * nested * full, itemsize * (nested + rows * full) + 4 * splits * (contraction + bias) * columns + statistics
+    partial_sums = 4 * splits * (contraction + bias) * columns
+    return 2 * nested * full, itemsize * (nested + rows * full) + partial_sums + statistics
 
 
 def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream, input_activation=None,
@@ -292,8 +293,8 @@ def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias,
         pl.when(column_tile * blocks[2] // part_width == part)(functools.partial(tile, dy_ref, part * part_width))
 
 
-def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, program, table, batch, tokens, side, blocks, splits, bias,
-                         precision):
+def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, program, table, batch, tokens, side, blocks,
+                         splits, bias, precision):
     """``_weight_tile`` with ``dy``'s columns ``[offset, offset + dy_ref's width)`` in ``dy_ref``."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton

@@ -124,8 +124,9 @@ def labelled_cost(name, itemsize):
     Bytes: the rows it reads (an in-projection only each group's first ``d`` features), the
     weights its widest group needs once (later programs find them in L2), the bias, the
     residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, the
-    pre-activations a ``derivative`` epilogue reads, and the ``(batch, tokens, N)`` it writes. Weights are counted at the rows' itemsize (under
-    mixed precision the kernels read float32 weights: under 1% of the total, undercounted)."""
+    pre-activations a ``derivative`` epilogue reads, and the ``(batch, tokens, N)`` it
+    writes. Weights are counted at the rows' itemsize (under mixed precision the kernels
+    read float32 weights: under 1% of the total, undercounted)."""
     match = _LABEL.search(name)
     if match is None:
         return None
