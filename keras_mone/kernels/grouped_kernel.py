@@ -162,7 +162,7 @@ def normalized(x, mean, rstd, gamma, beta):
 
 def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
                       transposed=False, derivative=None):
-    """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). Two more
+    """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). Three more
     forms serve the backward passes (``kernels.grouped_gradients``):
 
     * ``transposed``: ``w`` is given as ``(N, K)`` and read transposed, tile by tile (a dX
