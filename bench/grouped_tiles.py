@@ -81,23 +81,50 @@ def sweep(batch, groups, projection, candidates, dtype, repeats, interpret, dead
             return function(x, w, b, groups, side, **fixed, **extra, **tiles)
         return jax.jit(run)
 
-    plain = call(plain_grouped_projection)
-    expected = plain(*arguments)
+    def kernel(tiles):
+        check_tiles(tiles, contraction, columns)
+        return call(grouped_projection, tiles=tiles, interpret=interpret)
+
     bound = (BOUNDS if interpret else GPU_BOUNDS)[jnp.dtype(dtype).name]
+    return screen(label, call(plain_grouped_projection), kernel, arguments, bound,
+                  default_tiles(contraction, columns, dtype), candidates, repeats, deadline, log)
+
+
+def screen(label, plain, make_kernel, arguments, bound, default, candidates, repeats, deadline, log,
+           time_default=False):
+    """``[(tiles, ms or None, error or None, note)]``: XLA's path ``plain`` first, then each tile
+    setting (``make_kernel(tiles)`` the jitted kernel, checked against ``plain``'s output within
+    ``bound`` by ``timed_setting``), the default first; settings after ``deadline`` are listed
+    untimed (``time_default``: the default is timed all the same)."""
+    expected = plain(*arguments)
     results = [("plain (XLA)", median_ms(plain, arguments, repeats), 0.0, "")]
     log(f"{label}: plain {results[0][1]:.3f} ms")
-    default = default_tiles(contraction, columns, dtype)
     for tiles in dict.fromkeys([default, *candidates]):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and not (time_default and tiles == default):
             results.append((tiles, None, None, "not timed: --budget spent"))
             continue
-        def kernel(t=tiles):
-            check_tiles(t, contraction, columns)
-            return call(grouped_projection, tiles=t, interpret=interpret)
-        ms, error, note = timed_setting(kernel, arguments, expected, bound, repeats, tiles == default)
+        ms, error, note = timed_setting(lambda t=tiles: make_kernel(t), arguments, expected, bound, repeats,
+                                        tiles == default)
         results.append((tiles, ms, error, note))
         log(f"{label} {tiles}: {'-' if ms is None else f'{ms:.3f} ms'} {note}")
     return results
+
+
+def report(label, shape, results):
+    """Prints ``results``' rows and the best setting's (the fastest that ran and matched XLA's
+    path); returns its ``shape=tiles`` entry for a tiles variable, or ``None`` (the defaults stay)."""
+    plain_ms = results[0][1]
+    for tiles, ms, error, note in results:
+        ratio = "" if ms is None else f"{plain_ms / ms:.2f}"
+        shown = "" if error is None else f"{error:.1e}"
+        print(f"| {label} | {shape} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {shown} | {note} |")
+    timed = [(ms, tiles) for tiles, ms, _, note in results[1:] if ms is not None and not note.startswith("wrong")]
+    if not timed:
+        print(f"| {label} | {shape} | **no tile setting both ran and matched XLA's path**: the defaults stay | | | | |")
+        return None
+    ms, tiles = min(timed)
+    print(f"| {label} | {shape} | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | | |")
+    return f"{shape}={','.join(map(str, tiles))}"
 
 
 def main(argv=None):
@@ -132,18 +159,9 @@ def main(argv=None):
         label, _, contraction, columns, _ = projection
         shape = f"{contraction}x{columns}"
         results = sweep(args.batch_size, groups, projection, candidates, dtype, args.repeats, interpret, deadline, log)
-        plain_ms = results[0][1]
-        for tiles, ms, error, note in results:
-            ratio = "" if ms is None else f"{plain_ms / ms:.2f}"
-            shown = "" if error is None else f"{error:.1e}"
-            print(f"| {label} | {shape} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {shown} | {note} |")
-        timed = [(ms, tiles) for tiles, ms, _, note in results[1:] if ms is not None and not note.startswith("wrong")]
-        if not timed:
-            print(f"| {label} | {shape} | **no tile setting both ran and matched XLA's path**: the defaults stay | | | | |")
-            continue
-        ms, tiles = min(timed)
-        print(f"| {label} | {shape} | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | | |")
-        best.append(f"{shape}={','.join(map(str, tiles))}")
+        entry = report(label, shape, results)
+        if entry:
+            best.append(entry)
     print(f"\n{TILES_ENV}=\"{';'.join(best)}\"")
 
 

@@ -26,9 +26,8 @@ import time
 
 import jax
 import jax.numpy as jnp
-from grouped_tiles import GROUPS
+from grouped_tiles import GROUPS, report, screen
 from kernel_check import BOUNDS, GPU_BOUNDS
-from kernel_tiles import median_ms, timed_setting
 
 from keras_mone.kernels.grouped_gradients import (
     WEIGHT_TILES_ENV, check_weight_tiles, default_weight_tiles, grouped_weight_gradient, plain_bias_gradient,
@@ -73,21 +72,9 @@ def sweep(batch, groups, weight, candidates, dtype, repeats, interpret, deadline
             return jnp.concatenate([dw.ravel(), db])
         return jax.jit(run)
 
-    plain = jax.jit(plain)
-    expected = plain(*arguments)
     bound = (BOUNDS if interpret else GPU_BOUNDS)["float32"]  # float32 sums of the same products
-    results = [("plain (XLA)", median_ms(plain, arguments, repeats), 0.0, "")]
-    log(f"{label}: plain {results[0][1]:.3f} ms")
-    default = default_weight_tiles(contraction, columns // parts, dtype)
-    for tiles in dict.fromkeys([default, *candidates]):
-        if time.monotonic() > deadline and tiles != default:
-            results.append((tiles, None, None, "not timed: --budget spent"))
-            continue
-        ms, error, note = timed_setting(lambda t=tiles: kernel(t), arguments, expected, bound, repeats,
-                                        tiles == default)
-        results.append((tiles, ms, error, note))
-        log(f"{label} {tiles}: {'-' if ms is None else f'{ms:.3f} ms'} {note}")
-    return results
+    return screen(label, jax.jit(plain), kernel, arguments, bound, default_weight_tiles(contraction, columns // parts,
+                  dtype), candidates, repeats, deadline, log, time_default=True)
 
 
 def main(argv=None):
@@ -125,18 +112,9 @@ def main(argv=None):
         deadline = time.monotonic() + args.budget / 4
         results = sweep(args.batch_size, groups, weight, candidates, jnp.dtype(args.dtype), args.repeats, interpret,
                         deadline, log)
-        plain_ms = results[0][1]
-        for tiles, ms, error, note in results:
-            ratio = "" if ms is None else f"{plain_ms / ms:.2f}"
-            shown = "" if error is None else f"{error:.1e}"
-            print(f"| {label} | {shape} | {tiles} | {'-' if ms is None else f'{ms:.3f}'} | {ratio} | {shown} | {note} |")
-        timed = [(ms, tiles) for tiles, ms, _, note in results[1:] if ms is not None and not note.startswith("wrong")]
-        if not timed:
-            print(f"| {label} | {shape} | **no tile setting both ran and matched XLA's path**: the defaults stay | | | | |")
-            continue
-        ms, tiles = min(timed)
-        print(f"| {label} | {shape} | **best** {tiles} | **{ms:.3f}** | **{plain_ms / ms:.2f}** | | |")
-        best.append(f"{shape}={','.join(map(str, tiles))}")
+        entry = report(label, shape, results)
+        if entry:
+            best.append(entry)
     print(f"\n{WEIGHT_TILES_ENV}=\"{';'.join(best)}\"")
 
 

@@ -264,6 +264,29 @@ def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch
         grouped_gradients.grouped_weight_gradient(x, parts, layout, "in", interpret=True)
 
 
+def test_the_weight_gradient_screen_runs_and_names_the_winners_as_the_variable_reads_them(monkeypatch, capsys):
+    """``bench/weight_gradient_tiles.py`` at a tiny size, interpreted: every weight's dW and db
+    checked and timed, a setting that does not fit listed as failed, the winners printed as
+    $KERAS_MONE_WEIGHT_GRADIENT_TILES, which the kernel then reads."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import weight_gradient_tiles
+
+    from keras_mone.kernels import grouped_gradients
+
+    weight_gradient_tiles.main(["--batch-size", "2", "--dim", "32", "--hidden", "64", "--groups",
+                                "5x4,3x8,2x16,1x32", "--repeats", "1", "--tiles", "16,16,32,4,2;16,16,64,4,2"])
+    report = capsys.readouterr().out
+    assert report.count("| plain (XLA) |") == 4 and "failed: ValueError" in report and "wrong" not in report
+    value = report.split(f'{grouped_gradients.WEIGHT_TILES_ENV}="')[1].split('"')[0]
+    assert sorted(entry.split("=")[0] for entry in value.split(";")) == ["32x32", "32x64", "32x96", "64x32"]
+    monkeypatch.setenv(grouped_gradients.WEIGHT_TILES_ENV, value)
+    rng = np.random.default_rng(11)
+    x, parts = _normal(rng, 2, 11, 32), tuple(_normal(rng, 2, 11, 32) for _ in range(3))
+    grouped_gradients.grouped_weight_gradient(x, parts, ((5, 4), (6, 32)), "in", interpret=True)  # reads it
+
+
 def test_bad_arguments_are_named():
     from keras_mone.kernels.grouped_gradients import grouped_weight_gradient
 
