@@ -177,6 +177,17 @@ def test_the_kernels_products_follow_jaxs_matmul_precision():
         assert len(highest) == len(default) and not any("inputPrecision" in line for line in highest)
 
 
+def test_float32_without_tf32_is_read_under_each_of_its_names():
+    import jax
+
+    from keras_mone.kernels.precision import precision_name
+
+    for name, expected in [("highest", "highest"), ("float32", "highest"), ("F32_F32_F32", "highest"),
+                           ("default", "default"), ("tensorfloat32", "default"), ("bfloat16", "default")]:
+        with jax.default_matmul_precision(name):
+            assert precision_name() == expected, name
+
+
 def test_the_roofline_counts_the_kernels_work_from_its_name():
     from keras_mone.bench.hlo_kernels import _pallas_traffic
     from keras_mone.kernels.flash_attention import kernel_label, labelled_cost

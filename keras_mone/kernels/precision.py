@@ -11,9 +11,9 @@ import contextlib
 
 import jax
 
-HIGHEST_NAMES = ("highest", "float32", "precision.highest", "f32_f32_f32", "dotalgorithmpreset.f32_f32_f32")
+HIGHEST_NAMES = ("highest", "float32", "precision.highest", "f32_f32_f32")
 """``jax_default_matmul_precision`` values meaning float32 products without TF32 (lower case;
-the dot-algorithm preset ``F32_F32_F32`` included)."""
+the dot-algorithm preset ``F32_F32_F32`` included: jax's setting takes its name only)."""
 
 
 def precision_name():
