@@ -267,16 +267,19 @@ def test_packed_token_groups_in_mixed_bfloat16_with_a_gate_equal_the_grouped_one
     ("MoNEViViTBackbone", dict(capacity=0.4)),
 ])
 def test_one_kernel_per_nested_projection_equals_one_gemm_per_group(monkeypatch, name, kwargs):
-    """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` (``layers.grouped_block``, jax): outputs and
-    the gradients of an inference call (``training=False``: the form's calls; the kernels'
-    backward passes recompute the per-group path) within float32 rounding of the per-group
-    form; elsewhere the switch names what each backend takes."""
-    if BACKEND != "jax":
+    """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` (jax: ``layers.grouped_block``'s Pallas
+    kernels; torch: ``layers.packed_kernels``' Triton kernel): outputs and the gradients of an
+    inference call (``training=False``: the form's calls; the kernels' backward passes
+    recompute the per-group path) within float32 rounding of the per-group form; tensorflow
+    names what it takes."""
+    if BACKEND == "tensorflow":
         monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
-        with pytest.raises(ValueError, match=rf"KERAS_MONE_PROJECTIONS='grouped_kernel' is a Pallas kernel \(jax\); "
-                                             rf"the {BACKEND} backend takes 'per_group'"):
+        with pytest.raises(ValueError, match=r"KERAS_MONE_PROJECTIONS='grouped_kernel' is a Pallas kernel \(jax\) "
+                                             r"or a Triton kernel \(torch\); the tensorflow backend takes 'per_group'"):
             platform_forms.projections_form()
         return
+    if BACKEND == "torch":
+        pytest.importorskip("triton")
     model = getattr(models, name)(**(TINY_VIDEO if "ViViT" in name else TINY), **kwargs)
     if "ViViT" in name:
         model.build((None, *videos().shape[1:]))

@@ -19,7 +19,7 @@ import pytest
 from conftest import BACKEND, TINY, images, randomize_weights, to_numpy
 
 from keras_mone.bench.torch_ops import layer_calls
-from keras_mone.layers import ViTBlock, packed_block
+from keras_mone.layers import ViTBlock, packed_block, torch_eager
 from keras_mone.layers import block as block_module
 from keras_mone.models import MoNEViTBackbone, ViTBackbone
 
@@ -45,7 +45,7 @@ def _through_keras(monkeypatch):
     """No direct calls, and the packed block's LayerNorms, casts and GELU through Keras' own
     layer call and ops: the reference the direct paths must equal bit for bit."""
     _without_direct_calls(monkeypatch)
-    monkeypatch.setattr(packed_block, "_norm", lambda layer, x: layer(x))
+    monkeypatch.setattr(packed_block, "direct_layer_norm", lambda layer, x: layer(x))
     monkeypatch.setattr(packed_block, "direct_cast", keras.ops.cast)
     monkeypatch.setattr(block_module, "direct_cast", keras.ops.cast)
     monkeypatch.setattr(packed_block, "_gelu", lambda x, approximate, training, nested: keras.ops.gelu(x, approximate))
@@ -185,11 +185,11 @@ def test_layer_norms_without_the_layer_call_are_bit_exact(policy):
     randomize_weights(layer, seed=4)
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.as_tensor(np.random.default_rng(1).standard_normal((3, 5, 24)).astype("float32")).to(dtype)
-        expected, got = layer(x), packed_block._norm(layer, x)
+        expected, got = layer(x), torch_eager.direct_layer_norm(layer, x)
         assert got.dtype == expected.dtype and torch.equal(got, expected)
     other_axis = keras.layers.LayerNormalization(axis=(1, 2), dtype=policy)  # through its own call
     other_axis.build((None, 5, 24))
-    assert torch.equal(packed_block._norm(other_axis, x), other_axis(x))
+    assert torch.equal(torch_eager.direct_layer_norm(other_axis, x), other_axis(x))
 
 
 def test_the_host_time_bench_reports_dense_mone_and_the_plain_torch_floor(monkeypatch, capsys):

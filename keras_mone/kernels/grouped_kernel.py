@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.precision import dot_precision
-from keras_mone.kernels.tiles import launchable
+from keras_mone.kernels.tiles import launchable, shape_tiles
 
 SIDES = ("in", "out")
 TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
@@ -42,22 +42,8 @@ def default_tiles(contraction, columns, dtype):
 
 def tile_override(contraction, columns, variable=TILES_ENV, check=None):
     """The tiles the environment ``variable`` (``$KERAS_MONE_PROJECTION_TILES``) names for a
-    ``(K, N)`` kernel, or ``None``; a malformed entry raises ``ValueError`` naming the variable.
-    ``check(tiles, K, N)`` raises for tiles the kernel cannot take (default ``check_tiles``)."""
-    import os
-
-    for entry in os.environ.get(variable, "").replace(";", " ").split():
-        shape, _, values = entry.partition("=")
-        try:
-            k, n = (int(v) for v in shape.split("x"))
-            tiles = tuple(int(v) for v in values.split(","))
-        except ValueError:
-            raise ValueError(f"${variable} entries must read KxN=five,comma,separated,ints (e.g. "
-                             f"768x2304=64,128,64,4,3), got {entry!r}.") from None
-        if (k, n) == (contraction, columns):
-            (check or check_tiles)(tiles, contraction, columns)
-            return tiles
-    return None
+    ``(K, N)`` kernel, or ``None`` (``kernels.tiles.shape_tiles``, ``check`` default ``check_tiles``)."""
+    return shape_tiles(variable, contraction, columns, check or check_tiles)
 
 
 def check_tiles(tiles, contraction, columns):

@@ -24,6 +24,26 @@ def launchable(tiles, blocks):
     return powers and min(tiles[:blocks]) >= MIN_CHUNK and tiles[-1] >= 1
 
 
+def shape_tiles(variable, contraction, columns, check):
+    """The tiles the environment ``variable`` names for a ``(K, N)`` kernel, or ``None``: entries
+    ``KxN=five,comma,separated,ints`` separated by ``;`` or spaces (e.g.
+    ``768x2304=64,128,64,4,3;3072x768=64,64,64,4,3``); a malformed entry raises ``ValueError``
+    naming the variable, and ``check(tiles, K, N)`` raises for tiles the kernel cannot take.
+    The grouped projections (Pallas and Triton) and their weight gradients read theirs so."""
+    for entry in os.environ.get(variable, "").replace(";", " ").split():
+        shape, _, values = entry.partition("=")
+        try:
+            k, n = (int(v) for v in shape.split("x"))
+            tiles = tuple(int(v) for v in values.split(","))
+        except ValueError:
+            raise ValueError(f"${variable} entries must read KxN=five,comma,separated,ints (e.g. "
+                             f"768x2304=64,128,64,4,3), got {entry!r}.") from None
+        if (k, n) == (contraction, columns):
+            check(tiles, contraction, columns)
+            return tiles
+    return None
+
+
 def feature_chunk(width):
     """The largest power of 2 dividing ``width``, at most 256."""
     return min(width & -width, 256)

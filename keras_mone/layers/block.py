@@ -11,9 +11,10 @@ from keras_mone.layers.grouped_block import kernel_block, kernel_block_applies
 from keras_mone.layers.layer_norm import normalize
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
-from keras_mone.layers.packed_block import direct_cast, eager_torch_tensors, packable, packed_block, torch_hooks
+from keras_mone.layers.packed_block import packable, packed_block
 from keras_mone.layers.platform_forms import mlp_form, norms_form, residuals_form
 from keras_mone.layers.regularization import DropPath
+from keras_mone.layers.torch_eager import direct_cast, eager_torch_tensors, torch_hooks
 
 
 @register

@@ -46,8 +46,8 @@ from keras_mone.layers.platform_forms import accelerator, attention_form, fused_
 
 def kernel_block_applies(block, groups, widths, gates, training=None, return_received_attention=False):
     """Whether ``block`` runs ``groups`` through ``kernel_block`` (see the module docstring)."""
-    if return_received_attention or projections_form() != "grouped_kernel":
-        return False
+    if return_received_attention or keras.backend.backend() != "jax" or projections_form() != "grouped_kernel":
+        return False  # (torch's grouped kernel is its packed blocks': ``layers.packed_kernels``)
     if all(width == block.hidden_dim for width in widths):  # nothing nested: the dense block's GEMMs
         return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:

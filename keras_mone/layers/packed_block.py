@@ -15,7 +15,7 @@ second copy.
 Off the CPU the GELU runs once over all groups; on the CPU per group, in cache
 (``fuse_groups``); with ``$KERAS_MONE_MLP=fused`` a nested group's whole MLP is one Triton
 kernel (``kernels.triton_nested_mlp``). Sub-layers are read, not called; on eager torch the
-LayerNorms run as torch ops (``_norm``) and ``ViTBlock.direct_call`` runs the block
+LayerNorms run as torch ops (``torch_eager.direct_layer_norm``) and ``ViTBlock.direct_call`` runs the block
 itself without Keras' ``Layer.__call__``, so a forward calls no Keras layer per block.
 
 Each token sees the operations of the generic path (``ViTBlock.call``) in the same order,
@@ -41,10 +41,13 @@ from keras import ops
 
 from keras_mone.layers.activations import gelu
 from keras_mone.layers.attention import MoNEAttention, multi_head_attention
-from keras_mone.layers.layer_norm import normalize
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
+from keras_mone.layers.packed_kernels import kernel_halves, kernels_apply
 from keras_mone.layers.platform_forms import accelerator, fused_attention, layout_form, mlp_form
+from keras_mone.layers.torch_eager import (
+    direct_cast, direct_layer_norm, eager, eager_without_grad, torch_hooks,
+)
 
 
 def packable(block, groups, gates, training=None, return_received_attention=False):
@@ -77,38 +80,15 @@ def packed_block(block, groups, widths, gates, training=None):
     sizes = [g.shape[1] for g in groups]
     spans = _row_spans(sizes, ops.shape(groups[0])[0])
     rows = token_major(groups)
-    z = rows + _attention(block.attention, _norm(block.norm1, rows), spans, widths, sizes)
-    update = _mlp(block.mlp, _norm(block.norm2, z), spans, widths, training)
-    if gates is not None and gates[0] is not None:
-        update = block._gate.scale_mlp(update, token_major(gates).reshape(-1), block.alpha)
-    outputs = (z + update).reshape(sum(sizes), -1, block.hidden_dim)
+    gate_rows = token_major(gates).reshape(-1) if gates is not None and gates[0] is not None else None
+    if kernels_apply(block, rows, widths):  # torch: one Triton launch per nested projection
+        outputs = kernel_halves(block, rows, spans, widths, sizes, gate_rows)
+    else:
+        z = rows + _attention(block.attention, direct_layer_norm(block.norm1, rows), spans, widths, sizes)
+        update = _mlp(block.mlp, direct_layer_norm(block.norm2, z), spans, widths, training)
+        outputs = z + (update if gate_rows is None else block._gate.scale_mlp(update, gate_rows, block.alpha))
+    outputs = outputs.reshape(sum(sizes), -1, block.hidden_dim)
     return [_swap_first_two(outputs[start:stop]) for start, stop in _spans(sizes)]
-
-
-def torch_hooks(*layers):
-    """Whether a torch module hook would see one of ``layers`` called: one of its own forward
-    or backward hooks, or a global one (``torch.nn.modules.module``). Only
-    ``torch.nn.Module.__call__`` runs hooks, so a layer with one must be called as a layer."""
-    from torch.nn.modules import module
-
-    if (module._global_forward_hooks or module._global_forward_pre_hooks or module._global_backward_hooks
-            or module._global_backward_pre_hooks):
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in layers)
-
-
-def eager_torch_tensors(tensors, dtype):
-    """Whether ``tensors`` are concrete torch tensors of ``dtype`` (Keras' name) on which
-    ops run eagerly (``_eager``): no KerasTensors, nothing on the meta device (Keras'
-    shape inference), nothing traced."""
-    if not _torch() or not _eager():
-        return False
-    import torch
-
-    return all(
-        isinstance(t, torch.Tensor) and t.device.type != "meta" and keras.backend.standardize_dtype(t.dtype) == dtype
-        for t in tensors
-    )
 
 
 def token_major(groups):
@@ -120,7 +100,7 @@ def token_major(groups):
     ``torch.inference_mode`` (whose views keep no ``_base``), one concatenation.
     """
     views = [_swap_first_two(g) for g in groups]
-    packed = _viewed_whole(views) if _torch() and _eager() else None
+    packed = _viewed_whole(views) if _torch() and eager() else None
     if packed is None:
         packed = _stack(views)
     return packed.reshape((-1,) + tuple(views[0].shape[2:]))
@@ -147,53 +127,10 @@ def fuse_groups(x):
     return x.device.type != "cpu" if _torch() else accelerator() != "cpu"
 
 
-def _norm(layer, x):
-    """``layer(x)``: on jax in the platform's statistics form (``layer_norm.normalize``); a
-    built Keras ``LayerNormalization`` on eager torch as the ops its ``call`` runs there
-    (``F.layer_norm`` in at least float32, cast back), without Keras' ``Layer.__call__`` and
-    op dispatch, which cost more host time than the LayerNorm and change nothing here (the
-    layer neither casts its input nor autocasts its weights; ``tests/test_torch_direct_calls.py``)."""
-    if not (type(layer) is keras.layers.LayerNormalization and layer.built and _torch() and _eager()):
-        return normalize(layer, x)
-    if torch_hooks(layer) or layer.activity_regularizer is not None or getattr(layer, "_remat_mode", None):
-        return layer(x)  # what ``Layer.__call__`` serves: hooks, activity losses, rematerialisation
-    if layer.rms_scaling or list(layer.axis) not in ([-1], [len(x.shape) - 1]):
-        return layer.call(x)
-    import torch
-
-    wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # Keras: "at least float32"
-    gamma, beta = (None if v is None else direct_cast(v, wide) for v in (layer.gamma, layer.beta))
-    outputs = torch.nn.functional.layer_norm(direct_cast(x, wide), x.shape[-1:], gamma, beta, layer.epsilon)
-    return direct_cast(direct_cast(outputs, x.dtype), layer.compute_dtype)
-
-
 def _weights(layer):
     """A dense layer's kernel and bias (``None`` without one) in its compute dtype."""
     bias = None if layer.bias is None else direct_cast(layer.bias, layer.compute_dtype)
     return direct_cast(layer.kernel, layer.compute_dtype), bias
-
-
-def direct_cast(x, dtype):
-    """``ops.cast(x, dtype)`` for a tensor or variable and a floating ``dtype`` (a Keras name or
-    a torch dtype); on torch what Keras' torch ``cast`` runs (a variable read as Keras reads
-    it, autocast and stateless scopes included, then ``Tensor.to`` if the dtype differs),
-    without its dispatch. Other dtypes and backends: ``ops.cast``."""
-    target = _TORCH_FLOATS.get(dtype) if _torch() else None
-    if target is None:
-        return ops.cast(x, dtype)
-    tensor = x.value if isinstance(x, keras.Variable) else x
-    return tensor if tensor.dtype == target else tensor.to(target)
-
-
-def _torch_floats():
-    """Keras' floating dtype names and torch's floating dtypes, to the torch dtype."""
-    import torch
-
-    names = ("float16", "bfloat16", "float32", "float64")
-    return {**{name: getattr(torch, name) for name in names}, **{getattr(torch, n): getattr(torch, n) for n in names}}
-
-
-_TORCH_FLOATS = _torch_floats() if keras.backend.backend() == "torch" else {}
 
 
 def _attention(attention, normed, spans, widths, sizes):
@@ -234,7 +171,7 @@ def _mlp(mlp, normed, spans, widths, training):
     if any(t is not None for t in tiles):  # torch: nested groups through the Triton kernel
         from keras_mone.kernels.triton_nested_mlp import grouped_nested_mlp
         fc2_kernel, fc2_bias = _weights(mlp.fc2)
-        in_place = _eager_without_grad(normed, kernel, bias, fc2_kernel, fc2_bias)
+        in_place = eager_without_grad(normed, kernel, bias, fc2_kernel, fc2_bias)
         return grouped_nested_mlp(normed, spans, widths, tiles, kernel, bias, fc2_kernel, fc2_bias,
                                   mlp.gelu_approximate, in_place)
     nested = any(width < mlp.hidden_dim for width in widths)
@@ -257,7 +194,7 @@ def _triton_tiles(mlp, normed, kernel, widths):
     """Per group, the Triton MLP kernel's tile arguments (``kernels.triton_nested_mlp``), or
     ``None`` for torch's ops: torch with ``$KERAS_MONE_MLP`` set, eager, rows of a 16- or 32-bit
     float in the weights' dtype, no autocast, a nested width the kernel takes and that pays."""
-    if not _torch() or mlp_form() == "plain" or not _eager() or normed.dtype != kernel.dtype:
+    if not _torch() or mlp_form() == "plain" or not eager() or normed.dtype != kernel.dtype:
         return [None] * len(widths)
     import torch
 
@@ -286,7 +223,7 @@ def _grouped_products(x, kernel, bias, spans, widths):
     contiguous rows): no concatenation, which held the groups' products and
     their copy at once (peak forward memory above dense's, issue 40). With
     autograd (``out=`` records no gradient) the products are concatenated."""
-    if len(spans) == 1 or not _eager_without_grad(x, kernel, bias):
+    if len(spans) == 1 or not eager_without_grad(x, kernel, bias):
         return _stack([
             _project(_rows(x, start, stop, width), kernel[:width], bias) for (start, stop), width in zip(spans, widths)
         ])
@@ -305,7 +242,7 @@ def _nested_out(layer, inputs, widths, dim):
     being padded and concatenated."""
     kernel, bias = _weights(layer)
     biases = [None if bias is None else bias[:width] for width in widths]
-    if len(inputs) == 1 or not _eager_without_grad(kernel, bias, *inputs):
+    if len(inputs) == 1 or not eager_without_grad(kernel, bias, *inputs):
         return _stack([pad_features(_project(x, kernel[:, :w], b), dim) for x, w, b in zip(inputs, widths, biases)])
     rows = [x.shape[0] for x in inputs]
     outputs = inputs[0].new_zeros((sum(rows), dim))
@@ -326,36 +263,6 @@ def _project(x, kernel, bias, out=None):
     if out is None:
         return x @ kernel if bias is None else torch.addmm(bias, x, kernel)
     return torch.mm(x, kernel, out=out) if bias is None else torch.addmm(bias, x, kernel, out=out)
-
-
-def _eager_without_grad(*tensors):
-    """Whether ops on ``tensors`` (``None`` entries ignored) run eagerly (``_eager``),
-    with no autograd recording them and no autocast: where ``out=`` writes may be used
-    (``out=`` records no gradient, and autocast casts no ``out=`` call's inputs)."""
-    if not _torch():
-        return False
-    import torch
-
-    if not _eager() or torch.is_autocast_enabled(_device_type(tensors)):
-        return False
-    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
-
-
-def _eager():
-    """Whether torch runs ops eagerly on plain tensors: not under ``torch.compile`` (its
-    exporters included), TorchScript tracing or ``torch.func`` transforms, which take
-    neither data pointers nor writes into strided views (``out=``): dynamo breaks its
-    graph on them (inductor fuses the copies there anyway), functorch's wrapper tensors
-    have no storage."""
-    import torch
-
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    return not torch._C._are_functorch_transforms_active()
-
-
-def _device_type(tensors):
-    return next((t.device.type for t in tensors if t is not None), "cpu")
 
 
 def _rows(x, start, stop, width=None):

@@ -184,9 +184,16 @@ def projections_form():
     bound 1.66x dense (per group 1.45x; BENCHMARKS.md, "The training step through grouped
     kernels"). Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
     chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
-    if chosen != "per_group" and keras.backend.backend() != "jax":
-        raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is a Pallas kernel (jax); the "
-                         f"{keras.backend.backend()} backend takes 'per_group' (or leave it unset).")
+    backend = keras.backend.backend()
+    if chosen != "per_group" and backend not in ("jax", "torch"):
+        raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is a Pallas kernel (jax) or a Triton kernel (torch); the "
+                         f"{backend} backend takes 'per_group' (or leave it unset).")
+    if chosen != "per_group" and backend == "torch":
+        from keras_mone.kernels.triton_grouped_projection import available
+
+        if not available():
+            raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} on torch is a Triton kernel and needs Triton "
+                             "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
     if chosen != "per_group" and accelerator() == "tpu":
         raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
                          "on a TPU leave it unset.")

@@ -1,0 +1,71 @@
+"""A packed ``ViTBlock`` with each nested projection one Triton launch (torch).
+
+With ``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch (``platform_forms.projections_form``)
+a packed block (``layers.packed_block``: the groups as one token-major ``(rows, D)`` tensor,
+each a contiguous run of rows) runs q/k/v, the attention's out-projection, fc1 and fc2 each as
+one ``kernels.triton_grouped_projection`` launch over all its groups, in place of one GEMM per
+group and projection (MoNE App. A.1 Eq. 5-7)::
+
+    qkv = Proj_in(LN1(x))                          each group's rows read x[:, :d_j]
+    z   = x + Proj_out(SA(q, k, v))                each group writes its first d_j features
+    x'  = z + (alpha g + 1) Proj_out(GELU(Proj_in(LN2(z))))     (Eq. 1; the gate "mone")
+
+fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues: no pass of its
+own over the hidden activations or the residual stream, no zero padding, no concatenation
+(q, k and v are strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them). The
+weights are read as stored (float32 under mixed precision; the kernel casts each tile). The
+LayerNorms and attention are torch's. Blocks the kernel does not cover keep the per-group
+path: all groups at full width (dense's GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16,
+rows that are not float16, bfloat16 or float32, torch's autocast. Gradients are the
+per-group path's, recomputed (the kernel's custom op). Not timed on a card.
+"""
+
+import keras
+
+from keras_mone.layers.platform_forms import fused_attention, projections_form
+from keras_mone.layers.torch_eager import direct_layer_norm
+
+
+def kernels_apply(block, rows, widths):
+    """Whether the packed ``block`` runs token ``rows`` (``(tokens * batch, D)``) at ``widths``
+    through ``kernel_halves`` (see the module docstring)."""
+    if keras.backend.backend() != "torch" or projections_form() != "grouped_kernel":
+        return False
+    if all(width == block.hidden_dim for width in widths):  # nothing nested: the dense block's GEMMs
+        return False
+    import torch
+
+    from keras_mone.kernels.triton_grouped_projection import shape_fits
+
+    if not shape_fits(block.hidden_dim, block.mlp.mlp_dim) or torch.is_autocast_enabled(rows.device.type):
+        return False
+    return rows.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def kernel_halves(block, rows, spans, widths, sizes, gate_rows=None):
+    """``block``'s outputs for token-major ``rows`` (groups of ``sizes`` tokens, rows ``spans``,
+    at ``widths``), gated by ``gate_rows`` (``(rows,)`` or ``None``): ``(rows, D)``."""
+    from keras_mone.kernels.triton_grouped_projection import grouped_projection
+
+    attention, mlp = block.attention, block.mlp
+    interpret = rows.device.type != "cuda"
+
+    def project(layer, x, side, **epilogue):
+        kernel, bias = (None if v is None else _stored(v) for v in (layer.kernel, layer.bias))
+        return grouped_projection(x, kernel, bias, spans, widths, side, interpret=interpret, **epilogue)
+
+    tokens, dim, heads = sum(sizes), block.hidden_dim, attention.num_heads
+    qkv = project(attention.qkv, direct_layer_norm(block.norm1, rows), "in")
+    # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
+    qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
+    attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3).reshape(-1, dim)
+    z = project(attention.out, attended, "out", residual=rows)
+    activation = "gelu_tanh" if mlp.gelu_approximate else "gelu"
+    hidden = project(mlp.fc1, direct_layer_norm(block.norm2, z), "in", activation=activation)
+    scale = None if gate_rows is None else block._gate.mlp_scale(gate_rows, block.alpha)
+    return project(mlp.fc2, hidden, "out", residual=z, scale=scale)
+
+
+def _stored(variable):
+    """A weight as stored (a Keras variable read as Keras reads it: stateless scopes included)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable

@@ -1,0 +1,273 @@
+"""A nested projection over all token groups as one Triton launch for torch
+(``keras_mone.kernels.triton_grouped_projection``): equal to a float64 numpy reference of MoNE
+Eq. 5-7 and to torch's per-group path through Triton's interpreter (CI has no GPU), inside a
+MoNE ViT's packed blocks (``layers.packed_kernels``), under ``torch.compile`` as a custom op, and
+compiled for an H100's sm_90 without one."""
+
+import math
+
+import numpy as np
+import pytest
+from conftest import BACKEND
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="a Triton kernel for the torch backend")
+
+SPANS = ((0, 37), (37, 37), (37, 101), (101, 150), (150, 160))
+"""Five token groups of rows, one empty, sizes not multiples of the tiles' rows."""
+
+
+def _kernel():
+    from keras_mone.kernels import triton_grouped_projection
+
+    if not triton_grouped_projection.available():
+        pytest.skip("Triton is not installed (the test extra installs it)")
+    return triton_grouped_projection
+
+
+def _arrays(rows, contraction, columns, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, contraction)), rng.standard_normal((contraction, columns)) / math.sqrt(contraction),
+            rng.standard_normal(columns) / 4, rng.standard_normal((rows, columns)), 1 + rng.random(rows))
+
+
+def _numpy_reference(x, w, b, spans, widths, side, activation=None, residual=None, scale=None):
+    """MoNE App. A.1 Eq. 5-7 in float64: in ``act(x[:, :d] W[:d] + b)``; out ``Pad(x W[:, :d] +
+    b[:d])``, then ``residual + scale * out``."""
+    out = np.zeros((x.shape[0], w.shape[1]))
+    for (start, stop), d in zip(spans, widths):
+        if side == "in":
+            out[start:stop] = x[start:stop, :d] @ w[:d] + (0 if b is None else b)
+        else:
+            out[start:stop, :d] = x[start:stop] @ w[:, :d] + (0 if b is None else b[:d])
+    if activation == "gelu":
+        out = 0.5 * out * (1 + np.vectorize(math.erf)(out / math.sqrt(2)))
+    if activation == "gelu_tanh":
+        out = 0.5 * out * (1 + np.tanh(math.sqrt(2 / math.pi) * (out + 0.044715 * out**3)))
+    if scale is not None:
+        out = out * scale[:, None]
+    return out if residual is None else out + residual
+
+
+def _torch(*arrays, dtype="float32"):
+    import torch
+
+    return [None if a is None else torch.as_tensor(a).to(getattr(torch, dtype)) for a in arrays]
+
+
+@pytest.mark.parametrize("side, widths, options", [
+    ("in", (48, 16, 96, 32, 80), {}),
+    ("in", (48, 16, 96, 32, 80), {"activation": "gelu"}),
+    ("in", (96, 16, 48, 96, 32), {"activation": "gelu_tanh", "bias": False}),
+    ("out", (32, 16, 64, 48, 16), {"residual": True, "scale": True}),
+    ("out", (64, 16, 16, 32, 48), {"residual": True}),
+    ("out", (16, 16, 48, 64, 64), {"bias": False}),
+])
+@pytest.mark.parametrize("tiles", [(32, 32, 32, 4, 2), (64, 16, 16, 4, 3)])
+def test_the_kernel_equals_a_float64_reference(side, widths, options, tiles):
+    """float32, every epilogue, widths that are and are not multiples of the contraction step
+    (an in-projection's d = 48 with 32-element steps: the tile past d reads zeros), an empty
+    group, a group smaller than a row tile. Within float32 rounding of the largest value: the
+    products over K <= 96 accumulate in float32 as torch's GEMMs do."""
+    kernel = _kernel()
+    contraction, columns = (96, 64) if side == "in" else (64, 64)
+    x, w, b, residual, scale = _arrays(160, contraction, columns)
+    b = b if options.get("bias", True) else None
+    residual = residual if options.get("residual") else None
+    scale = scale if options.get("scale") else None
+    expected = _numpy_reference(x, w, b, SPANS, widths, side, options.get("activation"), residual, scale)
+    got = kernel.grouped_projection(*_torch(x, w, b), SPANS, widths, side, options.get("activation"),
+                                    *_torch(residual, scale), tiles=tiles)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+
+
+def test_bfloat16_rows_match_torchs_bfloat16_path():
+    """bf16 rows and epilogue tensors. With bf16 weights the kernel and torch's path accumulate
+    the same products in float32 and round once: apart by one rounding of the output (Triton
+    3.5's interpreter casts to bf16 by truncation, a card to nearest: up to 2^-7 of the largest
+    value). With float32 weights (mixed precision: each tile cast as it is loaded, by the same
+    truncation here) within two such casts of the float64 result on the same bf16 inputs."""
+    import torch
+
+    kernel = _kernel()
+    for side, widths in (("in", (48, 16, 96, 32, 80)), ("out", (32, 16, 64, 48, 16))):
+        contraction, columns = (96, 64) if side == "in" else (64, 64)
+        x, w, b, residual, scale = _arrays(160, contraction, columns, seed=1)
+        x16, w16, b16, residual16, scale16 = _torch(x, w, b, residual, scale, dtype="bfloat16")
+        epilogue = {"activation": "gelu"} if side == "in" else {"residual": residual16, "scale": scale16}
+        got = kernel.grouped_projection(x16, w16, b16, SPANS, widths, side, **epilogue, tiles=(32, 32, 32, 4, 2))
+        expected = kernel.plain_grouped_projection(x16, w16, b16, SPANS, widths, side, **epilogue)
+        assert got.dtype == expected.dtype == torch.bfloat16
+        largest = float(expected.float().abs().max())
+        assert float((got.float() - expected.float()).abs().max()) <= 2**-7 * largest
+        w32, b32 = _torch(w, b)
+        mixed = kernel.grouped_projection(x16, w32, b32, SPANS, widths, side, **epilogue, tiles=(32, 32, 32, 4, 2))
+        wide = {k: v.double().numpy() for k, v in epilogue.items() if k != "activation"}
+        exact = _numpy_reference(x16.double().numpy(), w, b, SPANS, widths, side, epilogue.get("activation"), **wide)
+        assert np.abs(mixed.double().numpy() - exact).max() <= 2**-6 * np.abs(exact).max()
+
+
+def test_gradients_are_the_plain_paths_and_the_op_compiles():
+    """With autograd the kernel runs as ``keras_mone::grouped_projection``, whose backward pass
+    is the plain path's: gradients of every input within float32 rounding of autodiff through
+    ``plain_grouped_projection``; under ``torch.compile(fullgraph=True)`` (fake tensors, the
+    op's registered shape) the compiled forward and gradients are the eager ones."""
+    import torch
+
+    kernel = _kernel()
+    x, w, b, residual, scale = _torch(*_arrays(160, 64, 64, seed=2))
+    widths = (32, 16, 64, 48, 16)
+
+    def loss(function, *tensors):
+        return (function(*tensors[:3], SPANS, widths, "out", residual=tensors[3], scale=tensors[4]) ** 2).sum()
+
+    def grads(function, compiled=False):
+        tensors = [t.clone().requires_grad_() for t in (x, w, b, residual, scale)]
+        run = torch.compile(loss, backend="aot_eager", fullgraph=True) if compiled else loss
+        value = run(function, *tensors)
+        return [value.detach(), *torch.autograd.grad(value, tensors)]
+
+    expected = grads(kernel.plain_grouped_projection)
+    for got in (grads(kernel.grouped_projection), grads(kernel.grouped_projection, compiled=True)):
+        for a, e in zip(got, expected):
+            np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=0, atol=4e-6 * float(e.abs().max()))
+
+
+def test_bad_arguments_are_named():
+    import torch
+
+    kernel = _kernel()
+    x, w, b = _torch(*_arrays(160, 64, 32)[:3])
+    widths = (32, 16, 64, 48, 16)
+    cases = [
+        (dict(side="middle"), "`side` must be one of"),
+        (dict(activation="relu"), "`activation` must be one of"),
+        (dict(side="out", activation="gelu"), "`activation` must be one of"),
+        (dict(residual=torch.zeros(160, 32)), "`residual` and `scale` belong to side 'out'"),
+        (dict(spans=((0, 100), (90, 160), (160, 160), (160, 160), (160, 160))), "`spans` must be"),
+        (dict(widths=(32, 16, 65, 48, 16)), "`spans` must be"),
+        (dict(tiles=(32, 32, 24, 4, 2)), "`tiles` must be"),
+        (dict(tiles=(32, 64, 32, 4, 2)), "block_cols \\(64\\) must divide N = 32"),
+        (dict(x=x.double()), "`x` must be float16, bfloat16 or float32"),
+        (dict(w=w[:32]), "`x` must be \\(rows, K\\)"),
+        (dict(b=b.long()), "`b` must be a floating tensor"),
+    ]
+    for change, message in cases:
+        arguments = dict(x=x, w=w, b=b, spans=SPANS, widths=widths, side="in") | change
+        with pytest.raises(ValueError, match=message):
+            kernel.grouped_projection(**arguments)
+    with pytest.raises(ValueError, match="`scale` must be \\(rows,\\)"):
+        kernel.grouped_projection(x, w, b, SPANS, (32, 16, 32, 16, 16), "out", scale=torch.ones(5))
+
+
+def test_the_tiles_variable_names_a_shapes_tiles(monkeypatch):
+    kernel = _kernel()
+    calls = []
+    original = kernel._launch
+    monkeypatch.setattr(kernel, "_launch", lambda *a: calls.append(a[9]) or original(*a))
+    x, w, b = _torch(*_arrays(160, 64, 32)[:3])
+    monkeypatch.setenv(kernel.TILES_ENV, "64x32=16,16,16,2,2;768x2304=64,128,64,4,3")
+    kernel.grouped_projection(x, w, b, SPANS, (32, 16, 64, 48, 16), "in")
+    assert calls == [(16, 16, 16, 2, 2)]
+    monkeypatch.setenv(kernel.TILES_ENV, "64x32=16,24,16,2,2")
+    with pytest.raises(ValueError, match="`tiles` must be"):
+        kernel.grouped_projection(x, w, b, SPANS, (32, 16, 64, 48, 16), "in")
+
+
+def _mone_model(seed, dtype="float32"):
+    from conftest import images, randomize_weights
+
+    from keras_mone import models
+
+    config = dict(image_size=32, patch_size=8, hidden_dim=64, depth=2, num_heads=4, mlp_dim=128)
+    model = models.ImageClassifier(models.MoNEViTBackbone(**config, capacity=0.3), num_classes=5, dtype=dtype)
+    model(images()[:1])
+    randomize_weights(model, seed=seed)
+    return model
+
+
+def _launches(monkeypatch):
+    from keras_mone.kernels import triton_grouped_projection
+
+    sides = []
+    original = triton_grouped_projection._launch
+    monkeypatch.setattr(triton_grouped_projection, "_launch", lambda *a: sides.append(a[7]) or original(*a))
+    return sides
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_a_mone_vit_on_eager_torch_runs_four_launches_per_block_and_agrees(monkeypatch, dtype):
+    """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch: each packed block runs q/k/v, the
+    attention's out-projection, fc1 and fc2 as one launch each (interpreted here) and the
+    logits are the per-group path's: within float32 rounding in float32; in mixed_bfloat16
+    within 2 bf16 roundings of the largest logit (the kernel rounds each epilogue once, the
+    per-group path after each op)."""
+    import torch
+    from conftest import assert_f32_close, images
+
+    from keras_mone.layers import platform_forms
+
+    _kernel()
+    model = _mone_model(seed=8, dtype=dtype)
+    sides = _launches(monkeypatch)
+    logits = {}
+    for form in ("grouped_kernel", "per_group"):
+        monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
+        with torch.no_grad():
+            logits[form] = model(images()).float().cpu().numpy()
+    assert sides == ["in", "out", "in", "out"] * 2
+    assert np.abs(logits["per_group"]).max() > 0.1
+    if dtype == "float32":
+        assert_f32_close(logits["grouped_kernel"], logits["per_group"], ulps=64)
+    else:
+        difference = np.abs(logits["grouped_kernel"] - logits["per_group"]).max()
+        assert difference <= 2 * 2**-8 * max(1.0, np.abs(logits["per_group"]).max())
+
+
+def test_a_mone_vit_trains_through_the_op_and_compiles_in_one_graph(monkeypatch):
+    """Training gradients through the custom op equal the per-group path's, and the packed
+    blocks with the kernel trace into one ``torch.compile`` graph (``fullgraph=True``)."""
+    import torch
+    from conftest import assert_f32_close, images
+
+    from keras_mone.layers import platform_forms
+
+    _kernel()
+    model = _mone_model(seed=9)
+    sides = _launches(monkeypatch)
+    x = torch.as_tensor(images())
+    variables = [v.value for v in model.trainable_variables]
+    grads = {}
+    for form in ("grouped_kernel", "per_group"):
+        monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
+        grads[form] = torch.autograd.grad((model(x, training=True) ** 2).sum(), variables)
+    assert sides == ["in", "out", "in", "out"] * 2
+    for got, want in zip(grads["grouped_kernel"], grads["per_group"]):
+        assert_f32_close(got.numpy(), want.numpy(), ulps=256)
+    monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
+    sides.clear()
+    with torch.no_grad():
+        compiled = torch.compile(lambda images: model(images), backend="aot_eager", fullgraph=True)(x)
+        eager = model(x)
+    assert len(sides) == 16  # 8 launches by the compiled call (the op), 8 by the eager one
+    assert_f32_close(compiled.numpy(), eager.numpy())
+
+
+def test_compiles_for_an_h100_with_warpgroup_mma():
+    """ViT-B/16's fc1 (GELU epilogue) and fc2 (gate and residual) at MoNE e_c 0.3's groups,
+    batch 256, bf16 rows and float32 weights at the default tiles: Triton compiles the kernel
+    for sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``. In a fresh process: the
+    interpreter of the tests above leaves ``triton.language`` patched."""
+    import subprocess
+    import sys
+
+    _kernel()
+    script = (
+        "from keras_mone.kernels import triton_grouped_projection as kernel\n"
+        "groups = [(84 * 256, 96), (61 * 256, 192), (37 * 256, 384), (14 * 256, 768)]\n"
+        "fc1 = kernel.compile_for_cuda(768, 3072, groups, 'in', activation='gelu')\n"
+        "fc2 = kernel.compile_for_cuda(3072, 768, groups, 'out', residual=True, scale=True)\n"
+        "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "True True", result.stdout
