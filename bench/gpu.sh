@@ -39,6 +39,11 @@
 #  4c. torch ViT-B/16 e_c 0.3, batch 256, mixed_bfloat16, eager (vit_b16_b256_torch), and the same
 #      with the nested MLPs through the Triton kernel (vit_b16_b256_torch_fused_mlp, KERAS_MONE_MLP=fused);
 #      triton_mlp: that kernel against torch's ops per nested group, with its tile grid (bench/triton_mlp.py)
+#  4d. torch ViT-B/16 e_c 0.3 with each nested projection one Triton launch over all token groups
+#      (KERAS_MONE_PROJECTIONS=grouped_kernel): triton_grouped_tiles (bench/triton_grouped_tiles.py: its tiles
+#      against torch's per-group ops, each checked), then vit_b16_b256_torch_grouped (eager, bf16, batch 256,
+#      the screen's winners), vit_b16_b64_torch_grouped (eager, float32, batch 64) and
+#      vit_b16_b256_torch_compiled_grouped (torch.compile's default mode, bf16, batch 256)
 #   5. jax   ViViT-FE-B/16 32x256x256, e_c 0.4, batch 1, float32, device input
 #   6. jax   ViViT-FE-B/16 32x256x256, e_c 0.3, batch 8, float32 + mixed_bfloat16, device input
 #   7. jax   run 1 at e_c 0.3, mixed_bfloat16, device input, with the CPU's explicit attention
@@ -94,6 +99,7 @@
 # FORMS_VIVIT (the forms of each sweep), FORMS_EXTRA (appended to every sweep), TORCH_COMPILE=1
 # (run 4 also under torch.compile, default and reduce-overhead: adds minutes), WHEELS, and
 # FORMS_GROUPED / FORMS_GROUPED_F32 (the forms of the bf16 / float32 *_grouped sweeps), GROUPED_TILES_ARGS (for bench/grouped_tiles.py),
+# TRITON_GROUPED_TILES_ARGS (for bench/triton_grouped_tiles.py), PROJECTIONS (KERAS_MONE_PROJECTIONS of a bench run),
 # WEIGHT_TILES_ARGS (for bench/weight_gradient_tiles.py),
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
@@ -174,7 +180,8 @@ bench() {  # bench NAME BACKEND ARGS...: one `keras-mone bench` process
     mkdir -p "$OUT_DIR/$name"
     local limit="TIMEOUT_$name"  # e.g. TIMEOUT_vit_b16_b64=200; default STEP_TIMEOUT
     # shellcheck disable=SC2086  # EXTRA_ARGS: one word per argument
-    KERAS_MONE_ATTENTION="${ATTENTION:-}" KERAS_MONE_MLP="${MLP:-}" KERAS_BACKEND="$backend" \
+    KERAS_MONE_ATTENTION="${ATTENTION:-}" KERAS_MONE_MLP="${MLP:-}" KERAS_MONE_PROJECTIONS="${PROJECTIONS:-}" \
+        KERAS_BACKEND="$backend" \
         timeout "${!limit:-$STEP_TIMEOUT}" "$PYTHON" -m keras_mone.cli.main bench "$@" "${COMMON[@]}" \
         --output "$OUT_DIR/$name" ${EXTRA_ARGS:-} >"$OUT_DIR/$name/log.txt" 2>&1
     local rc=$?
@@ -304,6 +311,25 @@ script_run torch_host_time "." env KERAS_TORCH_DEVICE=cpu KERAS_BACKEND=torch "$
 # shellcheck disable=SC2086  # TRITON_MLP_ARGS: one word per argument
 script_run triton_mlp "^- d = |KERAS_MONE_MLP_TILES|No setting" \
     env KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/triton_mlp.py" ${TRITON_MLP_ARGS:---sweep --budget 60}
+# torch's packed blocks with each nested projection one Triton launch over all token groups
+# (KERAS_MONE_PROJECTIONS=grouped_kernel on torch: kernels/triton_grouped_projection.py, layers/packed_kernels.py):
+# its tiles against torch's per-group ops first (bench/triton_grouped_tiles.py, bf16, batch 256, each setting
+# checked), then MoNE-ViT-B/16 against dense with the winners (a KERAS_MONE_PROJECTION_TILES set beforehand
+# wins): eager bf16 at batch 256, eager float32 at batch 64, and under torch.compile at batch 256
+# shellcheck disable=SC2086  # TRITON_GROUPED_TILES_ARGS: one word per argument
+script_run triton_grouped_tiles "best|no tile setting|KERAS_MONE_PROJECTION_TILES" \
+    env KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/triton_grouped_tiles.py" ${TRITON_GROUPED_TILES_ARGS:---budget 60}
+torch_grouped_tiles=$(grep -o 'KERAS_MONE_PROJECTION_TILES="[^"]*"' "$OUT_DIR/triton_grouped_tiles.md" 2>/dev/null \
+    | cut -d'"' -f2)
+KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$torch_grouped_tiles}" PROJECTIONS=grouped_kernel \
+    bench vit_b16_b256_torch_grouped torch "${B16[@]}" --capacities 0.3 --batch-size 256 \
+    --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
+PROJECTIONS=grouped_kernel bench vit_b16_b64_torch_grouped torch "${B16[@]}" --capacities 0.3 --batch-size 64 \
+    --precision float32 --no-train-step --no-host-input --no-timm
+TIMEOUT_vit_b16_b256_torch_compiled_grouped="${TIMEOUT_vit_b16_b256_torch_compiled_grouped:-300}" \
+    KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$torch_grouped_tiles}" PROJECTIONS=grouped_kernel \
+    bench vit_b16_b256_torch_compiled_grouped torch "${B16[@]}" --capacities 0.3 --batch-size 256 \
+    --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm --torch-compile default
 # the block kernel's tiles on this card (bench/kernel_tiles.py), then the model with the best ones;
 # then the same for the MLP kernel alone (KERAS_MONE_MLP=mlp_kernel: LayerNorm and residual XLA's)
 tuned_forms kernel_tiles residual forms_vit_bf16_tuned fused_mlp

@@ -30,9 +30,13 @@ def _arrays(rows, contraction, columns, seed=0):
             rng.standard_normal(columns) / 4, rng.standard_normal((rows, columns)), 1 + rng.random(rows))
 
 
-def _numpy_reference(x, w, b, spans, widths, side, activation=None, residual=None, scale=None):
-    """MoNE App. A.1 Eq. 5-7 in float64: in ``act(x[:, :d] W[:d] + b)``; out ``Pad(x W[:, :d] +
-    b[:d])``, then ``residual + scale * out``."""
+def _numpy_reference(x, w, b, spans, widths, side, activation=None, residual=None, scale=None, norm=None):
+    """MoNE App. A.1 Eq. 5-7 in float64: in ``act(LN(x)[:, :d] W[:d] + b)`` (``norm``: the
+    LayerNorm's ``(epsilon, gamma, beta)``); out ``Pad(x W[:, :d] + b[:d])``, then
+    ``residual + scale * out``."""
+    if norm is not None:
+        epsilon, gamma, beta = norm
+        x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + epsilon) * gamma + beta
     out = np.zeros((x.shape[0], w.shape[1]))
     for (start, stop), d in zip(spans, widths):
         if side == "in":
@@ -78,6 +82,36 @@ def test_the_kernel_equals_a_float64_reference(side, widths, options, tiles):
     got = kernel.grouped_projection(*_torch(x, w, b), SPANS, widths, side, options.get("activation"),
                                     *_torch(residual, scale), tiles=tiles)
     np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("widths, tiles", [((48, 16, 96, 32, 80), (32, 32, 32, 4, 2)),
+                                           ((96, 16, 96, 64, 16), (64, 16, 16, 4, 3))])
+def test_the_layer_norm_prologue_equals_a_float64_reference(widths, tiles):
+    """``norm=``: the statistics from ``kernels.triton_row_statistics`` (one pass, interpreted)
+    within float32 rounding of numpy's, and the normalised projection within float32 rounding
+    of the float64 LayerNorm then Eq. 5-6 (rows far from zero mean: offsets of 3)."""
+    import torch
+
+    from keras_mone.kernels import triton_row_statistics
+
+    kernel = _kernel()
+    x, w, b, _, _ = _arrays(160, 96, 64, seed=3)
+    x = x + 3.0
+    gamma, beta = 1 + np.random.default_rng(4).random(96), np.random.default_rng(5).standard_normal(96) / 4
+    x32, = _torch(x)
+    mean, rstd = triton_row_statistics.row_statistics(x32, 1e-6)
+    assert mean.dtype == rstd.dtype == torch.float32
+    np.testing.assert_allclose(mean.numpy(), x.mean(-1), rtol=2e-6)
+    np.testing.assert_allclose(rstd.numpy(), 1 / np.sqrt(x.var(-1) + 1e-6), rtol=4e-6)
+    got = kernel.grouped_projection(x32, *_torch(w, b), SPANS, widths, "in", "gelu",
+                                    norm=(mean, rstd, *_torch(gamma, beta)), tiles=tiles)
+    expected = _numpy_reference(x, w, b, SPANS, widths, "in", "gelu", norm=(1e-6, gamma, beta))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=8e-6 * np.abs(expected).max())
+    for dtype in ("bfloat16", "float16"):  # rows of 16-bit types read as they are, reduced in float32
+        rows, = _torch(x, dtype=dtype)
+        wide = triton_row_statistics.row_statistics(rows, 1e-6)
+        for got, want in zip(wide, triton_row_statistics.plain_row_statistics(rows, 1e-6)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=4e-6)
 
 
 def test_bfloat16_rows_match_torchs_bfloat16_path():
@@ -150,12 +184,14 @@ def test_bad_arguments_are_named():
         (dict(x=x.double()), "`x` must be float16, bfloat16 or float32"),
         (dict(w=w[:32]), "`x` must be \\(rows, K\\)"),
         (dict(b=b.long()), "`b` must be a floating tensor"),
+        (dict(norm=(x[:, 0],) * 3), "`norm` is \\(mean, rstd, gamma, beta\\)"),
+        (dict(norm=(x[:, 0], x[:, 0], b, b)), "`gamma` must have shape \\(64,\\)"),
     ]
     for change, message in cases:
         arguments = dict(x=x, w=w, b=b, spans=SPANS, widths=widths, side="in") | change
         with pytest.raises(ValueError, match=message):
             kernel.grouped_projection(**arguments)
-    with pytest.raises(ValueError, match="`scale` must be \\(rows,\\)"):
+    with pytest.raises(ValueError, match="`scale` must have shape \\(160,\\)"):
         kernel.grouped_projection(x, w, b, SPANS, (32, 16, 32, 16, 16), "out", scale=torch.ones(5))
 
 
@@ -163,7 +199,7 @@ def test_the_tiles_variable_names_a_shapes_tiles(monkeypatch):
     kernel = _kernel()
     calls = []
     original = kernel._launch
-    monkeypatch.setattr(kernel, "_launch", lambda *a: calls.append(a[9]) or original(*a))
+    monkeypatch.setattr(kernel, "_launch", lambda *a: calls.append(a[13]) or original(*a))
     x, w, b = _torch(*_arrays(160, 64, 32)[:3])
     monkeypatch.setenv(kernel.TILES_ENV, "64x32=16,16,16,2,2;768x2304=64,128,64,4,3")
     kernel.grouped_projection(x, w, b, SPANS, (32, 16, 64, 48, 16), "in")
@@ -190,14 +226,15 @@ def _launches(monkeypatch):
 
     sides = []
     original = triton_grouped_projection._launch
-    monkeypatch.setattr(triton_grouped_projection, "_launch", lambda *a: sides.append(a[7]) or original(*a))
+    monkeypatch.setattr(triton_grouped_projection, "_launch", lambda *a: sides.append(a[11]) or original(*a))
     return sides
 
 
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
 def test_a_mone_vit_on_eager_torch_runs_four_launches_per_block_and_agrees(monkeypatch, dtype):
     """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch: each packed block runs q/k/v, the
-    attention's out-projection, fc1 and fc2 as one launch each (interpreted here) and the
+    attention's out-projection, fc1 and fc2 as one launch each (interpreted here), its two
+    LayerNorms as the in-projections' prologues, and the
     logits are the per-group path's: within float32 rounding in float32; in mixed_bfloat16
     within 2 bf16 roundings of the largest logit (the kernel rounds each epilogue once, the
     per-group path after each op)."""
@@ -206,15 +243,20 @@ def test_a_mone_vit_on_eager_torch_runs_four_launches_per_block_and_agrees(monke
 
     from keras_mone.layers import platform_forms
 
+    from keras_mone.kernels import triton_row_statistics
+
     _kernel()
     model = _mone_model(seed=8, dtype=dtype)
     sides = _launches(monkeypatch)
+    statistics = []
+    original = triton_row_statistics.row_statistics
+    monkeypatch.setattr(triton_row_statistics, "row_statistics", lambda *a: statistics.append(1) or original(*a))
     logits = {}
     for form in ("grouped_kernel", "per_group"):
         monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
         with torch.no_grad():
             logits[form] = model(images()).float().cpu().numpy()
-    assert sides == ["in", "out", "in", "out"] * 2
+    assert sides == ["in", "out", "in", "out"] * 2 and len(statistics) == 4  # both LayerNorms as prologues
     assert np.abs(logits["per_group"]).max() > 0.1
     if dtype == "float32":
         assert_f32_close(logits["grouped_kernel"], logits["per_group"], ulps=64)
@@ -253,21 +295,48 @@ def test_a_mone_vit_trains_through_the_op_and_compiles_in_one_graph(monkeypatch)
 
 
 def test_compiles_for_an_h100_with_warpgroup_mma():
-    """ViT-B/16's fc1 (GELU epilogue) and fc2 (gate and residual) at MoNE e_c 0.3's groups,
-    batch 256, bf16 rows and float32 weights at the default tiles: Triton compiles the kernel
-    for sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``. In a fresh process: the
+    """ViT-B/16's fc1 (LayerNorm prologue, GELU epilogue) and fc2 (gate and residual) at MoNE
+    e_c 0.3's groups, batch 256, bf16 rows and float32 weights at the default tiles: Triton
+    compiles the kernel for sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``; the
+    row statistics kernel compiles too. In a fresh process: the
     interpreter of the tests above leaves ``triton.language`` patched."""
     import subprocess
     import sys
 
     _kernel()
     script = (
-        "from keras_mone.kernels import triton_grouped_projection as kernel\n"
+        "from keras_mone.kernels import triton_grouped_tile as kernel\n"
         "groups = [(84 * 256, 96), (61 * 256, 192), (37 * 256, 384), (14 * 256, 768)]\n"
-        "fc1 = kernel.compile_for_cuda(768, 3072, groups, 'in', activation='gelu')\n"
+        "from keras_mone.kernels import triton_row_statistics as statistics\n"
+        "fc1 = kernel.compile_for_cuda(768, 3072, groups, 'in', activation='gelu', norm=True)\n"
         "fc2 = kernel.compile_for_cuda(3072, 768, groups, 'out', residual=True, scale=True)\n"
-        "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2)))\n"
+        "rows = statistics.compile_for_cuda(768)\n"
+        "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2)), 'ld.global' in rows.asm['ptx'])\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "True True", result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "True True True", result.stdout
+
+
+def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
+    """``bench/triton_grouped_tiles.py`` (in ``bench/gpu.sh``) at a tiny size, interpreted: every
+    projection's default and given settings checked against torch's ops and timed, a setting the
+    kernel refuses listed as failed, and the winners printed as the tiles variable."""
+    import pathlib
+
+    _kernel()
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import triton_grouped_tiles
+
+    text = triton_grouped_tiles.main(["--batch-size", "1", "--dim", "64", "--hidden", "128", "--tokens", "20",
+                                      "--repeats", "1", "--tiles", "16,16,16,4,2;16,24,16,4,2"])
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "(" in line]
+    assert len(rows) == 12 and sum("torch's ops |" in row for row in rows) == 8
+    assert sum("failed: ValueError: `tiles` must be" in row for row in rows) == 4
+    assert 'KERAS_MONE_PROJECTION_TILES="64x192=' in text and "128x64=" in text
+    assert [n for n, _ in triton_grouped_tiles.group_shapes(0.3, 196, 768)] == [84, 61, 37, 14]
+    text = triton_grouped_tiles.main(["--batch-size", "1", "--dim", "64", "--hidden", "128", "--tokens", "20",
+                                      "--repeats", "1", "--tiles", "16,16,16,4,2", "--budget", "0"])
+    assert text.count("not timed: --budget spent") == 8 and "no tile setting ran" in text
+    with pytest.raises(SystemExit):
+        triton_grouped_tiles.main(["--budget", "-1"])

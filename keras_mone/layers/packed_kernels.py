@@ -10,11 +10,12 @@ group and projection (MoNE App. A.1 Eq. 5-7)::
     z   = x + Proj_out(SA(q, k, v))                each group writes its first d_j features
     x'  = z + (alpha g + 1) Proj_out(GELU(Proj_in(LN2(z))))     (Eq. 1; the gate "mone")
 
-fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues: no pass of its
-own over the hidden activations or the residual stream, no zero padding, no concatenation
-(q, k and v are strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them). The
-weights are read as stored (float32 under mixed precision; the kernel casts each tile). The
-LayerNorms and attention are torch's. Blocks the kernel does not cover keep the per-group
+fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues and both
+LayerNorms the in-projections' prologues (each row's statistics in one pass beforehand,
+``kernels.triton_row_statistics``): no pass of its own over the hidden activations, the
+normalised tokens or the residual stream, no zero padding, no concatenation (q, k and v are
+strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them). The weights are read
+as stored (float32 under mixed precision; the kernel casts each tile). Attention is torch's. Blocks the kernel does not cover keep the per-group
 path: all groups at full width (dense's GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16,
 rows that are not float16, bfloat16 or float32, torch's autocast. Gradients are the
 per-group path's, recomputed (the kernel's custom op). Not timed on a card.
@@ -23,7 +24,7 @@ per-group path's, recomputed (the kernel's custom op). Not timed on a card.
 import keras
 
 from keras_mone.layers.platform_forms import fused_attention, projections_form
-from keras_mone.layers.torch_eager import direct_layer_norm
+from keras_mone.layers.torch_eager import direct_layer_norm, torch_hooks
 
 
 def kernels_apply(block, rows, widths):
@@ -54,16 +55,35 @@ def kernel_halves(block, rows, spans, widths, sizes, gate_rows=None):
         kernel, bias = (None if v is None else _stored(v) for v in (layer.kernel, layer.bias))
         return grouped_projection(x, kernel, bias, spans, widths, side, interpret=interpret, **epilogue)
 
+    def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the prologue where it can
+        prologue = _prologue(norm, x, interpret)
+        return project(layer, x if prologue else direct_layer_norm(norm, x), "in", norm=prologue, **epilogue)
+
     tokens, dim, heads = sum(sizes), block.hidden_dim, attention.num_heads
-    qkv = project(attention.qkv, direct_layer_norm(block.norm1, rows), "in")
+    qkv = normalized_projection(block.norm1, attention.qkv, rows)
     # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
     qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
     attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3).reshape(-1, dim)
     z = project(attention.out, attended, "out", residual=rows)
     activation = "gelu_tanh" if mlp.gelu_approximate else "gelu"
-    hidden = project(mlp.fc1, direct_layer_norm(block.norm2, z), "in", activation=activation)
+    hidden = normalized_projection(block.norm2, mlp.fc1, z, activation=activation)
     scale = None if gate_rows is None else block._gate.mlp_scale(gate_rows, block.alpha)
     return project(mlp.fc2, hidden, "out", residual=z, scale=scale)
+
+
+def _prologue(layer, rows, interpret):
+    """``(mean, rstd, gamma, beta)`` for a kernel's LayerNorm prologue, or ``None`` where the
+    layer runs itself (``torch_eager.direct_layer_norm``): a built Keras ``LayerNormalization``
+    over the last axis with both weights, without RMS scaling, activity regularizer,
+    rematerialisation or torch hooks. Statistics: ``kernels.triton_row_statistics``."""
+    plain = (type(layer) is keras.layers.LayerNormalization and layer.built and not layer.rms_scaling
+             and list(layer.axis) in ([-1], [1]) and layer.gamma is not None and layer.beta is not None
+             and layer.activity_regularizer is None and getattr(layer, "_remat_mode", None) is None)
+    if not plain or torch_hooks(layer):
+        return None
+    from keras_mone.kernels.triton_row_statistics import row_statistics
+
+    return (*row_statistics(rows, layer.epsilon, interpret), _stored(layer.gamma), _stored(layer.beta))
 
 
 def _stored(variable):

@@ -1,0 +1,190 @@
+"""The Triton program of torch's grouped nested projection: one launch over all of a block's
+token groups (``kernels.triton_grouped_projection`` holds the function users call, its checks,
+its plain twin and its custom op; its module docstring gives the equations).
+
+A program takes ``BLOCK_ROWS`` rows of one group by ``BLOCK_COLS`` output columns. Each group
+is a branch of its own, with its first row tile, rows and width known when the kernel compiles
+(the static group table ``FIRSTS``, ``STARTS``, ``SIZES``, ``WIDTHS``); a program runs the
+branch its row tile lies in. Block pointers whose shapes end at the group's last row and its
+width give zeros past them as they load: x's features past ``d`` (an in-projection), W's
+columns past ``d`` (an out-projection: Eq. 7's ``Pad``), with no per-element masks.
+"""
+
+import functools
+
+from keras_mone.kernels.tiles import launchable
+
+ACTIVATIONS = (None, "gelu", "gelu_tanh")
+
+
+def check_tiles(tiles, contraction, columns):
+    """Raises ``ValueError`` naming what is wrong with ``tiles`` for a ``(K, N)`` projection."""
+    if not launchable(tuple(tiles), blocks=3):
+        raise ValueError(f"`tiles` must be (block_rows, block_cols, block_k, num_warps, num_stages): four powers "
+                         f"of 2, blocks of at least 16 (Triton's dot), and a positive stage count; got {tiles!r}.")
+    if columns % tiles[1] or contraction % tiles[2]:
+        raise ValueError(f"`tiles`' block_cols ({tiles[1]}) must divide N = {columns} and block_k ({tiles[2]}) "
+                         f"divide K = {contraction}.")
+
+
+def default_tiles(contraction, columns):
+    """``(block_rows, block_cols, block_k, num_warps, num_stages)`` for a ``(K, N)`` projection:
+    128 rows on 8 warps (two Hopper warpgroups), the widest power of 2 up to 128 dividing ``N``,
+    32 contraction elements per step, 3 stages. Compiled for sm_90 without a card
+    (``compile_for_cuda``, BENCHMARKS.md) at MoNE-ViT-B/16's four projections, bf16 and float32
+    rows, float32 weights: wgmma everywhere; the in-projections with the LayerNorm prologue
+    without spills, the out-projections' gate and residual epilogue spilling 108-152 bytes once
+    per program; 64-element steps in bf16 spilled 228-424 bytes. Not screened on a card
+    (``bench/triton_grouped_tiles.py``)."""
+    return (128, _power_of_2_dividing(columns, 128), _power_of_2_dividing(contraction, 32), 8, 3)
+
+
+def _power_of_2_dividing(n, at_most):
+    power = at_most
+    while power > 16 and n % power:
+        power //= 2
+    return power
+
+
+def group_table(sizes, widths, block_rows):
+    """The kernel's static group table ``(FIRSTS, STARTS, SIZES, WIDTHS)`` of the non-empty groups
+    of ``sizes`` rows (consecutive) at ``widths``, and the number of row tiles."""
+    table, first, start = [], 0, 0
+    for size, width in zip(sizes, widths):
+        if size:
+            table.append((first, start, size, width))
+            first += -(-size // block_rows)
+        start += size
+    return tuple(tuple(column) for column in zip(*table)) if table else ((), (), (), ()), first
+
+
+def constants(table, contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm,
+              precision, upcast):
+    """The kernel's compile-time arguments."""
+    firsts, starts, sizes, widths = table
+    return dict(FIRSTS=firsts, STARTS=starts, SIZES=sizes, WIDTHS=widths, GROUPS=len(firsts), K=contraction,
+                K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in", ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias,
+                HAS_RESIDUAL=has_residual, HAS_SCALE=has_scale, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
+                BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
+
+
+def compile_for_cuda(contraction, columns, groups, side, dtype="bf16", tiles=None, activation=None,
+                     residual=False, scale=False, norm=False, capability=90, weight_dtype="fp32"):
+    """The kernel for a ``(K, N)`` projection of ``groups`` (``((rows, width), ...)``) compiled by
+    Triton for a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
+    ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``; ``bench/kernel_compile.py`` reads
+    registers and spills from it). ``dtype``: Triton's name of the rows' ("bf16", "fp16",
+    "fp32"); ``weight_dtype`` the weights' (float32: mixed precision's variables)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tiles = tuple(tiles or default_tiles(contraction, columns))
+    check_tiles(tiles, contraction, columns)
+    table, _ = group_table([rows for rows, _ in groups], [width for _, width in groups], tiles[0])
+    compiled = constants(table, contraction, columns, side, activation, tiles, True, residual, scale, norm, "tf32",
+                         False)
+    function = kernel(False)
+    signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weight_dtype}", "b_ptr": f"*{weight_dtype}",
+                 "residual_ptr": f"*{dtype}", "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
+                 "gamma_ptr": f"*{weight_dtype}", "beta_ptr": f"*{weight_dtype}", "out_ptr": f"*{dtype}"}
+    signature.update({name: "i32" for name in ("x_stride", "w_stride", "out_stride")})
+    signature.update({name: "constexpr" for name in compiled})
+    source = ASTSource(function, signature, constexprs={(function.arg_names.index(k),): v for k, v in compiled.items()})
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": tiles[3], "num_stages": tiles[4]})
+
+
+@functools.cache
+def kernel(interpret):
+    """The Triton kernel, compiled (``triton.jit``) or for Triton's interpreter."""
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(_grouped_tile)
+    return triton.jit(_grouped_tile)
+
+
+try:  # the kernel is defined where Triton is installed
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the plain path runs
+    triton = tl = None
+
+if tl is not None:
+
+    def _grouped_tile(x_ptr, w_ptr, b_ptr, residual_ptr, scale_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, out_ptr,
+                      x_stride, w_stride, out_stride,
+                      FIRSTS: tl.constexpr, STARTS: tl.constexpr, SIZES: tl.constexpr, WIDTHS: tl.constexpr,
+                      GROUPS: tl.constexpr, K: tl.constexpr, K_STEPS: tl.constexpr, N: tl.constexpr,
+                      SIDE_IN: tl.constexpr,
+                      ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                      HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                      BLOCK_COLS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                      UPCAST: tl.constexpr):
+        """One program (see the module docstring). Builtins only (as ``triton_nested_mlp``:
+        Triton's ``@jit`` helpers do not run under an interpreter chosen after Triton was
+        imported); ``UPCAST`` (the interpreter): 16-bit operands go to ``tl.dot`` as float32,
+        exact products as on tensor cores. ``HAS_NORM`` (in-projections): each loaded tile is
+        the LayerNorm's ``(x - mean) * (rstd * gamma) + beta`` in float32, rounded to the rows'
+        dtype, zeros past the group's width; the statistics come per row, computed beforehand."""
+        column_tile, row_tile = tl.program_id(0), tl.program_id(1)
+        first_column = column_tile * BLOCK_COLS
+        columns = first_column + tl.arange(0, BLOCK_COLS)
+        inner = tl.arange(0, BLOCK_K)
+        row_type = x_ptr.dtype.element_ty
+        dot_type = tl.float32 if UPCAST else row_type
+        # the group this row tile lies in (the static table), as runtime values: one code path
+        first, start, size, width = row_tile * 0, row_tile * 0, row_tile * 0, row_tile * 0
+        for group in tl.static_range(GROUPS):
+            here = row_tile >= FIRSTS[group]
+            first = tl.where(here, FIRSTS[group], first)
+            start = tl.where(here, STARTS[group], start)
+            size = tl.where(here, SIZES[group], size)
+            width = tl.where(here, WIDTHS[group], width)
+        first_row = start + (row_tile - first) * BLOCK_ROWS
+        rows = first_row + tl.arange(0, BLOCK_ROWS)
+        live = rows < start + size
+        if SIDE_IN:  # the contraction stops at the group's width
+            x_shape, w_shape, steps = (start + size, width), (width, N), (width + BLOCK_K - 1) // BLOCK_K
+        else:  # column tiles past the group's width have nothing to compute
+            x_shape, w_shape, steps = (start + size, K), (K, width), tl.where(first_column < width, K_STEPS, 0)
+        tiles = tl.make_block_ptr(x_ptr, x_shape, (x_stride, 1), (first_row, 0), (BLOCK_ROWS, BLOCK_K), (1, 0))
+        weights = tl.make_block_ptr(w_ptr, w_shape, (w_stride, 1), (0, first_column), (BLOCK_K, BLOCK_COLS), (1, 0))
+        if HAS_NORM:  # the rows' statistics, loaded once per tile
+            mean = tl.load(mean_ptr + rows, mask=live, other=0.0)[:, None]
+            rstd = tl.load(rstd_ptr + rows, mask=live, other=0.0)[:, None]
+        accumulator = tl.full((BLOCK_ROWS, BLOCK_COLS), 0.0, tl.float32)
+        # Triton's interpreter loops to a static bound (K_STEPS = K / BLOCK_K; its loop bounds must be
+        # Python ints, and it makes a tensor of every int assigned): past `steps` the loads give zeros
+        for step in range(0, K_STEPS if UPCAST else steps):
+            tile = tl.load(tiles, boundary_check=(0, 1), padding_option="zero")
+            if HAS_NORM:
+                features = step * BLOCK_K + inner
+                inside = features < width
+                gamma = tl.load(gamma_ptr + features, mask=inside, other=0.0).to(tl.float32)[None, :]
+                beta = tl.load(beta_ptr + features, mask=inside, other=0.0).to(tl.float32)[None, :]
+                tile = ((tile.to(tl.float32) - mean) * (rstd * gamma) + beta).to(row_type)
+                tile = tl.where(inside[None, :], tile, 0.0)
+            panel = tl.load(weights, boundary_check=(0, 1), padding_option="zero")
+            accumulator = tl.dot(tile.to(dot_type), panel.to(row_type).to(dot_type), accumulator,
+                                 input_precision=PRECISION)
+            tiles = tl.advance(tiles, (0, BLOCK_K))
+            weights = tl.advance(weights, (BLOCK_K, 0))
+        if HAS_BIAS:
+            bias_width = N if SIDE_IN else width
+            accumulator += tl.load(b_ptr + columns, mask=columns < bias_width, other=0.0).to(tl.float32)[None, :]
+        if ACTIVATION == 1:  # the exact (erf) GELU
+            accumulator = 0.5 * accumulator * (1.0 + tl.math.erf(accumulator * 0.7071067811865476))
+        if ACTIVATION == 2:  # the tanh GELU: 0.5 x (1 + tanh(u)) = x sigmoid(2u)
+            cubic = accumulator + 0.044715 * accumulator * accumulator * accumulator
+            accumulator = accumulator / (1.0 + tl.exp(-1.5957691216057308 * cubic))
+        if HAS_SCALE:  # the gate, then the residual (out-projections)
+            accumulator *= tl.load(scale_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+        out_shape = (start + size, N)
+        if HAS_RESIDUAL:
+            residual = tl.make_block_ptr(residual_ptr, out_shape, (out_stride, 1), (first_row, first_column),
+                                         (BLOCK_ROWS, BLOCK_COLS), (1, 0))
+            accumulator += tl.load(residual, boundary_check=(0,), padding_option="zero").to(tl.float32)
+        out = tl.make_block_ptr(out_ptr, out_shape, (out_stride, 1), (first_row, first_column),
+                                (BLOCK_ROWS, BLOCK_COLS), (1, 0))
+        tl.store(out, accumulator.to(out_ptr.dtype.element_ty), boundary_check=(0,))
