@@ -154,6 +154,17 @@ def randomize_weights(layer, seed=0, scale=0.3):
         v.assign(value.astype("float32"))
 
 
+def fresh_python_output(script, timeout=600):
+    """The last line ``script`` prints in a fresh Python process, after checking it succeeded (for
+    what must not see this process's state, e.g. Triton compiling after its interpreter patched
+    ``triton.language``)."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
 def max_abs_diff(a, b):
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 

@@ -298,24 +298,20 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
     """ViT-B/16's fc1 (LayerNorm prologue, GELU epilogue) and fc2 (gate and residual) at MoNE
     e_c 0.3's groups, batch 256, bf16 rows and float32 weights at the default tiles: Triton
     compiles the kernel for sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``; the
-    row statistics kernel compiles too. In a fresh process: the
-    interpreter of the tests above leaves ``triton.language`` patched."""
-    import subprocess
-    import sys
+    row statistics kernel compiles too. In a fresh process: the interpreter of the tests above
+    leaves ``triton.language`` patched."""
+    from conftest import fresh_python_output
 
     _kernel()
     script = (
-        "from keras_mone.kernels import triton_grouped_tile as kernel\n"
+        "from keras_mone.kernels import triton_grouped_tile as kernel, triton_row_statistics as statistics\n"
         "groups = [(84 * 256, 96), (61 * 256, 192), (37 * 256, 384), (14 * 256, 768)]\n"
-        "from keras_mone.kernels import triton_row_statistics as statistics\n"
         "fc1 = kernel.compile_for_cuda(768, 3072, groups, 'in', activation='gelu', norm=True)\n"
         "fc2 = kernel.compile_for_cuda(3072, 768, groups, 'out', residual=True, scale=True)\n"
         "rows = statistics.compile_for_cuda(768)\n"
         "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2)), 'ld.global' in rows.asm['ptx'])\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "True True True", result.stdout
+    assert fresh_python_output(script) == "True True True"
 
 
 def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):

@@ -147,19 +147,15 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
     """ViT-B/16's narrow groups in bf16 at the default tiles: Triton compiles the kernel for
     sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``. In a fresh process: the
     interpreter of the tests above leaves ``triton.language`` patched."""
-    import subprocess
-    import sys
+    from conftest import fresh_python_output
 
     _kernel_module()
     script = (
         "from keras_mone.kernels import triton_nested_mlp as kernel\n"
-        "for width in (96, 192):\n"
-        "    ptx = kernel.compile_for_cuda(width, 3072, 'bf16').asm['ptx']\n"
-        "    print(width, 'wgmma' in ptx)\n"
+        "ptx = {width: kernel.compile_for_cuda(width, 3072, 'bf16').asm['ptx'] for width in (96, 192)}\n"
+        "print(' '.join(f'{width}:{\"wgmma\" in text}' for width, text in ptx.items()))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split("\n")[:2] == ["96 True", "192 True"], result.stdout
+    assert fresh_python_output(script) == "96:True 192:True"
 
 
 def _mone_model(seed=6):

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.precision import dot_precision
-from keras_mone.kernels.tiles import launchable, shape_tiles
+from keras_mone.kernels.tiles import check_projection_tiles as check_tiles
+from keras_mone.kernels.tiles import largest_power_of_2_dividing, shape_tiles
 
 SIDES = ("in", "out")
 TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
@@ -44,17 +45,6 @@ def tile_override(contraction, columns, variable=TILES_ENV, check=None):
     """The tiles the environment ``variable`` (``$KERAS_MONE_PROJECTION_TILES``) names for a
     ``(K, N)`` kernel, or ``None`` (``kernels.tiles.shape_tiles``, ``check`` default ``check_tiles``)."""
     return shape_tiles(variable, contraction, columns, check or check_tiles)
-
-
-def check_tiles(tiles, contraction, columns):
-    """Raises ``ValueError`` naming what is wrong with ``tiles`` for a ``(K, N)`` kernel."""
-    if not launchable(tuple(tiles), blocks=3):
-        raise ValueError(f"`tiles` must be (block_rows, block_cols, block_k, num_warps, num_stages): four powers "
-                         f"of 2, blocks of at least 16 (Triton's dot), and a positive stage count; got {tiles!r}.")
-    block_cols, block_k = tiles[1:3]
-    if columns % block_cols or contraction % block_k:
-        raise ValueError(f"`tiles`' block_cols ({block_cols}) must divide N = {columns} and block_k ({block_k}) "
-                         f"divide K = {contraction}.")
 
 
 def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=None, norm=None):
@@ -129,14 +119,6 @@ def labelled_cost(name, itemsize):
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
         elements += rows * columns * residual + rows * scale
     return flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction)
-
-
-def largest_power_of_2_dividing(n, at_most):
-    power = at_most
-    while power > 16 and n % power:
-        power //= 2
-    return power
-
 
 
 def normalized(x, mean, rstd, gamma, beta):

@@ -4,7 +4,9 @@ Pure Python, no framework: ``fused_nested_mlp`` and ``fused_residual_mlp`` (Pall
 ``triton_nested_mlp`` (Triton, torch) take their tiles here; ``bench.hlo_kernels`` reads a
 compiled kernel's products and traffic from its name (``kernel_name``). ``launchable`` is the
 check every Triton launch setting here passes (the grouped projections', their gradients' and
-flash attention's too).
+flash attention's too); the grouped projections of both backends (``grouped_kernel``, Pallas;
+``triton_grouped_tile``, Triton) share their tile check and their tiles variable's reading
+(``check_projection_tiles``, ``shape_tiles``).
 """
 
 import os
@@ -42,6 +44,27 @@ def shape_tiles(variable, contraction, columns, check):
             check(tiles, contraction, columns)
             return tiles
     return None
+
+
+def check_projection_tiles(tiles, contraction, columns):
+    """Raises ``ValueError`` naming what is wrong with ``tiles`` = ``(block_rows, block_cols,
+    block_k, num_warps, num_stages)`` for a grouped projection of a ``(K, N)`` kernel (the Pallas
+    and the Triton one)."""
+    if not launchable(tuple(tiles), blocks=3):
+        raise ValueError(f"`tiles` must be (block_rows, block_cols, block_k, num_warps, num_stages): four powers "
+                         f"of 2, blocks of at least 16 (Triton's dot), and a positive stage count; got {tiles!r}.")
+    block_cols, block_k = tiles[1:3]
+    if columns % block_cols or contraction % block_k:
+        raise ValueError(f"`tiles`' block_cols ({block_cols}) must divide N = {columns} and block_k ({block_k}) "
+                         f"divide K = {contraction}.")
+
+
+def largest_power_of_2_dividing(n, at_most):
+    """The largest power of 2 of at most ``at_most`` dividing ``n``, and no less than 16."""
+    power = at_most
+    while power > 16 and n % power:
+        power //= 2
+    return power
 
 
 def feature_chunk(width):

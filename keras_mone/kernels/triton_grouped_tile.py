@@ -12,19 +12,10 @@ columns past ``d`` (an out-projection: Eq. 7's ``Pad``), with no per-element mas
 
 import functools
 
-from keras_mone.kernels.tiles import launchable
+from keras_mone.kernels.tiles import check_projection_tiles as check_tiles
+from keras_mone.kernels.tiles import largest_power_of_2_dividing
 
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
-
-
-def check_tiles(tiles, contraction, columns):
-    """Raises ``ValueError`` naming what is wrong with ``tiles`` for a ``(K, N)`` projection."""
-    if not launchable(tuple(tiles), blocks=3):
-        raise ValueError(f"`tiles` must be (block_rows, block_cols, block_k, num_warps, num_stages): four powers "
-                         f"of 2, blocks of at least 16 (Triton's dot), and a positive stage count; got {tiles!r}.")
-    if columns % tiles[1] or contraction % tiles[2]:
-        raise ValueError(f"`tiles`' block_cols ({tiles[1]}) must divide N = {columns} and block_k ({tiles[2]}) "
-                         f"divide K = {contraction}.")
 
 
 def default_tiles(contraction, columns):
@@ -36,14 +27,7 @@ def default_tiles(contraction, columns):
     without spills, the out-projections' gate and residual epilogue spilling 108-152 bytes once
     per program; 64-element steps in bf16 spilled 228-424 bytes. Not screened on a card
     (``bench/triton_grouped_tiles.py``)."""
-    return (128, _power_of_2_dividing(columns, 128), _power_of_2_dividing(contraction, 32), 8, 3)
-
-
-def _power_of_2_dividing(n, at_most):
-    power = at_most
-    while power > 16 and n % power:
-        power //= 2
-    return power
+    return (128, largest_power_of_2_dividing(columns, 128), largest_power_of_2_dividing(contraction, 32), 8, 3)
 
 
 def group_table(sizes, widths, block_rows):

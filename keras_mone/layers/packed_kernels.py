@@ -15,7 +15,9 @@ LayerNorms the in-projections' prologues (each row's statistics in one pass befo
 ``kernels.triton_row_statistics``): no pass of its own over the hidden activations, the
 normalised tokens or the residual stream, no zero padding, no concatenation (q, k and v are
 strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them). The weights are read
-as stored (float32 under mixed precision; the kernel casts each tile). Attention is torch's. Blocks the kernel does not cover keep the per-group
+as Keras gives them: inside a model's call under mixed precision, cast to the compute dtype
+(Keras' autocast scope), as the per-group path reads them; float32 variables read outside it
+go to the kernel as they are, which casts each tile. Attention is torch's. Blocks the kernel does not cover keep the per-group
 path: all groups at full width (dense's GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16,
 rows that are not float16, bfloat16 or float32, torch's autocast. Gradients are the
 per-group path's, recomputed (the kernel's custom op). Not timed on a card.
@@ -87,5 +89,5 @@ def _prologue(layer, rows, interpret):
 
 
 def _stored(variable):
-    """A weight as stored (a Keras variable read as Keras reads it: stateless scopes included)."""
+    """A weight as Keras reads it (stateless and autocast scopes included), in whatever dtype that gives."""
     return variable.value if isinstance(variable, keras.Variable) else variable

@@ -25,7 +25,7 @@ the one whose compiled programs move the fewest bytes:
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP, or a Pallas kernel per nested group's MLP
   half or MLP (opt-in);
 * ``$KERAS_MONE_PROJECTIONS`` (``projections_form``): a block's nested projections as one
-  GEMM per token group, or one Pallas kernel over all groups (opt-in).
+  GEMM per token group, or one kernel over all groups (opt-in; Pallas on jax, Triton on torch).
 
 ``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
 compiled here for a device this machine lacks (``bench.gpu_program``).
@@ -170,19 +170,21 @@ def mlp_form():
 def projections_form():
     """``"per_group"`` or ``"grouped_kernel"``: a ``ViTBlock``'s nested projections (q/k/v,
     the attention's out-projection, fc1, fc2) as one GEMM per token group, or each as one
-    Pallas kernel launch over all the block's groups (``kernels.grouped_projection``; jax
-    only), with fc1's bias and GELU, the residual adds and MoNE's gate in the kernels'
-    epilogues and the LayerNorms in their prologues (``layers.grouped_block``). On an H200
-    MoNE-ViT-B/16's forward launched 1039 kernels against dense's 350, and at batch 64 and
-    for ViViT at batch 1 the launches and the small per-group GEMMs outweighed the FLOPs saved
-    (BENCHMARKS.md, "MoNE on an H200, measured again"). Compiled for an H200 without one, the
-    bf16 forward at batch 256 has 161 kernels (per group: 797) and a roofline bound of 3.07x
-    dense (1.66x; BENCHMARKS.md, "One kernel per nested projection"). Compiled on a GPU,
-    interpreted elsewhere (exact and slow: for tests). Training calls take the kernels without
-    their epilogues, and their backward passes are grouped kernels too
-    (``kernels.grouped_gradients``): the bf16 training step at batch 128 compiled for an H200,
-    bound 1.66x dense (per group 1.45x; BENCHMARKS.md, "The training step through grouped
-    kernels"). Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    kernel launch over all the block's groups, with fc1's bias and GELU, the residual adds and
+    MoNE's gate in the kernels' epilogues and the LayerNorms in their prologues: on jax a Pallas
+    kernel (``kernels.grouped_projection``, ``layers.grouped_block``), on torch a Triton kernel
+    in the packed blocks (``kernels.triton_grouped_projection``, ``layers.packed_kernels``;
+    it needs Triton). On an H200 MoNE-ViT-B/16's forward launched 1039 kernels against dense's
+    350, and at batch 64 and for ViViT at batch 1 the launches and the small per-group GEMMs
+    outweighed the FLOPs saved (BENCHMARKS.md, "MoNE on an H200, measured again"). Compiled for
+    an H200 without one, jax's bf16 forward at batch 256 has 161 kernels (per group: 797) and a
+    roofline bound of 3.07x dense (1.66x; BENCHMARKS.md, "One kernel per nested projection");
+    torch's forward issues 279 ops and launches per image against 435 per group (dense: 151;
+    ``bench/torch_op_count.py``). Compiled on a GPU, interpreted elsewhere (exact and slow: for
+    tests). On jax training calls take the kernels without their epilogues, and their backward
+    passes are grouped kernels too (``kernels.grouped_gradients``: the bf16 training step at
+    batch 128 compiled for an H200, bound 2.07x dense); torch's backward passes recompute the
+    per-group path. Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
     chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
     backend = keras.backend.backend()
     if chosen != "per_group" and backend not in ("jax", "torch"):
@@ -194,7 +196,7 @@ def projections_form():
         if not available():
             raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} on torch is a Triton kernel and needs Triton "
                              "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
-    if chosen != "per_group" and accelerator() == "tpu":
+    if chosen != "per_group" and backend == "jax" and accelerator() == "tpu":
         raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
                          "on a TPU leave it unset.")
     return chosen
