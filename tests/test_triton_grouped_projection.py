@@ -166,6 +166,23 @@ def test_gradients_are_the_plain_paths_and_the_op_compiles():
             np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=0, atol=4e-6 * float(e.abs().max()))
 
 
+def test_strided_inputs_are_read_as_their_values():
+    """Views with other strides (every other column of a wider tensor, a transposed weight, a
+    column of a matrix as the gate) give what their contiguous copies give."""
+    import torch
+
+    kernel = _kernel()
+    x, w, b, residual, scale = _torch(*_arrays(160, 64, 64, seed=6))
+    widths = (32, 16, 64, 48, 16)
+    wide_x = torch.stack([x, -x], dim=-1).reshape(160, 128)[:, ::2]
+    w_t = w.t().contiguous().t()
+    gate = torch.stack([scale, -scale], dim=-1)[:, 0]
+    assert not (wide_x.is_contiguous() or w_t.is_contiguous() or gate.is_contiguous())
+    expected = kernel.grouped_projection(x, w, b, SPANS, widths, "out", residual=residual, scale=scale)
+    got = kernel.grouped_projection(wide_x, w_t, b, SPANS, widths, "out", residual=residual, scale=gate)
+    assert torch.equal(got, expected)
+
+
 def test_bad_arguments_are_named():
     import torch
 
@@ -336,3 +353,20 @@ def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
     assert text.count("not timed: --budget spent") == 8 and "no tile setting ran" in text
     with pytest.raises(SystemExit):
         triton_grouped_tiles.main(["--budget", "-1"])
+
+
+def test_the_compile_report_runs():
+    """``bench/triton_grouped_compile.py`` at a small width: every projection compiled for sm_90
+    (a fresh process: the interpreter of the tests above leaves ``triton.language`` patched)."""
+    import pathlib
+
+    from conftest import fresh_python_output
+
+    _kernel()
+    bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
+    script = (f"import sys; sys.path.insert(0, {str(bench)!r})\n"
+              "import triton_grouped_compile as report\n"
+              "text = report.main(['--dim', '64', '--batch-size', '1', '--dtypes', 'bf16'])\n"
+              "rows = [line for line in text.splitlines() if line.startswith('| bf16 |')]\n"
+              "print(len(rows), all('| wgmma |' in row for row in rows), 'Row statistics (D = 64' in text)\n")
+    assert fresh_python_output(script) == "4 True True"

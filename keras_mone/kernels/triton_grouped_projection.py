@@ -191,13 +191,12 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, spans, widths, si
     table, row_tiles = _tile.group_table([stop - start for start, stop in spans], widths, tiles[0])
     if not row_tiles:
         return out
-    residual = None if residual is None else residual.contiguous()
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
     compiled = _tile.constants(table, x.shape[1], columns, side, activation, tiles, b is not None,
                                residual is not None, scale is not None, mean is not None,
                                "ieee" if exact else "tf32", interpret)
     options = {} if interpret else {"num_warps": tiles[3], "num_stages": tiles[4]}
-    pointers = [out if t is None else t for t in (b, residual, scale, mean, rstd, gamma, beta)]
+    pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta)]
     _tile.kernel(interpret)[(columns // tiles[1], row_tiles)](
         x, w, *pointers, out, x.stride(0), w.stride(0), columns, **compiled, **options)
     return out

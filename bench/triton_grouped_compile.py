@@ -1,0 +1,59 @@
+"""What an H100/H200's compiler makes of torch's grouped projection kernels, without a GPU (issue 40).
+
+Compiles ``kernels.triton_grouped_tile`` (each nested projection of a packed MoNE block as one
+Triton launch over all token groups) for sm_90 at a ViT-B/16 block's four projections, with
+their prologues and epilogues as ``layers.packed_kernels`` runs them, for the default tiles and
+any given, and ``kernels.triton_row_statistics``; ``ptxas -v`` (``kernel_compile.compile_stats``)
+gives registers per thread, spilled bytes and shared memory per program. Float32 weights (mixed
+precision's variables), rows in ``--dtypes``.
+
+    KERAS_BACKEND=torch python bench/triton_grouped_compile.py
+    KERAS_BACKEND=torch python bench/triton_grouped_compile.py --tiles "128,128,64,8,3;64,64,64,4,3"
+"""
+
+import argparse
+
+from kernel_compile import compile_stats
+from triton_grouped_tiles import group_shapes
+from triton_mlp import _Lines
+
+from keras_mone.kernels import triton_grouped_tile, triton_row_statistics
+
+PROJECTIONS = [("LN + q/k/v", "in", 1, 3, dict(norm=True)), ("attention out + residual", "out", 1, 1,
+                                                                dict(residual=True)),
+               ("LN + fc1 + GELU", "in", 1, 4, dict(norm=True, activation="gelu")),
+               ("fc2 + gate + residual", "out", 4, 1, dict(residual=True, scale=True))]
+"""``(label, side, K / D, N / D, options)`` of a ViT block's four nested projections."""
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--capacity", type=float, default=0.3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--dtypes", default="bf16,fp32", help="Triton's names of the rows' dtypes")
+    parser.add_argument("--tiles", default="", help="';'-separated tile settings after each shape's default")
+    args = parser.parse_args(argv)
+    groups = [(tokens * args.batch_size, width) for tokens, width in group_shapes(args.capacity, 196, args.dim)]
+    extra = [tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry.strip()]
+    lines = _Lines()  # each printed as it comes
+    lines += [f"Grouped projections (Triton) compiled for sm_90: D = {args.dim}, groups {groups} (rows, width), "
+              "float32 weights\n",
+              "| rows | projection | tiles | mma | registers | spill bytes | shared KB |", "|---|---|---|---|---|---|---|"]
+    for dtype in args.dtypes.split(","):
+        for label, side, k, n, options in PROJECTIONS:
+            contraction, columns = k * args.dim, n * args.dim
+            for tiles in dict.fromkeys([triton_grouped_tile.default_tiles(contraction, columns), *extra]):
+                compiled = triton_grouped_tile.compile_for_cuda(contraction, columns, groups, side, dtype, tiles,
+                                                                **options)
+                stats = compile_stats(compiled.asm["ttir"], tiles[3], tiles[4])
+                lines.append(f"| {dtype} | {label} | {tiles} | {stats['mma']} | {stats['registers']} | "
+                             f"{stats['spill_bytes']} | {stats['shared_bytes'] / 1024:.1f} |")
+    statistics = compile_stats(triton_row_statistics.compile_for_cuda(args.dim).asm["ttir"], 4, 1)
+    lines.append(f"\nRow statistics (D = {args.dim}, bf16 rows): {statistics['registers']} registers, "
+                 f"{statistics['spill_bytes']} spill bytes")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
