@@ -4,8 +4,10 @@ Compiles ``kernels.triton_grouped_tile`` (each nested projection of a packed MoN
 Triton launch over all token groups) for sm_90 at a ViT-B/16 block's four projections, with
 their prologues and epilogues as ``layers.packed_kernels`` runs them, for the default tiles and
 any given, and ``kernels.triton_row_statistics``; ``ptxas -v`` (``kernel_compile.compile_stats``)
-gives registers per thread, spilled bytes and shared memory per program. Float32 weights (mixed
-precision's variables), rows in ``--dtypes``.
+gives registers per thread, spilled bytes and shared memory per program. Rows in ``--dtypes``,
+weights in the rows' dtype (what a model's call passes: Keras' autocast casts them under mixed
+precision), float32 rows at TF32 (torch's ``float32_matmul_precision`` "high") and at torch's
+default "highest" (no tensor cores).
 
     KERAS_BACKEND=torch python bench/triton_grouped_compile.py
     KERAS_BACKEND=torch python bench/triton_grouped_compile.py --tiles "128,128,64,8,3;64,64,64,4,3"
@@ -38,16 +40,19 @@ def main(argv=None):
     extra = [tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry.strip()]
     lines = _Lines()  # each printed as it comes
     lines += [f"Grouped projections (Triton) compiled for sm_90: D = {args.dim}, groups {groups} (rows, width), "
-              "float32 weights\n",
+              "weights in the rows' dtype\n",
               "| rows | projection | tiles | mma | registers | spill bytes | shared KB |", "|---|---|---|---|---|---|---|"]
-    for dtype in args.dtypes.split(","):
+    settings = [(dtype, precision) for dtype in args.dtypes.split(",")
+                for precision in (("tf32", "ieee") if dtype == "fp32" else ("tf32",))]
+    for dtype, precision in settings:
         for label, side, k, n, options in PROJECTIONS:
             contraction, columns = k * args.dim, n * args.dim
             for tiles in dict.fromkeys([triton_grouped_tile.default_tiles(contraction, columns), *extra]):
                 compiled = triton_grouped_tile.compile_for_cuda(contraction, columns, groups, side, dtype, tiles,
-                                                                **options)
+                                                                precision=precision, **options)
                 stats = compile_stats(compiled.asm["ttir"], tiles[3], tiles[4])
-                lines.append(f"| {dtype} | {label} | {tiles} | {stats['mma']} | {stats['registers']} | "
+                rows = dtype if dtype != "fp32" else f"fp32 ({'TF32' if precision == 'tf32' else 'highest'})"
+                lines.append(f"| {rows} | {label} | {tiles} | {stats['mma']} | {stats['registers']} | "
                              f"{stats['spill_bytes']} | {stats['shared_bytes'] / 1024:.1f} |")
     statistics = compile_stats(triton_row_statistics.compile_for_cuda(args.dim).asm["ttir"], 4, 1)
     lines.append(f"\nRow statistics (D = {args.dim}, bf16 rows): {statistics['registers']} registers, "

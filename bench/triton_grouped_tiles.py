@@ -2,12 +2,13 @@
 
 ``kernels.triton_grouped_projection`` runs each nested projection of a packed MoNE block as one
 Triton launch over all token groups (``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch,
-``layers.packed_kernels``). Its default tiles are the Pallas kernel's, chosen from code compiled
-for sm_90 without a card. This times each of a ViT-B/16 block's four projections (q/k/v,
+``layers.packed_kernels``). Its default tiles were chosen from code compiled for sm_90 without a
+card (``bench/triton_grouped_compile.py``). This times each of a ViT-B/16 block's four projections (q/k/v,
 the attention's out-projection with the residual, fc1 with the GELU, fc2 with the gate and the
 residual; the in-projections with their LayerNorm, as the prologue after a statistics pass) at
 MoNE-ViT-B/16's token groups at ``--capacity`` and ``--batch-size``, rows in
-``--dtype`` and float32 weights (mixed precision's variables), for the default tiles and a list
+``--dtype`` and weights too (Keras' autocast casts them so in a model's call under mixed
+precision; the LayerNorm's stay float32), for the default tiles and a list
 of others, against torch's ops as the packed block runs them without the kernel (the weights
 cast, Keras' LayerNorm in float32, one ``addmm`` per group into one buffer, the GELU once over
 all rows, zero padding, the gate and the residual as passes of their own). Each setting's output is checked against
@@ -83,8 +84,8 @@ def inputs(rows, contraction, columns, epilogue, dtype, device, seed=0):
 
     generator = torch.Generator().manual_seed(seed)
     tensors = {"x": torch.randn(rows, contraction, generator=generator).to(dtype),
-               "w": torch.randn(contraction, columns, generator=generator) / math.sqrt(contraction),
-               "b": 0.1 * torch.randn(columns, generator=generator)}
+               "w": (torch.randn(contraction, columns, generator=generator) / math.sqrt(contraction)).to(dtype),
+               "b": (0.1 * torch.randn(columns, generator=generator)).to(dtype)}
     if epilogue.get("residual"):
         tensors["residual"] = torch.randn(rows, columns, generator=generator).to(dtype)
     if epilogue.get("scale"):
@@ -177,7 +178,7 @@ def main(argv=None):
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (Triton's interpreter: no timing)"
     lines = _Lines()
     lines.append(f"Grouped nested projections (Triton) against torch's per-group ops: {device}, torch "
-                 f"{torch.__version__}, {args.dtype} rows, float32 weights, batch {args.batch_size}, groups "
+                 f"{torch.__version__}, {args.dtype} rows and weights, batch {args.batch_size}, groups "
                  f"{groups} (tokens, width) at e_c {args.capacity:g}; medians of {args.repeats} interleaved calls\n")
     lines.append("| projection | K x N | tiles | torch's ops ms | kernel ms | error | note |")
     lines.append("|---|---|---|---|---|---|---|")

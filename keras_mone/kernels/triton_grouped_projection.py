@@ -38,7 +38,7 @@ __all__ = ["grouped_projection", "plain_grouped_projection", "available", "shape
 
 SIDES = ("in", "out")
 MAX_GROUPS = 16
-"""The most token groups one launch takes (a branch each in the compiled kernel)."""
+"""The most token groups one launch takes (compile-time entries of the kernel's group table)."""
 TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
 """Tiles per projection shape, as the Pallas kernel reads them (``kernels.grouped_kernel``):
 ``768x2304=64,128,64,4,3;3072x768=64,64,64,4,3``. ``bench/triton_grouped_tiles.py`` prints a
@@ -67,8 +67,8 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
 
     Args:
         x: ``(rows, K)`` token rows, each group the rows ``start:stop`` of its span.
-        w, b: the ``(K, N)`` kernel and ``(N,)`` bias (or ``None``), any float dtype: cast to
-            ``x``'s, as the kernel casts each weight tile.
+        w, b: the ``(K, N)`` kernel and ``(N,)`` bias (or ``None``), any float dtype: ``w`` cast
+            to ``x``'s, as the kernel casts each weight tile; ``b`` added in float32.
         spans: ``((start, stop), ...)`` per group, in order, covering ``x``'s rows.
         widths: each group's nested width ``d``.
         side: ``"in"`` (``d`` cuts ``w``'s rows) or ``"out"`` (its columns).

@@ -2,12 +2,17 @@
 token groups (``kernels.triton_grouped_projection`` holds the function users call, its checks,
 its plain twin and its custom op; its module docstring gives the equations).
 
-A program takes ``BLOCK_ROWS`` rows of one group by ``BLOCK_COLS`` output columns. Each group
-is a branch of its own, with its first row tile, rows and width known when the kernel compiles
-(the static group table ``FIRSTS``, ``STARTS``, ``SIZES``, ``WIDTHS``); a program runs the
-branch its row tile lies in. Block pointers whose shapes end at the group's last row and its
-width give zeros past them as they load: x's features past ``d`` (an in-projection), W's
-columns past ``d`` (an out-projection: Eq. 7's ``Pad``), with no per-element masks.
+A program takes ``BLOCK_ROWS`` rows of one group by ``BLOCK_COLS`` output columns. The group
+table (each group's first row tile, first row, rows and width: ``FIRSTS``, ``STARTS``,
+``SIZES``, ``WIDTHS``) is known when the kernel compiles; a program selects its group's entries
+as runtime values and runs one code path for every group (a branch per group spilled registers
+on sm_90: BENCHMARKS.md). A new layout (another batch size) is another compile. Block pointers
+whose shapes end at the group's last row and its width give zeros past them as they load: x's
+features past ``d`` (an in-projection), W's columns past ``d`` (an out-projection: Eq. 7's
+``Pad``), so the GEMM's loads need no per-element masks (the LayerNorm prologue masks its
+weights past ``d``). On a card the contraction loop stops at the group's width; Triton's
+interpreter, which takes only Python ints as loop bounds, runs every step and reads zeros
+past it, so CI checks the results and ``compile_for_cuda`` the compiled loop.
 """
 
 import functools
@@ -22,10 +27,10 @@ def default_tiles(contraction, columns):
     """``(block_rows, block_cols, block_k, num_warps, num_stages)`` for a ``(K, N)`` projection:
     128 rows on 8 warps (two Hopper warpgroups), the widest power of 2 up to 128 dividing ``N``,
     32 contraction elements per step, 3 stages. Compiled for sm_90 without a card
-    (``compile_for_cuda``, BENCHMARKS.md) at MoNE-ViT-B/16's four projections, bf16 and float32
-    rows, float32 weights: wgmma everywhere; the in-projections with the LayerNorm prologue
-    without spills, the out-projections' gate and residual epilogue spilling 108-152 bytes once
-    per program; 64-element steps in bf16 spilled 228-424 bytes. Not screened on a card
+    (``bench/triton_grouped_compile.py``, BENCHMARKS.md) at MoNE-ViT-B/16's four projections,
+    batch 256: in bf16 and in float32 with TF32, wgmma and few or no spills; 64-element steps
+    spilled more. Float32 at torch's default precision ("highest") has no tensor-core dot and
+    spills more (as cuBLAS, it runs on the FMA units). Not screened on a card
     (``bench/triton_grouped_tiles.py``)."""
     return (128, largest_power_of_2_dividing(columns, 128), largest_power_of_2_dividing(contraction, 32), 8, 3)
 
@@ -47,30 +52,35 @@ def constants(table, contraction, columns, side, activation, tiles, has_bias, ha
     """The kernel's compile-time arguments."""
     firsts, starts, sizes, widths = table
     return dict(FIRSTS=firsts, STARTS=starts, SIZES=sizes, WIDTHS=widths, GROUPS=len(firsts), K=contraction,
-                K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in", ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias,
+                K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in",
+                ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias,
                 HAS_RESIDUAL=has_residual, HAS_SCALE=has_scale, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
                 BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
 
 
 def compile_for_cuda(contraction, columns, groups, side, dtype="bf16", tiles=None, activation=None,
-                     residual=False, scale=False, norm=False, capability=90, weight_dtype="fp32"):
+                     residual=False, scale=False, norm=False, capability=90, weight_dtype=None, precision="tf32"):
     """The kernel for a ``(K, N)`` projection of ``groups`` (``((rows, width), ...)``) compiled by
     Triton for a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
     ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``; ``bench/kernel_compile.py`` reads
     registers and spills from it). ``dtype``: Triton's name of the rows' ("bf16", "fp16",
-    "fp32"); ``weight_dtype`` the weights' (float32: mixed precision's variables)."""
+    "fp32"); ``weight_dtype`` the weights' and bias' (default the rows': what a model's call under
+    mixed precision passes, Keras' autocast having cast them; "fp32": float32 variables passed
+    as they are); the LayerNorm's weights are float32. ``precision``: float32 rows' dot, "tf32"
+    (torch's ``float32_matmul_precision`` "high") or "ieee" (its default "highest": no tensor cores)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
     table, _ = group_table([rows for rows, _ in groups], [width for _, width in groups], tiles[0])
-    compiled = constants(table, contraction, columns, side, activation, tiles, True, residual, scale, norm, "tf32",
+    compiled = constants(table, contraction, columns, side, activation, tiles, True, residual, scale, norm, precision,
                          False)
     function = kernel(False)
-    signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weight_dtype}", "b_ptr": f"*{weight_dtype}",
-                 "residual_ptr": f"*{dtype}", "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
-                 "gamma_ptr": f"*{weight_dtype}", "beta_ptr": f"*{weight_dtype}", "out_ptr": f"*{dtype}"}
+    weights = weight_dtype or dtype
+    signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weights}", "b_ptr": f"*{weights}", "residual_ptr": f"*{dtype}",
+                 "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "gamma_ptr": "*fp32",
+                 "beta_ptr": "*fp32", "out_ptr": f"*{dtype}"}
     signature.update({name: "i32" for name in ("x_stride", "w_stride", "out_stride")})
     signature.update({name: "constexpr" for name in compiled})
     source = ASTSource(function, signature, constexprs={(function.arg_names.index(k),): v for k, v in compiled.items()})
@@ -156,7 +166,8 @@ if tl is not None:
             weights = tl.advance(weights, (BLOCK_K, 0))
         if HAS_BIAS:
             bias_width = N if SIDE_IN else width
-            accumulator += tl.load(b_ptr + columns, mask=columns < bias_width, other=0.0).to(tl.float32)[None, :]
+            bias = tl.load(b_ptr + columns, mask=columns < bias_width, other=0.0)
+            accumulator += bias.to(tl.float32)[None, :]
         if ACTIVATION == 1:  # the exact (erf) GELU
             accumulator = 0.5 * accumulator * (1.0 + tl.math.erf(accumulator * 0.7071067811865476))
         if ACTIVATION == 2:  # the tanh GELU: 0.5 x (1 + tanh(u)) = x sigmoid(2u)

@@ -14,7 +14,9 @@ in-projections their rows of one buffer (``out=``): padding and concatenating th
 second copy.
 Off the CPU the GELU runs once over all groups; on the CPU per group, in cache
 (``fuse_groups``); with ``$KERAS_MONE_MLP=fused`` a nested group's whole MLP is one Triton
-kernel (``kernels.triton_nested_mlp``). Sub-layers are read, not called; on eager torch the
+kernel (``kernels.triton_nested_mlp``); with ``$KERAS_MONE_PROJECTIONS=grouped_kernel`` each
+nested projection is one Triton launch over all groups, LayerNorms, GELU, gate and residuals
+inside (``layers.packed_kernels``). Sub-layers are read, not called; on eager torch the
 LayerNorms run as torch ops (``torch_eager.direct_layer_norm``) and ``ViTBlock.direct_call`` runs the block
 itself without Keras' ``Layer.__call__``, so a forward calls no Keras layer per block.
 
@@ -82,7 +84,7 @@ def packed_block(block, groups, widths, gates, training=None):
     rows = token_major(groups)
     gate_rows = token_major(gates).reshape(-1) if gates is not None and gates[0] is not None else None
     if kernels_apply(block, rows, widths):  # torch: one Triton launch per nested projection
-        outputs = kernel_halves(block, rows, spans, widths, sizes, gate_rows)
+        outputs = kernel_halves(block, rows, spans, widths, sum(sizes), gate_rows)
     else:
         z = rows + _attention(block.attention, direct_layer_norm(block.norm1, rows), spans, widths, sizes)
         update = _mlp(block.mlp, direct_layer_norm(block.norm2, z), spans, widths, training)

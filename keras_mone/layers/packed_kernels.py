@@ -17,16 +17,19 @@ normalised tokens or the residual stream, no zero padding, no concatenation (q, 
 strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them). The weights are read
 as Keras gives them: inside a model's call under mixed precision, cast to the compute dtype
 (Keras' autocast scope), as the per-group path reads them; float32 variables read outside it
-go to the kernel as they are, which casts each tile. Attention is torch's. Blocks the kernel does not cover keep the per-group
-path: all groups at full width (dense's GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16,
-rows that are not float16, bfloat16 or float32, torch's autocast. Gradients are the
+go to the kernel as they are, which casts each tile. Attention is torch's.
+
+Blocks the kernel does not cover keep the per-group path: all groups at full width (dense's
+GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16, more than ``MAX_GROUPS`` groups, rows that
+are not float16, bfloat16 or float32, torch's autocast, TorchScript tracing and ``torch.func``
+transforms (``torch_eager.eager``). Gradients are the
 per-group path's, recomputed (the kernel's custom op). Not timed on a card.
 """
 
 import keras
 
 from keras_mone.layers.platform_forms import fused_attention, projections_form
-from keras_mone.layers.torch_eager import direct_layer_norm, torch_hooks
+from keras_mone.layers.torch_eager import direct_layer_norm, eager, plain_layer_norm
 
 
 def kernels_apply(block, rows, widths):
@@ -38,16 +41,19 @@ def kernels_apply(block, rows, widths):
         return False
     import torch
 
-    from keras_mone.kernels.triton_grouped_projection import shape_fits
+    from keras_mone.kernels.triton_grouped_projection import MAX_GROUPS, shape_fits
 
-    if not shape_fits(block.hidden_dim, block.mlp.mlp_dim) or torch.is_autocast_enabled(rows.device.type):
+    if not (eager() or torch.compiler.is_compiling()):  # TorchScript tracing, torch.func: no kernel launches
         return False
-    return rows.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    if not shape_fits(block.hidden_dim, block.mlp.mlp_dim) or len(widths) > MAX_GROUPS:
+        return False
+    return not torch.is_autocast_enabled(rows.device.type) and rows.dtype in (torch.float16, torch.bfloat16,
+                                                                               torch.float32)
 
 
-def kernel_halves(block, rows, spans, widths, sizes, gate_rows=None):
-    """``block``'s outputs for token-major ``rows`` (groups of ``sizes`` tokens, rows ``spans``,
-    at ``widths``), gated by ``gate_rows`` (``(rows,)`` or ``None``): ``(rows, D)``."""
+def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
+    """``block``'s outputs for token-major ``rows`` (``tokens`` per image; each group the rows of
+    its span, at its width), gated by ``gate_rows`` (``(rows,)`` or ``None``): ``(rows, D)``."""
     from keras_mone.kernels.triton_grouped_projection import grouped_projection
 
     attention, mlp = block.attention, block.mlp
@@ -61,7 +67,7 @@ def kernel_halves(block, rows, spans, widths, sizes, gate_rows=None):
         prologue = _prologue(norm, x, interpret)
         return project(layer, x if prologue else direct_layer_norm(norm, x), "in", norm=prologue, **epilogue)
 
-    tokens, dim, heads = sum(sizes), block.hidden_dim, attention.num_heads
+    dim, heads = block.hidden_dim, attention.num_heads
     qkv = normalized_projection(block.norm1, attention.qkv, rows)
     # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
     qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
@@ -75,13 +81,9 @@ def kernel_halves(block, rows, spans, widths, sizes, gate_rows=None):
 
 def _prologue(layer, rows, interpret):
     """``(mean, rstd, gamma, beta)`` for a kernel's LayerNorm prologue, or ``None`` where the
-    layer runs itself (``torch_eager.direct_layer_norm``): a built Keras ``LayerNormalization``
-    over the last axis with both weights, without RMS scaling, activity regularizer,
-    rematerialisation or torch hooks. Statistics: ``kernels.triton_row_statistics``."""
-    plain = (type(layer) is keras.layers.LayerNormalization and layer.built and not layer.rms_scaling
-             and list(layer.axis) in ([-1], [1]) and layer.gamma is not None and layer.beta is not None
-             and layer.activity_regularizer is None and getattr(layer, "_remat_mode", None) is None)
-    if not plain or torch_hooks(layer):
+    layer runs itself (``torch_eager.direct_layer_norm``): a plain LayerNorm
+    (``torch_eager.plain_layer_norm``) with both weights. Statistics: ``kernels.triton_row_statistics``."""
+    if not plain_layer_norm(layer, rows.dim()) or layer.gamma is None or layer.beta is None:
         return None
     from keras_mone.kernels.triton_row_statistics import row_statistics
 

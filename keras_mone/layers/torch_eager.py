@@ -43,6 +43,16 @@ def eager_torch_tensors(tensors, dtype):
     )
 
 
+def plain_layer_norm(layer, ndim):
+    """Whether ``layer`` is a built Keras ``LayerNormalization`` over the last of ``ndim`` axes,
+    without RMS scaling, activity regularizer, rematerialisation or torch hooks: one whose call
+    is ``F.layer_norm`` in at least float32, cast back (what ``direct_layer_norm`` runs, and
+    what the grouped kernels' prologue applies, ``layers.packed_kernels``)."""
+    return (type(layer) is keras.layers.LayerNormalization and layer.built and not layer.rms_scaling
+            and list(layer.axis) in ([-1], [ndim - 1]) and layer.activity_regularizer is None
+            and getattr(layer, "_remat_mode", None) is None and not torch_hooks(layer))
+
+
 def direct_layer_norm(layer, x):
     """``layer(x)``: on jax in the platform's statistics form (``layer_norm.normalize``); a
     built Keras ``LayerNormalization`` on eager torch as the ops its ``call`` runs there
