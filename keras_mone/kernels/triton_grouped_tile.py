@@ -15,8 +15,7 @@ interpreter, which takes only Python ints as loop bounds, runs every step and re
 past it, so CI checks the results and ``compile_for_cuda`` the compiled loop.
 """
 
-import functools
-
+from keras_mone.kernels import triton_build
 from keras_mone.kernels.tiles import check_projection_tiles as check_tiles
 from keras_mone.kernels.tiles import largest_power_of_2_dividing
 
@@ -68,34 +67,23 @@ def compile_for_cuda(contraction, columns, groups, side, dtype="bf16", tiles=Non
     mixed precision passes, Keras' autocast having cast them; "fp32": float32 variables passed
     as they are); the LayerNorm's weights are float32. ``precision``: float32 rows' dot, "tf32"
     (torch's ``float32_matmul_precision`` "high") or "ieee" (its default "highest": no tensor cores)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
     table, _ = group_table([rows for rows, _ in groups], [width for _, width in groups], tiles[0])
     compiled = constants(table, contraction, columns, side, activation, tiles, True, residual, scale, norm, precision,
                          False)
-    function = kernel(False)
     weights = weight_dtype or dtype
     signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weights}", "b_ptr": f"*{weights}", "residual_ptr": f"*{dtype}",
                  "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "gamma_ptr": "*fp32",
                  "beta_ptr": "*fp32", "out_ptr": f"*{dtype}"}
     signature.update({name: "i32" for name in ("x_stride", "w_stride", "out_stride")})
-    signature.update({name: "constexpr" for name in compiled})
-    source = ASTSource(function, signature, constexprs={(function.arg_names.index(k),): v for k, v in compiled.items()})
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": tiles[3], "num_stages": tiles[4]})
+    return triton_build.compile_for_cuda(_grouped_tile, signature, compiled,
+                                         {"num_warps": tiles[3], "num_stages": tiles[4]}, capability)
 
 
-@functools.cache
 def kernel(interpret):
     """The Triton kernel, compiled (``triton.jit``) or for Triton's interpreter."""
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(_grouped_tile)
-    return triton.jit(_grouped_tile)
+    return triton_build.jitted(_grouped_tile, interpret)
 
 
 try:  # the kernel is defined where Triton is installed

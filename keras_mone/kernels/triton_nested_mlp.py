@@ -29,6 +29,7 @@ on an H200, measured again"). Its defaults are that sweep's fastest tiles (``til
 
 import functools
 
+from keras_mone.kernels import triton_build
 from keras_mone.kernels.tiles import MIN_CHUNK, feature_chunk, resolved_tiles
 
 MAX_CHUNKS = 4
@@ -222,9 +223,6 @@ def compile_for_cuda(width, hidden, dtype="bf16", block_rows=None, block_hidden=
     """The kernel for a group of ``width`` compiled by Triton for a CUDA card of compute
     ``capability`` (90: H100/H200), without one: Triton's ``CompiledKernel`` (``.asm["ptx"]``,
     ``.metadata.shared``). ``dtype``: Triton's name ("bf16", "fp16", "fp32")."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     itemsize = 4 if dtype == "fp32" else 2
     block_rows, block_hidden, num_warps, num_stages = resolved_tiles(
         width, hidden, itemsize, block_rows, block_hidden, num_warps, num_stages, kernel="triton")
@@ -232,23 +230,15 @@ def compile_for_cuda(width, hidden, dtype="bf16", block_rows=None, block_hidden=
     constants = dict(HIDDEN=hidden, BLOCK_ROWS=block_rows, BLOCK_HIDDEN=block_hidden,
                      CHUNK=chunk, CHUNKS=width // chunk, HAS_B1=True, HAS_B2=True, APPROXIMATE=approximate,
                      PRECISION="tf32", UPCAST=False)
-    function = _kernel(False)
     signature = {name: f"*{dtype}" for name in ("x_ptr", "w1_ptr", "b1_ptr", "w2_ptr", "b2_ptr", "out_ptr")}
     signature.update({name: "i32" for name in ("rows", "x_stride", "w1_stride", "w2_stride", "out_stride")})
-    signature.update({name: "constexpr" for name in constants})
-    source = ASTSource(function, signature, constexprs={(function.arg_names.index(k),): v for k, v in constants.items()})
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton_build.compile_for_cuda(_nested_mlp_tile, signature, constants,
+                                         {"num_warps": num_warps, "num_stages": num_stages}, capability)
 
 
-@functools.cache
 def _kernel(interpret):
     """The Triton kernel, compiled (``triton.jit``) or for Triton's interpreter."""
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(_nested_mlp_tile)
-    return triton.jit(_nested_mlp_tile)
+    return triton_build.jitted(_nested_mlp_tile, interpret)
 
 
 try:  # the kernel is defined where Triton is installed (``available``)

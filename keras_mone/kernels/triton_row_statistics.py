@@ -12,7 +12,7 @@ Triton, ``plain_row_statistics`` (torch's ops; inductor fuses its cast into the 
 Off CUDA (or ``interpret=True``) the kernel runs through Triton's interpreter: for tests.
 """
 
-import functools
+from keras_mone.kernels import triton_build
 
 
 def plain_row_statistics(x, epsilon):
@@ -47,24 +47,14 @@ def row_statistics(x, epsilon, interpret=None):
 def compile_for_cuda(dim, dtype="bf16", block_rows=16, capability=90):
     """The kernel for rows of ``dim`` features compiled by Triton for a CUDA card of compute
     ``capability`` (90: H100/H200), without one: Triton's ``CompiledKernel``."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    function = _kernel(False)
     constants = dict(D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK_ROWS=block_rows)
     signature = {"x_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "rows": "i32", "x_stride": "i32",
-                 "epsilon": "fp32", **{name: "constexpr" for name in constants}}
-    source = ASTSource(function, signature, constexprs={(function.arg_names.index(k),): v for k, v in constants.items()})
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+                 "epsilon": "fp32"}
+    return triton_build.compile_for_cuda(_statistics_tile, signature, constants, {"num_warps": 4}, capability)
 
 
-@functools.cache
 def _kernel(interpret):
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(_statistics_tile)
-    return triton.jit(_statistics_tile)
+    return triton_build.jitted(_statistics_tile, interpret)
 
 
 try:

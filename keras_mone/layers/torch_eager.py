@@ -61,10 +61,10 @@ def direct_layer_norm(layer, x):
     layer neither casts its input nor autocasts its weights; ``tests/test_torch_direct_calls.py``)."""
     if not (type(layer) is keras.layers.LayerNormalization and layer.built and _torch() and eager()):
         return normalize(layer, x)
-    if torch_hooks(layer) or layer.activity_regularizer is not None or getattr(layer, "_remat_mode", None):
-        return layer(x)  # what ``Layer.__call__`` serves: hooks, activity losses, rematerialisation
-    if layer.rms_scaling or list(layer.axis) not in ([-1], [len(x.shape) - 1]):
-        return layer.call(x)
+    if not plain_layer_norm(layer, len(x.shape)):
+        if torch_hooks(layer) or layer.activity_regularizer is not None or getattr(layer, "_remat_mode", None):
+            return layer(x)  # what ``Layer.__call__`` serves: hooks, activity losses, rematerialisation
+        return layer.call(x)  # RMS scaling, other axes
     import torch
 
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # Keras: "at least float32"

@@ -1,0 +1,35 @@
+"""How the torch backend's Triton kernels are built (``triton_nested_mlp``, ``triton_grouped_tile``,
+``triton_row_statistics``): for a launch, compiled by ``triton.jit`` or run by Triton's
+interpreter (any device: how CI tests them), and compiled for a CUDA card without one (the code
+``bench/kernel_compile.py`` reads registers and spills from). Triton is imported when called.
+"""
+
+import functools
+
+
+@functools.cache
+def jitted(function, interpret):
+    """The Triton kernel of ``function``: ``triton.jit``, or Triton's interpreter."""
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(function)
+    import triton
+
+    return triton.jit(function)
+
+
+def compile_for_cuda(function, signature, constants, options, capability=90):
+    """``function`` compiled by Triton for a CUDA card of compute ``capability`` (90: H100/H200)
+    without one: Triton's ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``).
+    ``signature``: Triton's type of each runtime argument by name ("*bf16", "i32", ...);
+    ``constants``: the compile-time arguments; ``options``: ``num_warps``, ``num_stages``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = jitted(function, False)
+    signature = {**signature, **{name: "constexpr" for name in constants}}
+    constexprs = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    return triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget("cuda", capability, 32),
+                          options=options)
