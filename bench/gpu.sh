@@ -80,6 +80,9 @@
 #                    become KERAS_MONE_PROJECTION_TILES for forms_vit_grouped
 #  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel,
 #                    timm peer, profile
+#  attention_tiles   the flash-attention kernel's tiles (kernels.flash_attention) timed against XLA's
+#                    attention in float32, each one's output checked first (bench/attention_tiles.py);
+#                    its winners become KERAS_MONE_ATTENTION_TILES for the float32 *_grouped sweeps
 #  forms_vit_f32_grouped  the same in float32 at batch 64, also with flash attention
 #                    (grouped_kernel+flash_attention: KERAS_MONE_ATTENTION=flash, kernels.flash_attention)
 #  forms_vivit_b1_grouped ViViT-FE-B/16 e_c 0.4, float32, batch 1, present against grouped_kernel and
@@ -100,7 +103,7 @@
 # (run 4 also under torch.compile, default and reduce-overhead: adds minutes), WHEELS, and
 # FORMS_GROUPED / FORMS_GROUPED_F32 (the forms of the bf16 / float32 *_grouped sweeps), GROUPED_TILES_ARGS (for bench/grouped_tiles.py),
 # TRITON_GROUPED_TILES_ARGS (for bench/triton_grouped_tiles.py), PROJECTIONS (KERAS_MONE_PROJECTIONS of a bench run),
-# WEIGHT_TILES_ARGS (for bench/weight_gradient_tiles.py),
+# WEIGHT_TILES_ARGS (for bench/weight_gradient_tiles.py), ATTENTION_TILES_ARGS (for bench/attention_tiles.py),
 # KERNEL_CHECK_ARGS (for bench/kernel_check.py; on a CPU, where it is interpreted, e.g.
 # "--rows 64 --dim 96 --hidden 384 --widths 12,24"), and
 # EXTRA_ARGS, appended to every run (the last of a repeated option wins), e.g.
@@ -352,6 +355,14 @@ KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$grouped_tiles}" \
 # in float32 also with attention as one Pallas kernel (KERAS_MONE_ATTENTION=flash: cuDNN takes no float32,
 # and XLA's attention writes and rereads the scores; compiled without a card, the bound of ViViT at batch 1
 # rises from 1.67x to 2.43x with it, BENCHMARKS.md "Flash attention in float32")
+# The flash kernel's tiles first (bench/attention_tiles.py, float32 at TF32, each setting checked against
+# XLA's attention; ViViT's spatial and temporal attention at batch 1, ViT-B/16's at batch 64): its winners
+# become KERAS_MONE_ATTENTION_TILES for the float32 sweeps (a value set beforehand wins)
+# shellcheck disable=SC2086  # ATTENTION_TILES_ARGS: one word per argument
+script_run attention_tiles "best|no tile setting|KERAS_MONE_ATTENTION_TILES" \
+    env KERAS_BACKEND=jax "$PYTHON" "$ROOT/bench/attention_tiles.py" ${ATTENTION_TILES_ARGS:---budget 50}
+attention_tiles=$(grep -o 'KERAS_MONE_ATTENTION_TILES="[^"]*"' "$OUT_DIR/attention_tiles.md" 2>/dev/null | cut -d'"' -f2)
+export KERAS_MONE_ATTENTION_TILES="${KERAS_MONE_ATTENTION_TILES:-$attention_tiles}"
 TIMEOUT_forms_vivit_b1_grouped="${TIMEOUT_forms_vivit_b1_grouped:-200}"
 TIMEOUT_forms_vivit_b8_grouped="${TIMEOUT_forms_vivit_b8_grouped:-200}"
 forms forms_vit_f32_grouped --batch-sizes 64 --precision float32 \

@@ -199,3 +199,54 @@ def test_the_roofline_counts_the_kernels_work_from_its_name():
     assert moved == 4 * 4 * 16 * 257 * 12 * 64  # q, k, v and the output, once each
     assert _pallas_traffic(name, "f32[4112,768]", []) == (flops, moved)
     assert labelled_cost("grouped_in_projection_k768_n768_b1_g4x96", 4) is None
+
+
+def test_tiles_from_the_environment_reach_the_kernel(monkeypatch):
+    """``$KERAS_MONE_ATTENTION_TILES`` (a card's screen, ``bench/attention_tiles.py``) names tiles
+    per queries x keys; other shapes keep the default; a malformed or unlaunchable entry is
+    refused naming the variable; tiles given to the call win over the variable."""
+    from keras_mone.kernels import flash_attention as kernel
+
+    seen = []
+    original = kernel._jitted
+    monkeypatch.setattr(kernel, "_jitted", lambda *a: seen.append(a[3]) or original(*a))
+    q, k, v = _inputs(12, 2, 37, 37, 2, 16)
+    expected = _reference(q, k, v)
+    monkeypatch.setenv(kernel.TILES_ENV, "37x37=32,16,4,1;9x9=16,16,1,2")
+    assert_f32_close(np.asarray(kernel.flash_attention(q, k, v, interpret=True)), expected, ulps=64)
+    assert seen[-1] == (32, 16, 4, 1)
+    kernel.flash_attention(*_inputs(12, 1, 20, 20, 1, 16), interpret=True)
+    assert seen[-1] == kernel.default_tiles(16, np.float32)
+    kernel.flash_attention(q, k, v, tiles=(16, 16, 4, 2), interpret=True)
+    assert seen[-1] == (16, 16, 4, 2)
+    monkeypatch.setenv(kernel.TILES_ENV, "37x37=32,8,4,1")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION_TILES: tiles must be .* got \(32, 8, 4, 1\)"):
+        kernel.flash_attention(q, k, v, interpret=True)
+    monkeypatch.setenv(kernel.TILES_ENV, "37=32,16,4,1")
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_ATTENTION_TILES entries must read QxK=.*257x257=64,64,4,2"):
+        kernel.flash_attention(q, k, v, interpret=True)
+
+
+def test_the_tile_screen_runs_and_names_the_winners_as_the_variable_reads_them(monkeypatch, capsys):
+    """``bench/attention_tiles.py`` at a tiny size, interpreted: every setting checked against
+    XLA's attention and timed, one the kernel cannot take listed as failed, each sequence
+    length's winner printed as $KERAS_MONE_ATTENTION_TILES, which the kernel then reads."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import attention_tiles
+
+    from keras_mone.kernels import flash_attention as kernel
+
+    attention_tiles.main(["--shapes", "2x37,1x9,3x9", "--heads", "2", "--head-dim", "16", "--repeats", "1",
+                          "--tiles", "16,16,4,2;16,8,4,2"])
+    report = capsys.readouterr().out
+    assert report.count("| plain (XLA) |") == 3 and report.count("failed: ValueError") == 3
+    assert "wrong" not in report
+    value = report.split(f'{kernel.TILES_ENV}="')[1].split('"')[0]
+    assert [entry.split("=")[0] for entry in value.split(";")] == ["37x37", "9x9"]
+    monkeypatch.setenv(kernel.TILES_ENV, value)
+    assert kernel.tile_override(37, 37) in [(16, 16, 4, 2), kernel.default_tiles(16, np.float32)]
+    with pytest.raises(SystemExit):
+        attention_tiles.main(["--shapes", "2x"])
+    assert "--shapes must read batch x tokens" in capsys.readouterr().err

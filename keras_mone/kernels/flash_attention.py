@@ -33,7 +33,12 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.precision import dot_precision, precision_context, precision_name
-from keras_mone.kernels.tiles import launchable
+from keras_mone.kernels.tiles import launchable, shape_tiles
+
+TILES_ENV = "KERAS_MONE_ATTENTION_TILES"
+"""Tiles per sequence shape, ``QxK=block_q,block_k,num_warps,num_stages`` entries separated by ``;``
+(e.g. ``257x257=64,64,4,2;17x17=16,16,4,2``: queries x keys), which ``flash_attention`` takes
+over ``default_tiles``; ``bench/attention_tiles.py`` screens settings on a card and prints them."""
 
 
 def plain_attention(query, key, value):
@@ -59,11 +64,14 @@ def flash_attention(query, key, value, tiles=None, interpret=False):
 
     Args: those of ``plain_attention``, and
         tiles: ``(block_q, block_k, num_warps, num_stages)``, the first three powers of 2 and
-            both blocks at least 16; ``None``: ``default_tiles``.
+            both blocks at least 16; ``None``: ``$KERAS_MONE_ATTENTION_TILES``' entry for this
+            sequence shape (``tile_override``), else ``default_tiles``.
         interpret: run through Pallas' interpreter (no accelerator needed).
     """
     check_inputs(query, key, value)
-    tiles = default_tiles(query.shape[-1], query.dtype) if tiles is None else tuple(tiles)
+    if tiles is None:
+        tiles = tile_override(query.shape[1], key.shape[1]) or default_tiles(query.shape[-1], query.dtype)
+    tiles = tuple(tiles)
     check_tiles(tiles)
     return _jitted(query, key, value, tiles, precision_name(), bool(interpret))
 
@@ -80,6 +88,17 @@ def default_tiles(head_dim, dtype):
     ``compile_stats``; BENCHMARKS.md, "Flash attention in float32"). Not screened on a card."""
     del head_dim, dtype  # one setting until a card screens others
     return (64, 64, 4, 2)
+
+
+def tile_override(queries, keys):
+    """The tiles ``$KERAS_MONE_ATTENTION_TILES`` names for ``queries`` x ``keys`` sequences, or
+    ``None``; a malformed entry or tiles the kernel cannot take raise ``ValueError`` naming the
+    variable."""
+    def check(tiles, *_):
+        if not launchable(tiles, blocks=2):
+            raise ValueError(f"${TILES_ENV}: tiles must be (block_q, block_k, num_warps, num_stages): powers of 2, "
+                             f"both blocks at least 16, a positive stage count; got {tiles!r} for {queries}x{keys}.")
+    return shape_tiles(TILES_ENV, queries, keys, check, key="QxK", example="257x257=64,64,4,2")
 
 
 def check_inputs(query, key, value):

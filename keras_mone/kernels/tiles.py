@@ -26,20 +26,21 @@ def launchable(tiles, blocks):
     return powers and min(tiles[:blocks]) >= MIN_CHUNK and tiles[-1] >= 1
 
 
-def shape_tiles(variable, contraction, columns, check):
+def shape_tiles(variable, contraction, columns, check, key="KxN", example="768x2304=64,128,64,4,3"):
     """The tiles the environment ``variable`` names for a ``(K, N)`` kernel, or ``None``: entries
-    ``KxN=five,comma,separated,ints`` separated by ``;`` or spaces (e.g.
+    ``KxN=comma,separated,ints`` separated by ``;`` or spaces (e.g.
     ``768x2304=64,128,64,4,3;3072x768=64,64,64,4,3``); a malformed entry raises ``ValueError``
-    naming the variable, and ``check(tiles, K, N)`` raises for tiles the kernel cannot take.
-    The grouped projections (Pallas and Triton) and their weight gradients read theirs so."""
+    naming the variable, the entries' ``key`` and an ``example``, and ``check(tiles, K, N)`` raises for tiles the kernel
+    cannot take. The grouped projections (Pallas and Triton), their weight gradients and flash
+    attention (``K`` and ``N`` its queries and keys) read theirs so."""
     for entry in os.environ.get(variable, "").replace(";", " ").split():
         shape, _, values = entry.partition("=")
         try:
             k, n = (int(v) for v in shape.split("x"))
             tiles = tuple(int(v) for v in values.split(","))
         except ValueError:
-            raise ValueError(f"${variable} entries must read KxN=five,comma,separated,ints (e.g. "
-                             f"768x2304=64,128,64,4,3), got {entry!r}.") from None
+            raise ValueError(f"${variable} entries must read {key}=comma,separated,ints (e.g. {example}), "
+                             f"got {entry!r}.") from None
         if (k, n) == (contraction, columns):
             check(tiles, contraction, columns)
             return tiles
