@@ -16,7 +16,6 @@ default "highest" (no tensor cores).
 import argparse
 
 from kernel_compile import compile_stats
-from triton_grouped_tiles import group_shapes
 from triton_mlp import _Lines
 
 from keras_mone.kernels import triton_grouped_tile, triton_row_statistics
@@ -31,16 +30,17 @@ PROJECTIONS = [("LN + q/k/v", "in", 1, 3, dict(norm=True)), ("attention out + re
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=768)
-    parser.add_argument("--capacity", type=float, default=0.3)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--row-align", type=int, default=None,
+                        help="the rows' alignment the kernel is compiled for (triton_grouped_tile.tile_table; default "
+                        "block_rows: every group's rows a multiple of it, as ViT-B/16's at batch 256)")
     parser.add_argument("--dtypes", default="bf16,fp32", help="Triton's names of the rows' dtypes")
     parser.add_argument("--tiles", default="", help="';'-separated tile settings after each shape's default")
     args = parser.parse_args(argv)
-    groups = [(tokens * args.batch_size, width) for tokens, width in group_shapes(args.capacity, 196, args.dim)]
     extra = [tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry.strip()]
     lines = _Lines()  # each printed as it comes
-    lines += [f"Grouped projections (Triton) compiled for sm_90: D = {args.dim}, groups {groups} (rows, width), "
-              "weights in the rows' dtype\n",
+    lines += [f"Grouped projections (Triton) compiled for sm_90: D = {args.dim}, rows aligned to "
+              f"{args.row_align or 'block_rows'} (one program for every layout of the token groups so aligned: the "
+              "tile table is data), weights in the rows' dtype\n",
               "| rows | projection | tiles | mma | registers | spill bytes | shared KB |", "|---|---|---|---|---|---|---|"]
     settings = [(dtype, precision) for dtype in args.dtypes.split(",")
                 for precision in (("tf32", "ieee") if dtype == "fp32" else ("tf32",))]
@@ -48,8 +48,9 @@ def main(argv=None):
         for label, side, k, n, options in PROJECTIONS:
             contraction, columns = k * args.dim, n * args.dim
             for tiles in dict.fromkeys([triton_grouped_tile.default_tiles(contraction, columns), *extra]):
-                compiled = triton_grouped_tile.compile_for_cuda(contraction, columns, groups, side, dtype, tiles,
-                                                                precision=precision, **options)
+                compiled = triton_grouped_tile.compile_for_cuda(contraction, columns, side, dtype, tiles,
+                                                                precision=precision, row_align=args.row_align,
+                                                                **options)
                 stats = compile_stats(compiled.asm["ttir"], tiles[3], tiles[4])
                 rows = dtype if dtype != "fp32" else f"fp32 ({'TF32' if precision == 'tf32' else 'highest'})"
                 lines.append(f"| {rows} | {label} | {tiles} | {stats['mma']} | {stats['registers']} | "

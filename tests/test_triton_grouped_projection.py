@@ -84,6 +84,60 @@ def test_the_kernel_equals_a_float64_reference(side, widths, options, tiles):
     np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
 
 
+def test_the_tile_table_holds_each_row_tiles_rows_and_width_at_the_layouts_alignment():
+    """``triton_grouped_tile.tile_table``: three entries per row tile (its first row and its
+    group's end row in units of the alignment, its group's width), none for an empty group; the
+    alignment the largest power of 2 up to the tile's rows dividing every group boundary."""
+    from keras_mone.kernels.triton_grouped_tile import tile_table
+
+    _kernel()
+    table, tiles, align = tile_table([37, 0, 64, 49, 10], [48, 16, 96, 32, 80], 32)
+    assert align == 1 and tiles == 2 + 2 + 2 + 1
+    assert table[:9] == (0, 37, 48, 32, 37, 48, 37, 101, 96)
+    table, tiles, align = tile_table([64, 32, 96], [16, 32, 64], 32)  # boundaries 0, 64, 96, 192
+    assert align == 32 and tiles == 6 and table == (0, 2, 16, 1, 2, 16, 2, 3, 32, 3, 6, 64, 4, 6, 64, 5, 6, 64)
+    assert tile_table([48, 80], [16, 32], 128)[2] == 16 and tile_table([], [], 64) == ((), 0, 64)
+
+
+def test_one_compile_serves_every_layout_of_the_same_alignment(monkeypatch):
+    """The layout is data (the tile table): two batch sizes whose groups share an alignment
+    launch the kernel with the same compile-time arguments (Triton's cache: one compile), and
+    each equals the float64 reference; the table is copied to the device once per layout."""
+    kernel = _kernel()
+    from keras_mone.kernels import triton_grouped_tile
+
+    launches = []
+    original = triton_grouped_tile.kernel
+
+    def recording(interpret):
+        launcher = original(interpret)
+
+        class Recorder:
+            def __getitem__(self, grid):
+                def launch(*arguments, **constants):
+                    launches.append((grid, constants))
+                    return launcher[grid](*arguments, **constants)
+                return launch
+        return Recorder()
+
+    monkeypatch.setattr(triton_grouped_tile, "kernel", recording)
+    x, w, b, _, _ = _arrays(192, 96, 64, seed=8)
+    widths = (16, 48, 96)
+    for batch in (1, 3):  # groups of 32, 16 and 16 rows per image: aligned to 16 at both
+        spans = ((0, 32 * batch), (32 * batch, 48 * batch), (48 * batch, 64 * batch))
+        rows = 64 * batch
+        got = kernel.grouped_projection(*_torch(x[:rows], w, b), spans, widths, "in", "gelu", tiles=(32, 32, 32, 4, 2))
+        expected = _numpy_reference(x[:rows], w, b, spans, widths, "in", "gelu")
+        np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+    (grid_1, constants_1), (grid_2, constants_2) = launches
+    assert grid_1 != grid_2 and constants_1 == constants_2 and constants_1["ROW_ALIGN"] == 16
+    assert kernel._device_table.cache_info().currsize >= 2
+    tables = kernel._device_table.cache_info().hits
+    kernel.grouped_projection(*_torch(x[:64], w, b), ((0, 32), (32, 48), (48, 64)), widths, "in", "gelu",
+                              tiles=(32, 32, 32, 4, 2))
+    assert kernel._device_table.cache_info().hits == tables + 1
+
+
 @pytest.mark.parametrize("widths, tiles", [((48, 16, 96, 32, 80), (32, 32, 32, 4, 2)),
                                            ((96, 16, 96, 64, 16), (64, 16, 16, 4, 3))])
 def test_the_layer_norm_prologue_equals_a_float64_reference(widths, tiles):
@@ -316,21 +370,21 @@ def test_a_mone_vit_on_eager_torch_runs_four_launches_per_block_and_agrees(monke
 
 def test_the_kernel_form_applies_only_where_it_can(monkeypatch):
     """``layers.packed_kernels.kernels_apply``: nested widths, in the form asked for, with rows of
-    a dtype the kernel takes, at most ``MAX_GROUPS`` groups, and ops that run (not under
+    a dtype the kernel takes (any number of groups), and ops that run (not under
     ``torch.func``'s transforms, which have no storage to launch a kernel on)."""
     import torch
 
     from keras_mone.layers import ViTBlock, platform_forms
     from keras_mone.layers.packed_kernels import kernels_apply
 
-    kernel = _kernel()
+    _kernel()
     block = ViTBlock(hidden_dim=64, num_heads=4, mlp_dim=128, routed=True)
     block.build((None, None, 64))
     rows = torch.zeros(20, 64)
     monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
     assert kernels_apply(block, rows, [16, 64])
     assert not kernels_apply(block, rows, [64, 64])  # nothing nested: the dense block's GEMMs
-    assert not kernels_apply(block, rows, [16] * (kernel.MAX_GROUPS + 1))
+    assert kernels_apply(block, rows, [16, 32, 48] * 6 + [64])
     assert not kernels_apply(block, rows.double(), [16, 64])
     seen = []
     torch.func.vmap(lambda r: seen.append(kernels_apply(block, r, [16, 64])) or r)(rows)
@@ -369,8 +423,8 @@ def test_a_mone_vit_trains_through_the_op_and_compiles_in_one_graph(monkeypatch)
 
 
 def test_compiles_for_an_h100_with_warpgroup_mma():
-    """ViT-B/16's fc1 (LayerNorm prologue, GELU epilogue) and fc2 (gate and residual) at MoNE
-    e_c 0.3's groups, batch 256, bf16 rows and float32 weights at the default tiles: Triton
+    """ViT-B/16's fc1 (LayerNorm prologue, GELU epilogue) and fc2 (gate and residual), bf16 rows
+    and weights at the default tiles (one program for any layout of the groups): Triton
     compiles the kernel for sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``; the
     row statistics kernel compiles too. In a fresh process: the interpreter of the tests above
     leaves ``triton.language`` patched."""
@@ -379,9 +433,8 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
     _kernel()
     script = (
         "from keras_mone.kernels import triton_grouped_tile as kernel, triton_row_statistics as statistics\n"
-        "groups = [(84 * 256, 96), (61 * 256, 192), (37 * 256, 384), (14 * 256, 768)]\n"
-        "fc1 = kernel.compile_for_cuda(768, 3072, groups, 'in', activation='gelu', norm=True)\n"
-        "fc2 = kernel.compile_for_cuda(3072, 768, groups, 'out', residual=True, scale=True)\n"
+        "fc1 = kernel.compile_for_cuda(768, 3072, 'in', activation='gelu', norm=True)\n"
+        "fc2 = kernel.compile_for_cuda(3072, 768, 'out', residual=True, scale=True)\n"
         "rows = statistics.compile_for_cuda(768)\n"
         "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2)), 'ld.global' in rows.asm['ptx'])\n"
     )
@@ -413,8 +466,8 @@ def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
 
 
 def test_the_compile_report_runs():
-    """``bench/triton_grouped_compile.py`` at a small width: every projection compiled for sm_90
-    (a fresh process: the interpreter of the tests above leaves ``triton.language`` patched)."""
+    """``bench/triton_grouped_compile.py`` at a small width and rows aligned to 16: every
+    projection compiled for sm_90 (a fresh process: the interpreter of the tests above leaves ``triton.language`` patched)."""
     import pathlib
 
     from conftest import fresh_python_output
@@ -423,7 +476,7 @@ def test_the_compile_report_runs():
     bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
     script = (f"import sys; sys.path.insert(0, {str(bench)!r})\n"
               "import triton_grouped_compile as report\n"
-              "text = report.main(['--dim', '64', '--batch-size', '1', '--dtypes', 'bf16'])\n"
+              "text = report.main(['--dim', '64', '--row-align', '16', '--dtypes', 'bf16'])\n"
               "rows = [line for line in text.splitlines() if line.startswith('| bf16 |')]\n"
               "print(len(rows), all('| wgmma |' in row for row in rows), 'Row statistics (D = 64' in text)\n")
     assert fresh_python_output(script) == "4 True True"

@@ -29,6 +29,8 @@ tests. Under ``torch.compile`` and with autograd it is the custom op
 Not timed on a card.
 """
 
+import functools
+
 from keras_mone.kernels import triton_grouped_tile as _tile
 from keras_mone.kernels.tiles import shape_tiles
 from keras_mone.kernels.triton_grouped_tile import ACTIVATIONS, check_tiles, default_tiles
@@ -37,8 +39,6 @@ __all__ = ["grouped_projection", "plain_grouped_projection", "available", "shape
            "default_tiles", "ACTIVATIONS", "SIDES", "TILES_ENV"]
 
 SIDES = ("in", "out")
-MAX_GROUPS = 16
-"""The most token groups one launch takes (compile-time entries of the kernel's group table)."""
 TILES_ENV = "KERAS_MONE_PROJECTION_TILES"
 """Tiles per projection shape, as the Pallas kernel reads them (``kernels.grouped_kernel``):
 ``768x2304=64,128,64,4,3;3072x768=64,64,64,4,3``. ``bench/triton_grouped_tiles.py`` prints a
@@ -161,9 +161,9 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, norm, ti
     limit = w.shape[0] if side == "in" else w.shape[1]
     ends = [0] + [stop for _, stop in spans]
     covering = all(start == end and stop >= start for (start, stop), end in zip(spans, ends)) and ends[-1] == x.shape[0]
-    if not covering or len(widths) != len(spans) or not 0 < len(spans) <= MAX_GROUPS or not all(
+    if not covering or len(widths) != len(spans) or not spans or not all(
             0 < d <= limit for d in widths):
-        raise ValueError(f"`spans` must be 1 to {MAX_GROUPS} (start, stop) row ranges covering x's {x.shape[0]} rows "
+        raise ValueError(f"`spans` must be one or more (start, stop) row ranges covering x's {x.shape[0]} rows "
                          f"in order, and `widths` one width in [1, {limit}] per span (side {side!r}); got spans "
                          f"{spans}, widths {widths}.")
     rows, columns = x.shape[0], w.shape[1]
@@ -188,18 +188,28 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, spans, widths, si
     x, w = x.contiguous(), w.contiguous()
     rows, columns = x.shape[0], w.shape[1]
     out = x.new_empty((rows, columns))
-    table, row_tiles = _tile.group_table([stop - start for start, stop in spans], widths, tiles[0])
+    table, row_tiles, row_align = _tile.tile_table([stop - start for start, stop in spans], widths, tiles[0])
     if not row_tiles:
         return out
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
-    compiled = _tile.constants(table, x.shape[1], columns, side, activation, tiles, b is not None,
-                               residual is not None, scale is not None, mean is not None,
-                               "ieee" if exact else "tf32", interpret)
+    compiled = _tile.constants(x.shape[1], columns, side, activation, tiles, b is not None, residual is not None,
+                               scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align)
     options = {} if interpret else {"num_warps": tiles[3], "num_stages": tiles[4]}
     pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta)]
     _tile.kernel(interpret)[(columns // tiles[1], row_tiles)](
-        x, w, *pointers, out, x.stride(0), w.stride(0), columns, **compiled, **options)
+        x, w, *pointers, out, _device_table(table, x.device), x.stride(0), w.stride(0), columns, **compiled,
+        **options)
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _device_table(table, device):
+    """The tile table as an int32 tensor on ``device``, made once per layout (a batch size's
+    groups): a host-to-device copy on first use, none after (nor inside a CUDA graph replayed
+    after its warm-up)."""
+    import torch
+
+    return torch.tensor(table, dtype=torch.int32, device=device)
 
 
 def _define_custom_op():

@@ -2,12 +2,14 @@
 token groups (``kernels.triton_grouped_projection`` holds the function users call, its checks,
 its plain twin and its custom op; its module docstring gives the equations).
 
-A program takes ``BLOCK_ROWS`` rows of one group by ``BLOCK_COLS`` output columns. The group
-table (each group's first row tile, first row, rows and width: ``FIRSTS``, ``STARTS``,
-``SIZES``, ``WIDTHS``) is known when the kernel compiles; a program selects its group's entries
-as runtime values and runs one code path for every group (a branch per group spilled registers
-on sm_90: BENCHMARKS.md). A new layout (another batch size) is another compile. Block pointers
-whose shapes end at the group's last row and its width give zeros past them as they load: x's
+A program takes ``BLOCK_ROWS`` rows of one group by ``BLOCK_COLS`` output columns. Which rows
+and which width is data: the tile table (``tile_table``: each row tile's first row, its group's
+end row and width), an int32 tensor the program reads three entries of. The layout (the batch
+size, the capacities) is therefore not compiled in, only the rows' alignment (``ROW_ALIGN``, a
+power of 2 up to ``BLOCK_ROWS``): at most eight compiles per projection shape and dtype serve
+every batch size (the group table was once compile-time, one compile per layout), and every
+program runs one code path (a branch per group spilled registers on sm_90: BENCHMARKS.md).
+Block pointers whose shapes end at the group's last row and its width give zeros past them as they load: x's
 features past ``d`` (an in-projection), W's columns past ``d`` (an out-projection: Eq. 7's
 ``Pad``), so the GEMM's loads need no per-element masks (the LayerNorm prologue masks its
 weights past ``d``). On a card the contraction loop stops at the group's width; Triton's
@@ -34,48 +36,55 @@ def default_tiles(contraction, columns):
     return (128, largest_power_of_2_dividing(columns, 128), largest_power_of_2_dividing(contraction, 32), 8, 3)
 
 
-def group_table(sizes, widths, block_rows):
-    """The kernel's static group table ``(FIRSTS, STARTS, SIZES, WIDTHS)`` of the non-empty groups
-    of ``sizes`` rows (consecutive) at ``widths``, and the number of row tiles."""
-    table, first, start = [], 0, 0
-    for size, width in zip(sizes, widths):
-        if size:
-            table.append((first, start, size, width))
-            first += -(-size // block_rows)
-        start += size
-    return tuple(tuple(column) for column in zip(*table)) if table else ((), (), (), ()), first
+def tile_table(sizes, widths, block_rows):
+    """The kernel's tile table of groups of ``sizes`` rows (consecutive; empty ones have no tiles)
+    at ``widths``: a flat tuple, three ints per row tile (its first row and its group's end row,
+    both in units of ``row_align`` rows, and its group's width), the number of row tiles, and
+    ``row_align``: the largest power of 2 up to ``block_rows`` dividing every group's first row
+    and size. The kernel multiplies back by it, a compile-time constant, so the compiler knows
+    the rows' alignment (the only thing of the layout it is compiled for)."""
+    boundaries = [0]
+    for size in sizes:
+        boundaries.append(boundaries[-1] + size)
+    row_align = block_rows
+    while any(boundary % row_align for boundary in boundaries):
+        row_align //= 2
+    table = []
+    for (start, end), width in zip(zip(boundaries, boundaries[1:]), widths):
+        for first_row in range(start, end, block_rows):
+            table += [first_row // row_align, end // row_align, width]
+    return tuple(table), len(table) // 3, row_align
 
 
-def constants(table, contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm,
-              precision, upcast):
-    """The kernel's compile-time arguments."""
-    firsts, starts, sizes, widths = table
-    return dict(FIRSTS=firsts, STARTS=starts, SIZES=sizes, WIDTHS=widths, GROUPS=len(firsts), K=contraction,
-                K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in",
+def constants(contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm, precision,
+              upcast, row_align):
+    """The kernel's compile-time arguments: of the layout of the groups, only ``row_align``."""
+    return dict(ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in",
                 ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias,
                 HAS_RESIDUAL=has_residual, HAS_SCALE=has_scale, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
                 BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
 
 
-def compile_for_cuda(contraction, columns, groups, side, dtype="bf16", tiles=None, activation=None,
-                     residual=False, scale=False, norm=False, capability=90, weight_dtype=None, precision="tf32"):
-    """The kernel for a ``(K, N)`` projection of ``groups`` (``((rows, width), ...)``) compiled by
-    Triton for a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
+def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activation=None,
+                     residual=False, scale=False, norm=False, capability=90, weight_dtype=None, precision="tf32",
+                     row_align=None):
+    """The kernel for a ``(K, N)`` projection (any layout of token groups) compiled by Triton for a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
     ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``; ``bench/kernel_compile.py`` reads
     registers and spills from it). ``dtype``: Triton's name of the rows' ("bf16", "fp16",
     "fp32"); ``weight_dtype`` the weights' and bias' (default the rows': what a model's call under
     mixed precision passes, Keras' autocast having cast them; "fp32": float32 variables passed
     as they are); the LayerNorm's weights are float32. ``precision``: float32 rows' dot, "tf32"
-    (torch's ``float32_matmul_precision`` "high") or "ieee" (its default "highest": no tensor cores)."""
+    (torch's ``float32_matmul_precision`` "high") or "ieee" (its default "highest": no tensor cores).
+    ``row_align``: ``tile_table``'s (default ``block_rows``: every group's rows a multiple of it, as
+    ViT-B/16's at a batch size that is a multiple of 128)."""
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
-    table, _ = group_table([rows for rows, _ in groups], [width for _, width in groups], tiles[0])
-    compiled = constants(table, contraction, columns, side, activation, tiles, True, residual, scale, norm, precision,
-                         False)
+    compiled = constants(contraction, columns, side, activation, tiles, True, residual, scale, norm, precision, False,
+                         row_align or tiles[0])
     weights = weight_dtype or dtype
     signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weights}", "b_ptr": f"*{weights}", "residual_ptr": f"*{dtype}",
                  "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "gamma_ptr": "*fp32",
-                 "beta_ptr": "*fp32", "out_ptr": f"*{dtype}"}
+                 "beta_ptr": "*fp32", "out_ptr": f"*{dtype}", "table_ptr": "*i32"}
     signature.update({name: "i32" for name in ("x_stride", "w_stride", "out_stride")})
     return triton_build.compile_for_cuda(_grouped_tile, signature, compiled,
                                          {"num_warps": tiles[3], "num_stages": tiles[4]}, capability)
@@ -95,9 +104,7 @@ except ImportError:  # pragma: no cover - the plain path runs
 if tl is not None:
 
     def _grouped_tile(x_ptr, w_ptr, b_ptr, residual_ptr, scale_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, out_ptr,
-                      x_stride, w_stride, out_stride,
-                      FIRSTS: tl.constexpr, STARTS: tl.constexpr, SIZES: tl.constexpr, WIDTHS: tl.constexpr,
-                      GROUPS: tl.constexpr, K: tl.constexpr, K_STEPS: tl.constexpr, N: tl.constexpr,
+                      table_ptr, x_stride, w_stride, out_stride, ROW_ALIGN: tl.constexpr, K: tl.constexpr, K_STEPS: tl.constexpr, N: tl.constexpr,
                       SIDE_IN: tl.constexpr,
                       ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                       HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
@@ -115,21 +122,18 @@ if tl is not None:
         inner = tl.arange(0, BLOCK_K)
         row_type = x_ptr.dtype.element_ty
         dot_type = tl.float32 if UPCAST else row_type
-        # the group this row tile lies in (the static table), as runtime values: one code path
-        first, start, size, width = row_tile * 0, row_tile * 0, row_tile * 0, row_tile * 0
-        for group in tl.static_range(GROUPS):
-            here = row_tile >= FIRSTS[group]
-            first = tl.where(here, FIRSTS[group], first)
-            start = tl.where(here, STARTS[group], start)
-            size = tl.where(here, SIZES[group], size)
-            width = tl.where(here, WIDTHS[group], width)
-        first_row = start + (row_tile - first) * BLOCK_ROWS
+        # this row tile's entry of the tile table: its first row and its group's end row (in units of
+        # ROW_ALIGN rows: the compiler knows their alignment, which spared 300-600 spilled bytes on sm_90)
+        # and its group's width
+        first_row = tl.load(table_ptr + 3 * row_tile) * ROW_ALIGN
+        end_row = tl.load(table_ptr + 3 * row_tile + 1) * ROW_ALIGN
+        width = tl.load(table_ptr + 3 * row_tile + 2)
         rows = first_row + tl.arange(0, BLOCK_ROWS)
-        live = rows < start + size
+        live = rows < end_row
         if SIDE_IN:  # the contraction stops at the group's width
-            x_shape, w_shape, steps = (start + size, width), (width, N), (width + BLOCK_K - 1) // BLOCK_K
+            x_shape, w_shape, steps = (end_row, width), (width, N), (width + BLOCK_K - 1) // BLOCK_K
         else:  # column tiles past the group's width have nothing to compute
-            x_shape, w_shape, steps = (start + size, K), (K, width), tl.where(first_column < width, K_STEPS, 0)
+            x_shape, w_shape, steps = (end_row, K), (K, width), tl.where(first_column < width, K_STEPS, 0)
         tiles = tl.make_block_ptr(x_ptr, x_shape, (x_stride, 1), (first_row, 0), (BLOCK_ROWS, BLOCK_K), (1, 0))
         weights = tl.make_block_ptr(w_ptr, w_shape, (w_stride, 1), (0, first_column), (BLOCK_K, BLOCK_COLS), (1, 0))
         if HAS_NORM:  # the rows' statistics, loaded once per tile
@@ -163,7 +167,7 @@ if tl is not None:
             accumulator = accumulator / (1.0 + tl.exp(-1.5957691216057308 * cubic))
         if HAS_SCALE:  # the gate, then the residual (out-projections)
             accumulator *= tl.load(scale_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
-        out_shape = (start + size, N)
+        out_shape = (end_row, N)
         if HAS_RESIDUAL:
             residual = tl.make_block_ptr(residual_ptr, out_shape, (out_stride, 1), (first_row, first_column),
                                          (BLOCK_ROWS, BLOCK_COLS), (1, 0))

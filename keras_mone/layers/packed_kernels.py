@@ -20,10 +20,9 @@ as Keras gives them: inside a model's call under mixed precision, cast to the co
 go to the kernel as they are, which casts each tile. Attention is torch's.
 
 Blocks the kernel does not cover keep the per-group path: all groups at full width (dense's
-GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16, more than ``MAX_GROUPS`` groups, rows that
-are not float16, bfloat16 or float32, torch's autocast, TorchScript tracing and ``torch.func``
-transforms (``torch_eager.eager``). Gradients are the
-per-group path's, recomputed (the kernel's custom op). Not timed on a card.
+GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16, rows that are not float16, bfloat16 or
+float32, torch's autocast, TorchScript tracing and ``torch.func`` transforms
+(``torch_eager.eager``). Gradients are the per-group path's, recomputed (the kernel's custom op). Not timed on a card.
 """
 
 import keras
@@ -41,11 +40,11 @@ def kernels_apply(block, rows, widths):
         return False
     import torch
 
-    from keras_mone.kernels.triton_grouped_projection import MAX_GROUPS, shape_fits
+    from keras_mone.kernels.triton_grouped_projection import shape_fits
 
     if not (eager() or torch.compiler.is_compiling()):  # TorchScript tracing, torch.func: no kernel launches
         return False
-    if not shape_fits(block.hidden_dim, block.mlp.mlp_dim) or len(widths) > MAX_GROUPS:
+    if not shape_fits(block.hidden_dim, block.mlp.mlp_dim):
         return False
     return not torch.is_autocast_enabled(rows.device.type) and rows.dtype in (torch.float16, torch.bfloat16,
                                                                                torch.float32)
