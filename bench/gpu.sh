@@ -78,13 +78,14 @@
 #                    Pallas launch per projection over all token groups) timed against XLA's per-group
 #                    GEMMs, each one's output checked first (bench/grouped_tiles.py, bf16); its winners
 #                    become KERAS_MONE_PROJECTION_TILES for forms_vit_grouped
-#  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel,
-#                    timm peer, profile
+#  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel
+#                    and grouped_kernel+kernel_statistics (kernels.row_statistics), timm peer, profile
 #  attention_tiles   the flash-attention kernel's tiles (kernels.flash_attention) timed against XLA's
 #                    attention in float32, each one's output checked first (bench/attention_tiles.py);
 #                    its winners become KERAS_MONE_ATTENTION_TILES for the float32 *_grouped sweeps
 #  forms_vit_f32_grouped  the same in float32 at batch 64, also with flash attention
-#                    (grouped_kernel+flash_attention: KERAS_MONE_ATTENTION=flash, kernels.flash_attention)
+#                    (grouped_kernel+flash_attention: KERAS_MONE_ATTENTION=flash, kernels.flash_attention), and
+#                    with the statistics kernel too
 #  forms_vivit_b1_grouped ViViT-FE-B/16 e_c 0.4, float32, batch 1, present against grouped_kernel and
 #                    grouped_kernel+flash_attention, profile
 #  forms_vivit_b8_grouped ViViT-FE-B/16 e_c 0.3, float32, batch 8, the same forms
@@ -351,7 +352,8 @@ script_run grouped_tiles "best|no tile setting|KERAS_MONE_PROJECTION_TILES" \
 grouped_tiles=$(grep -o 'KERAS_MONE_PROJECTION_TILES="[^"]*"' "$OUT_DIR/grouped_tiles.md" 2>/dev/null | cut -d'"' -f2)
 TIMEOUT_forms_vit_grouped="${TIMEOUT_forms_vit_grouped:-200}"
 KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$grouped_tiles}" \
-    forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel}" --profile --timm
+    forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel,grouped_kernel+kernel_statistics}" \
+    --profile --timm
 # in float32 also with attention as one Pallas kernel (KERAS_MONE_ATTENTION=flash: cuDNN takes no float32,
 # and XLA's attention writes and rereads the scores; compiled without a card, the bound of ViViT at batch 1
 # rises from 1.67x to 2.43x with it, BENCHMARKS.md "Flash attention in float32")
@@ -363,14 +365,16 @@ script_run attention_tiles "best|no tile setting|KERAS_MONE_ATTENTION_TILES" \
     env KERAS_BACKEND=jax "$PYTHON" "$ROOT/bench/attention_tiles.py" ${ATTENTION_TILES_ARGS:---budget 50}
 attention_tiles=$(grep -o 'KERAS_MONE_ATTENTION_TILES="[^"]*"' "$OUT_DIR/attention_tiles.md" 2>/dev/null | cut -d'"' -f2)
 export KERAS_MONE_ATTENTION_TILES="${KERAS_MONE_ATTENTION_TILES:-$attention_tiles}"
+# (kernel_statistics: each LayerNorm's mean and rstd by one Pallas kernel, kernels.row_statistics, not a
+# reduction and an rsqrt pass of XLA's: ViViT at batch 1 compiled for an H200, 175 kernels against 199)
 TIMEOUT_forms_vivit_b1_grouped="${TIMEOUT_forms_vivit_b1_grouped:-200}"
 TIMEOUT_forms_vivit_b8_grouped="${TIMEOUT_forms_vivit_b8_grouped:-200}"
 forms forms_vit_f32_grouped --batch-sizes 64 --precision float32 \
-    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention}"
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel+flash_attention+kernel_statistics}"
 forms forms_vivit_b1_grouped --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
-    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention}" --profile
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel+flash_attention+kernel_statistics}" --profile
 forms forms_vivit_b8_grouped --family vivit --capacity 0.3 --batch-sizes 8 --precision float32 \
-    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention}"
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel+flash_attention+kernel_statistics}"
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_VIVIT:-present,keras_statistics}" --profile
 # MoNE Table 1's setting: float32 on a V100, which has no TF32 (matmuls at jax's "highest" precision)

@@ -26,6 +26,10 @@ call is traced, so one process compiles every form of the same two models:
     fused_statistics
                    $KERAS_MONE_STATISTICS=fused: two-pass statistics written so that XLA
                    makes each LayerNorm one Triton kernel
+    kernel_statistics
+                   $KERAS_MONE_STATISTICS=kernel: each LayerNorm's mean and rstd by one Pallas
+                   kernel (``kernels.row_statistics``), for the grouped kernels' prologues: no
+                   rsqrt pass of XLA's after the reduction (both models)
     packed         $KERAS_MONE_LAYOUT=packed: a block's groups in one token-major tensor
     fused_residuals
                    $KERAS_MONE_RESIDUALS=fused: the groups' residuals never written apart
@@ -92,6 +96,7 @@ SWITCHES = {
     "keras_statistics": {platform_forms.STATISTICS_ENV: "keras"},
     "one_pass_statistics": {platform_forms.STATISTICS_ENV: "one_pass"},
     "fused_statistics": {platform_forms.STATISTICS_ENV: "fused"},
+    "kernel_statistics": {platform_forms.STATISTICS_ENV: "kernel"},
     "packed": {platform_forms.LAYOUT_ENV: "packed"},
     "fused_residuals": {platform_forms.RESIDUALS_ENV: "fused"},
     "half_block_residuals": {platform_forms.RESIDUALS_ENV: "half_block"},

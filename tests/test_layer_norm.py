@@ -39,7 +39,7 @@ def test_the_switch_names_its_forms_and_keeps_keras_on_the_cpu(monkeypatch):
         monkeypatch.setenv(platform_forms.STATISTICS_ENV, "keras")
         assert platform_forms.statistics_form() == "keras"
     monkeypatch.setenv(platform_forms.STATISTICS_ENV, "welford")
-    with pytest.raises(ValueError, match=r"\$KERAS_MONE_STATISTICS must be one of \['keras', 'one_pass', 'fused'\]"):
+    with pytest.raises(ValueError, match=r"\$KERAS_MONE_STATISTICS must be one of \['keras', 'one_pass', 'fused', 'kernel'\]"):
         platform_forms.statistics_form()
 
 
@@ -149,7 +149,7 @@ def test_layers_it_does_not_take_run_keras(monkeypatch):
     assert len(keras.Model(inputs, normalize(_layer(), inputs)).weights) == 2
 
 
-@pytest.mark.parametrize("form", ["one_pass", "fused"])
+@pytest.mark.parametrize("form", ["one_pass", "fused", "kernel"])
 def test_a_mone_model_is_the_same_function_in_every_form(monkeypatch, form):
     """A MoNE-ViT's outputs and gradients under each form: within float32 rounding of
     Keras' LayerNorms (the generic block path, which every backend runs here)."""

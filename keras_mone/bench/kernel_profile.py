@@ -22,7 +22,7 @@ import re
 import tempfile
 
 KINDS = (
-    ("pallas", r"_mlp_tile|_residual_tile|grouped_(in|out)_(projection|weight_gradient)|pallas"),
+    ("pallas", r"_mlp_tile|_residual_tile|grouped_(in|out)_(projection|weight_gradient)|row_statistics|pallas"),
     ("convolution", r"cudnn-conv|convolution|fprop_implicit|nhwcaddpadding|nchwtonhwc"),
     ("attention", r"flash|fmha|sdpa|attention"),
     ("gemm", r"gemm|cutlass|nvjet|xmma|cublas|matmul|\bdot|dot[._]|sm\d\d_"),

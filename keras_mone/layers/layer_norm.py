@@ -15,7 +15,9 @@ the forms XLA compiles differently on a GPU:
   rows have at most 0.12 (``bench/layer_norm_rows.py``);
 * ``"fused"``: ``var = E[(x - E[x])^2]`` as Keras, the result written ``(x - mean) *
   rsqrt(var + eps)``, the pattern XLA's GPU compiler fuses into one Triton kernel per
-  LayerNorm (statistics and normalised output).
+  LayerNorm (statistics and normalised output);
+* ``"kernel"``: Keras' two-pass statistics, mean and rstd, by one Pallas kernel
+  (``kernels.row_statistics``; interpreted off GPUs), the normalisation XLA's.
 
 Only a plain ``LayerNormalization`` over the last axis, built, on jax, with nothing that
 ``Layer.__call__`` would add (RMS scaling, a subclass's ``call``, an activity regularizer,
@@ -26,7 +28,7 @@ other call is ``layer(x)``.
 import keras
 from keras import ops
 
-from keras_mone.layers.platform_forms import statistics_form
+from keras_mone.layers.platform_forms import accelerator, statistics_form
 
 
 def normalize(layer, x):
@@ -75,6 +77,11 @@ def _statistics(x, epsilon, form):
     """``(wide x, mean, rsqrt(variance + epsilon))`` over the last axis (kept), at least float32."""
     dtype = keras.backend.standardize_dtype(x.dtype)
     wide = x if dtype in ("float32", "float64") else ops.cast(x, "float32")  # Keras: at least float32
+    if form == "kernel" and dtype in ("float16", "bfloat16", "float32"):
+        from keras_mone.kernels.row_statistics import row_statistics
+
+        mean, rstd = row_statistics(x, float(epsilon), interpret=accelerator() != "gpu")
+        return wide, mean[..., None], rstd[..., None]
     mean = ops.mean(wide, axis=-1, keepdims=True)
     if form == "one_pass":
         variance = ops.maximum(ops.mean(ops.square(wide), axis=-1, keepdims=True) - ops.square(mean), 0.0)

@@ -17,7 +17,7 @@ the one whose compiled programs move the fewest bytes:
 * ``$KERAS_MONE_ORDER`` (``order_form``): jax's weight-slice ties on or off;
 * ``$KERAS_MONE_NORMS`` (``norms_form``): a block's LayerNorms per token group or over all;
 * ``$KERAS_MONE_STATISTICS`` (``statistics_form``): how jax writes a block's LayerNorm
-  statistics (Keras' form, one pass, or the two passes XLA fuses on a GPU);
+  statistics (Keras' form, one pass, the two passes XLA fuses on a GPU, or a Pallas kernel);
 * ``$KERAS_MONE_LAYOUT`` (``layout_form``): a block's token groups as tensors of their own
   or packed into one token-major tensor (``layers.packed_block``);
 * ``$KERAS_MONE_RESIDUALS`` (``residuals_form``): how often jax on a GPU writes the token
@@ -51,7 +51,7 @@ PATCHES_FORMS = ("conv", "matmul")
 NORMS_ENV = "KERAS_MONE_NORMS"
 NORMS_FORMS = ("grouped", "joint")
 STATISTICS_ENV = "KERAS_MONE_STATISTICS"
-STATISTICS_FORMS = ("keras", "one_pass", "fused")
+STATISTICS_FORMS = ("keras", "one_pass", "fused", "kernel")
 LAYOUT_ENV = "KERAS_MONE_LAYOUT"
 LAYOUT_FORMS = ("grouped", "packed")
 RESIDUALS_ENV = "KERAS_MONE_RESIDUALS"
@@ -263,7 +263,10 @@ def statistics_form():
     ``LayerNorm`` default, ``use_fast_variance``), the normalisation still fused into its
     consumers. "fused": the two-pass statistics written ``(x - mean) * rsqrt(var + eps)``,
     which XLA's GPU compiler makes one Triton kernel per LayerNorm that also writes the
-    normalised tokens. Compiled for an H200 (BENCHMARKS.md, "LayerNorm statistics in the
+    normalised tokens. "kernel" (opt-in, GPUs; interpreted elsewhere, for tests): mean and
+    rstd by one Pallas kernel per LayerNorm (``kernels.row_statistics``, two-pass numerics
+    from one read), where the other forms give the grouped projection kernels' prologues a
+    reduction and an rsqrt pass (BENCHMARKS.md, "Row statistics in one kernel"). Compiled for an H200 (BENCHMARKS.md, "LayerNorm statistics in the
     GPU programs"), keras / one_pass / fused:
 
     * MoNE-ViT-B/16 forward, batch 256, bf16: 893 / 797 / 653 kernels, 40.89 / 38.83 /
@@ -275,7 +278,11 @@ def statistics_form():
     One pass is the only form that moves fewer bytes in every program, for both models.
     Not timed on a card: ``$KERAS_MONE_STATISTICS`` when set, else one_pass on jax's GPU
     and keras elsewhere (the CPU's measured form)."""
-    return _env_form(STATISTICS_ENV, STATISTICS_FORMS, "one_pass" if _jax_gpu() else "keras")
+    chosen = _env_form(STATISTICS_ENV, STATISTICS_FORMS, "one_pass" if _jax_gpu() else "keras")
+    if chosen == "kernel" and accelerator() == "tpu":
+        raise ValueError(f"${STATISTICS_ENV}='kernel' is written for GPUs (Pallas' Triton lowering); on a TPU "
+                         "take another form or leave it unset.")
+    return chosen
 
 
 def layout_form():
