@@ -70,10 +70,10 @@ def test_the_layer_norm_prologue_equals_the_numpy_reference(layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("epilogue", ["none", "residual", "residual_and_scale"])
+@pytest.mark.parametrize("epilogue", ["none", "residual", "residual_and_scale", "residual_and_gate"])
 def test_the_out_projection_equals_the_numpy_reference_of_eq7(layout, epilogue):
     """``residual + scale * Pad(x @ W[:, :d] + b[:d])``; features past ``d`` are the residual's
-    own (zeros without one)."""
+    own (zeros without one). ``scale=(gate, alpha)``: the kernel computes MoNE's ``alpha g + 1``."""
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     rng = np.random.default_rng(1)
@@ -81,7 +81,11 @@ def test_the_out_projection_equals_the_numpy_reference_of_eq7(layout, epilogue):
     x, w, b = _normal(rng, 2, tokens, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
     residual = _normal(rng, 2, tokens, 64) if epilogue != "none" else None
     scale = (1.0 + rng.random((2, tokens))).astype("float32") if epilogue == "residual_and_scale" else None
-    out = np.asarray(grouped_projection(x, w, b, layout, "out", residual=residual, scale=scale, tiles=SMALL_TILES,
+    given = scale
+    if epilogue == "residual_and_gate":
+        gate, alpha = rng.random((2, tokens)).astype("float32"), np.float32(0.375)
+        given, scale = (gate, alpha), alpha * gate.astype(np.float64) + 1.0
+    out = np.asarray(grouped_projection(x, w, b, layout, "out", residual=residual, scale=given, tiles=SMALL_TILES,
                                         interpret=True))
     widths = np.concatenate([np.full(size, width) for size, width in layout])
     expected = ref._per_token(lambda row, d: ref.out_projection(row, w, b, d), x, widths[None])
@@ -192,6 +196,8 @@ def test_bad_arguments_are_named():
         (dict(groups=((8, 16),), side="in", residual=np.zeros((2, 8, 64), "float32")), "`residual`"),
         (dict(groups=((8, 16),), side="out", activation=_exact_gelu), "`activation`"),
         (dict(groups=((8, 16),), side="out", scale=np.zeros((2, 7), "float32")), "`scale`"),
+        (dict(groups=((8, 16),), side="out", scale=(np.zeros((2, 8), "float32"), np.zeros(2, "float32"))),
+         r"`scale` must be .* a \(gate, alpha\) pair"),
         (dict(groups=((8, 16),), side="in", tiles=(16, 48, 16, 4, 2)), "`tiles`"),
         (dict(groups=((8, 16),), side="in", tiles=(16, 128, 16, 4, 2)), "block_cols"),
         (dict(groups=((8, 16),), side="in", tiles=(16, 32, 8, 4, 2)), "at least 16"),

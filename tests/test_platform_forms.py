@@ -165,7 +165,7 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     ("PATCHES_ENV", "patches_form", "conv", r"\['conv', 'matmul'\]"),
     ("ORDER_ENV", "order_form", "tied", r"\['tied', 'free'\]"),
     ("NORMS_ENV", "norms_form", "grouped", r"\['grouped', 'joint'\]"),
-    ("STATISTICS_ENV", "statistics_form", "keras", r"\['keras', 'one_pass', 'fused'\]"),
+    ("STATISTICS_ENV", "statistics_form", "keras", r"\['keras', 'one_pass', 'fused', 'kernel'\]"),
     ("RESIDUALS_ENV", "residuals_form", "block", r"\['fused', 'block', 'half_block'\]"),
     ("PROJECTIONS_ENV", "projections_form", "per_group", r"\['per_group', 'grouped_kernel'\]"),
 ])

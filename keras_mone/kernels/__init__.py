@@ -5,9 +5,16 @@
   nested MLP, gate scale, residual) as one Pallas kernel (jax);
 * ``grouped_projection``: a nested projection over all of a block's token groups as one
   Pallas kernel (jax; ``$KERAS_MONE_PROJECTIONS=grouped_kernel``, ``layers.grouped_block``);
+* ``grouped_gradients``: the training step's dX and dW (and db) of those projections over
+  all token groups (jax);
 * ``flash_attention``: softmax attention as one Pallas kernel that never writes the scores
   (jax, any float dtype; ``$KERAS_MONE_ATTENTION=flash``);
+* ``row_statistics``: a LayerNorm's row mean and rstd as one Pallas kernel (jax;
+  ``$KERAS_MONE_STATISTICS=kernel``), for the grouped kernels' LayerNorm prologues;
 * ``triton_nested_mlp``: a nested group's MLP as one Triton kernel (torch);
+* ``triton_grouped_projection`` (program: ``triton_grouped_tile``) and
+  ``triton_row_statistics``: torch's twins of ``grouped_projection`` and ``row_statistics``
+  (``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch, ``layers.packed_kernels``);
 * ``precision``: the Pallas kernels' products at jax's ``default_matmul_precision``;
   ``tiles``: the fused MLP kernels' tile defaults.
 

@@ -75,9 +75,23 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
     out_shape = x.shape[:2] + (w.shape[1],)
     if residual is not None and residual.shape != out_shape:
         raise ValueError(f"`residual` must have the output's shape {out_shape}, got {residual.shape}.")
-    if scale is not None and scale.shape != x.shape[:2]:
-        raise ValueError(f"`scale` must be (batch, tokens) = {x.shape[:2]}, got {scale.shape}.")
+    if scale is not None:
+        gated = isinstance(scale, (tuple, list))
+        if gated and (len(scale) != 2 or jnp.shape(scale[1]) != ()) or (scale[0] if gated else scale).shape != x.shape[:2]:
+            shown = [jnp.shape(t) for t in scale] if gated else scale.shape
+            raise ValueError(f"`scale` must be (batch, tokens) = {x.shape[:2]}, or a (gate, alpha) pair of a (batch, "
+                             f"tokens) gate and a scalar alpha; got {shown}.")
     return groups
+
+
+def gated_scale(scale):
+    """The out-projections' per-token factor in float32: ``scale``, or for a ``(gate, alpha)``
+    pair MoNE's ``alpha * gate + 1`` (Eq. 1), which the kernel computes itself, so that no
+    block writes its factor (one tiny kernel per block, the gates being the router's for all)."""
+    if isinstance(scale, (tuple, list)):
+        gate, alpha = scale
+        return jnp.asarray(alpha, jnp.float32) * gate.astype(jnp.float32) + 1.0
+    return scale.astype(jnp.float32)
 
 
 def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False,
@@ -166,15 +180,19 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
     if residual is not None:
         operands.append(residual.reshape(batch * tokens, columns))
-    if scale is not None:
-        operands.append(scale.reshape(1, batch * tokens))
+    gated = isinstance(scale, (tuple, list))
+    if scale is not None:  # a factor per row, or a gate per row and alpha (its factor computed by the kernel)
+        operands.append((scale[0] if gated else scale).reshape(1, batch * tokens))
+        if gated:
+            operands.append(jnp.reshape(scale[1], (1, 1)).astype(jnp.float32))
     if norm is not None:  # the statistics per row, the LayerNorm's weights per feature: float32
         operands += [t.astype(jnp.float32).reshape(1, -1) for t in norm]
     if derivative is not None:
         operands.append(derivative[1].reshape(batch * tokens, columns))
     kernel = functools.partial(
         _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
-        blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=scale is not None,
+        blocks=(block_rows, block_cols, block_k), has_residual=residual is not None,
+        has_scale=None if scale is None else ("gate" if gated else "scale"),
         has_norm=norm is not None, parts=parts, precision=dot_precision(precision), transposed=transposed,
         derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces),
     )
@@ -268,6 +286,7 @@ def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation
               has_residual):
     """A program's float32 tile after its bias: an in-projection's activation or derivative, an
     out-projection's zeros past the group's width, gate and residual."""
+    from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
     if side == "in":
@@ -279,9 +298,12 @@ def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation
             accumulator = accumulator * jax.jvp(derivative_of, (pre,), (jnp.ones_like(pre),))[1]
         return accumulator
     accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
-    if has_scale:
-        scale = pl_triton.load(inputs[-1].at[0, rows], mask=valid, other=0)
-        accumulator = accumulator * scale.astype(jnp.float32)[:, None]
+    if has_scale:  # "scale": the factor per row; "gate": alpha g + 1 from the gate per row and alpha
+        factor_ref = inputs[-2] if has_scale == "gate" else inputs[-1]
+        scale = pl_triton.load(factor_ref.at[0, rows], mask=valid, other=0).astype(jnp.float32)
+        if has_scale == "gate":
+            scale = inputs[-1][0, pl.ds(0, 1)] * scale + 1.0
+        accumulator = accumulator * scale[:, None]
     if has_residual:
         residual = pl_triton.load(inputs[0].at[rows[:, None], columns[None, :]], mask=valid[:, None], other=0)
         accumulator = accumulator + residual.astype(jnp.float32)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from keras_mone.kernels.grouped_gradients import projection_gradients
 from keras_mone.kernels.grouped_kernel import (
-    SIDES, TILES_ENV, check_tiles, checked_groups, default_tiles, kernel_label, labelled_cost, normalized,
+    SIDES, TILES_ENV, check_tiles, checked_groups, default_tiles, gated_scale, kernel_label, labelled_cost, normalized,
     pallas_projection, shape_fits, tile_override,
 )
 from keras_mone.kernels.precision import precision_context, precision_name
@@ -56,7 +56,9 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         side: ``"in"`` (``width`` cuts ``w``'s rows) or ``"out"`` (its columns).
         activation: ``side="in"``: an elementwise function on the float32 pre-activation.
         residual, scale: ``side="out"``: ``(batch, tokens, N)`` and ``(batch, tokens)``; the
-            result is ``residual + scale * projection``.
+            result is ``residual + scale * projection``. ``scale`` may be a ``(gate, alpha)`` pair,
+            a ``(batch, tokens)`` gate and a scalar: the factor is MoNE's ``alpha * gate + 1``
+            (Eq. 1) in float32, computed by the kernel (``gated_scale``).
         parts: ``side="in"``: the output columns cut into ``parts`` equal tensors (q, k and v
             of a fused q/k/v kernel: ``parts=3``), each written by the kernel apart, so that
             attention reads them without a copy.
@@ -89,7 +91,7 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         start += size
     out = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
     if scale is not None:
-        out = out * scale.astype(jnp.float32)[..., None]
+        out = out * gated_scale(scale)[..., None]
     if residual is not None:
         out = out + residual.astype(jnp.float32)
     out = out.astype(x.dtype)
@@ -120,6 +122,7 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
     if input_activation is not None and side != "out":
         raise ValueError("`input_activation` belongs to side 'out' (fc2 of the activated hidden units).")
     norm = None if norm is None else tuple(norm)
+    scale = tuple(jnp.asarray(t) for t in scale) if isinstance(scale, (tuple, list)) else scale
     return _jitted(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision_name(),
                    bool(interpret), input_activation)
 

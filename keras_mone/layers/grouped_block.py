@@ -101,7 +101,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     mid = project(attention.out, attended, "out", residual=stream)
-    scale = _gate_scale(block, groups, gates, dtype)
+    scale = _gate_scale(block, groups, gates, training)
     if training:  # fc2 takes fc1's pre-activations: its backward pass applies the GELU's derivative
         hidden = normalized_projection(block.norm2, mlp.fc1, mid)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu)
@@ -119,7 +119,9 @@ def _epilogue(out, residual, scale, drop_path):
     generic path's draw over its groups: the same shape, so the same draws)."""
     if residual is None:
         return out
-    out = out if scale is None else out * ops.cast(scale, out.dtype)[..., None]
+    if scale is not None:  # the gate's factor as the generic path computes it (gates.NestedExpertGate)
+        gate, alpha = scale
+        out = out * ops.cast(ops.cast(alpha, gate.dtype) * gate + 1.0, out.dtype)[..., None]
     return residual + drop_path(out, training=True)
 
 
@@ -131,16 +133,20 @@ def _prologue(norm, x):
     return None if statistics is None else (*statistics, _stored(norm.gamma), _stored(norm.beta))
 
 
-def _gate_scale(block, groups, gates, dtype):
-    """MoNE's ``alpha g + 1`` per token, ``(batch, tokens)`` (1 for an ungated group), or
-    ``None`` where no group is gated."""
-    if gates is None or all(g is None for g in gates):
+def _gate_scale(block, groups, gates, training):
+    """MoNE's gate per token for the out-projection's epilogue, ``(gate, alpha)``: the gates of all
+    groups joined, ``(batch, tokens)`` (0 for an ungated group: a factor of 1), and the block's
+    alpha; ``None`` where no group is gated or the block has no MoNE gate. The inference kernels compute ``alpha g + 1``
+    themselves (``kernels.grouped_kernel.gated_scale``): the joined gates are the same for
+    every block after a router, so XLA computes them once, not a factor per block. Alpha as
+    stored (float32; no cast per block under mixed precision, as the kernels read their weights)
+    at inference; in ``training`` as the generic path reads it (``_epilogue``)."""
+    if block.gate != "mone" or gates is None or all(g is None for g in gates):
         return None
-    scales = []
-    for group, gate in zip(groups, gates):
-        scale = block._gate.mlp_scale(gate, block.alpha)
-        scales.append(ops.ones(group.shape[:2], dtype) if scale is None else ops.cast(scale, dtype))
-    return scales[0] if len(scales) == 1 else ops.concatenate(scales, axis=1)
+    dtype = next(g for g in gates if g is not None).dtype
+    parts = [ops.zeros(group.shape[:2], dtype) if gate is None else gate for group, gate in zip(groups, gates)]
+    alpha = block.alpha if training else _stored(block.alpha)
+    return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1), alpha
 
 
 def _stored(variable):
