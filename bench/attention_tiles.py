@@ -109,7 +109,8 @@ def main(argv=None):
     device = jax.devices()[0].device_kind if not interpret else "cpu (interpreted)"
     print(f"Flash-attention tiles on {device}, jax {jax.__version__}, {args.dtype}, matmul precision "
           f"{args.matmul_precision}, {args.heads} heads of {args.head_dim}, medians of {args.repeats}; "
-          f"`KERAS_BACKEND=jax python bench/attention_tiles.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+          f"`KERAS_BACKEND=jax python bench/attention_tiles.py "
+          f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print("| batch x tokens | queries x keys | tiles (block_q, block_k, warps, stages) | ms | XLA / kernel "
           "| error / max value | note |\n|---|---|---|---|---|---|---|")
     best = {}

@@ -63,13 +63,15 @@ def _torch(*arrays, dtype="float32"):
     ("in", (48, 16, 96, 32, 80), {"activation": "gelu"}),
     ("in", (96, 16, 48, 96, 32), {"activation": "gelu_tanh", "bias": False}),
     ("out", (32, 16, 64, 48, 16), {"residual": True, "scale": True}),
+    ("out", (48, 64, 16, 32, 16), {"residual": True, "gate": True}),
     ("out", (64, 16, 16, 32, 48), {"residual": True}),
     ("out", (16, 16, 48, 64, 64), {"bias": False}),
 ])
 @pytest.mark.parametrize("tiles", [(32, 32, 32, 4, 2), (64, 16, 16, 4, 3)])
 def test_the_kernel_equals_a_float64_reference(side, widths, options, tiles):
-    """float32, every epilogue, widths that are and are not multiples of the contraction step
-    (an in-projection's d = 48 with 32-element steps: the tile past d reads zeros), an empty
+    """float32, every epilogue (MoNE's gate pair included), widths that are and are not
+    multiples of the contraction step (an in-projection's d = 48 with 32-element steps: the
+    tile past d reads zeros), an empty
     group, a group smaller than a row tile. Within float32 rounding of the largest value: the
     products over K <= 96 accumulate in float32 as torch's GEMMs do."""
     kernel = _kernel()
@@ -77,10 +79,13 @@ def test_the_kernel_equals_a_float64_reference(side, widths, options, tiles):
     x, w, b, residual, scale = _arrays(160, contraction, columns)
     b = b if options.get("bias", True) else None
     residual = residual if options.get("residual") else None
-    scale = scale if options.get("scale") else None
+    scale = scale if options.get("scale") or options.get("gate") else None
+    given = _torch(scale)[0]
+    if options.get("gate"):  # MoNE's gate: the kernel computes alpha g + 1 (here g in [1, 2))
+        given, scale = (given, *_torch(np.float64(0.375))), 0.375 * scale + 1
     expected = _numpy_reference(x, w, b, SPANS, widths, side, options.get("activation"), residual, scale)
     got = kernel.grouped_projection(*_torch(x, w, b), SPANS, widths, side, options.get("activation"),
-                                    *_torch(residual, scale), tiles=tiles)
+                                    *_torch(residual), given, tiles=tiles)
     np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
 
 
@@ -194,11 +199,12 @@ def test_bfloat16_rows_match_torchs_bfloat16_path():
         assert np.abs(mixed.double().numpy() - exact).max() <= 2**-6 * np.abs(exact).max()
 
 
-@pytest.mark.parametrize("side", ["in", "out"])
+@pytest.mark.parametrize("side", ["in", "out", "gated"])
 def test_gradients_are_the_plain_paths_and_the_op_compiles(side):
     """With autograd the kernel runs as ``keras_mone::grouped_projection``, whose backward pass
     is the plain path's: gradients of every input (an in-projection's LayerNorm statistics and
-    weights and its GELU; an out-projection's residual and gate) within float32 rounding of
+    weights and its GELU; an out-projection's residual and gate, given as a factor or as MoNE's
+    ``(gate, alpha)`` pair, whose alpha g + 1 the kernel computes) within float32 rounding of
     autodiff through ``plain_grouped_projection``; under ``torch.compile(fullgraph=True)``
     (fake tensors, the op's registered shape) the compiled forward and gradients are the eager
     ones. The statistics' gradients reach the rows as the LayerNorm's do."""
@@ -218,11 +224,13 @@ def test_gradients_are_the_plain_paths_and_the_op_compiles(side):
             norm = (*row_statistics(x, 1e-6), gamma, beta)
             out = function(x, w, b, SPANS, widths, "in", "gelu", norm=norm)
         else:
-            out = function(*tensors[:3], SPANS, widths, "out", residual=tensors[3], scale=tensors[4])
+            scale = tensors[4] if side == "out" else (tensors[4], tensors[5])
+            out = function(*tensors[:3], SPANS, widths, "out", residual=tensors[3], scale=scale)
         return (out**2).sum()
 
     def grads(function, compiled=False):
         inputs = (x, w, b, gamma, beta) if side == "in" else (x, w, b, residual, scale)
+        inputs += (torch.tensor(0.375),) if side == "gated" else ()
         tensors = [t.clone().requires_grad_() for t in inputs]
         run = torch.compile(loss, backend="aot_eager", fullgraph=True) if compiled else loss
         value = run(function, *tensors)

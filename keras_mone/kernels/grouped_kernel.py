@@ -77,7 +77,8 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
         raise ValueError(f"`residual` must have the output's shape {out_shape}, got {residual.shape}.")
     if scale is not None:
         gated = isinstance(scale, (tuple, list))
-        if gated and (len(scale) != 2 or jnp.shape(scale[1]) != ()) or (scale[0] if gated else scale).shape != x.shape[:2]:
+        malformed = gated and (len(scale) != 2 or jnp.shape(scale[1]) != ())
+        if malformed or (scale[0] if gated else scale).shape != x.shape[:2]:
             shown = [jnp.shape(t) for t in scale] if gated else scale.shape
             raise ValueError(f"`scale` must be (batch, tokens) = {x.shape[:2]}, or a (gate, alpha) pair of a (batch, "
                              f"tokens) gate and a scalar alpha; got {shown}.")

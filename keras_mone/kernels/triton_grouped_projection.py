@@ -74,7 +74,9 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
         side: ``"in"`` (``d`` cuts ``w``'s rows) or ``"out"`` (its columns).
         activation: side "in": ``None``, ``"gelu"`` or ``"gelu_tanh"`` on the float32 result.
         residual, scale: side "out": ``(rows, N)`` and ``(rows,)``; the result is
-            ``residual + scale * projection``.
+            ``residual + scale * projection``. ``scale`` may be a ``(gate, alpha)`` pair, a
+            ``(rows,)`` gate and a one-element alpha: the factor is MoNE's ``alpha * gate + 1``
+            (Eq. 1) in float32, computed by the kernel, so no block writes its factor.
         norm: side "in": ``(mean, rstd, gamma, beta)``, a LayerNorm applied to ``x`` first
             (``normalized``); ``mean``, ``rstd`` ``(rows,)``, ``gamma``, ``beta`` ``(K,)``.
 
@@ -86,6 +88,7 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
 
     w = w.to(x.dtype)
     x = x if norm is None else normalized(x, *norm)
+    scale, alpha = _gate_pair(scale)
     columns = w.shape[1]
     pieces = []
     for (start, stop), width in zip(spans, widths):
@@ -102,10 +105,16 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
         pieces.append(piece)
     out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
     if scale is not None:
-        out = out * scale.float()[:, None]
+        factor = scale.float() if alpha is None else alpha.float().reshape(()) * scale.float() + 1.0
+        out = out * factor[:, None]
     if residual is not None:
         out = out + residual.float()
     return out.to(x.dtype)
+
+
+def _gate_pair(scale):
+    """``(scale, alpha)``: a ``(gate, alpha)`` pair apart, or ``(scale, None)``."""
+    return tuple(scale) if isinstance(scale, (tuple, list)) else (scale, None)
 
 
 def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=None, scale=None, norm=None,
@@ -122,9 +131,10 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
     """
     import torch
 
-    spans, widths, tiles = _checked(x, w, b, spans, widths, side, activation, residual, scale, norm, tiles)
+    scale, alpha = _gate_pair(scale)
+    spans, widths, tiles = _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, norm, tiles)
     interpret = x.device.type != "cuda" if interpret is None else bool(interpret)
-    tensors = (x, w, b, residual, scale, *(norm or (None,) * 4))
+    tensors = (x, w, b, residual, scale, *(norm or (None,) * 4), alpha)
     recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     if not recording and not torch.compiler.is_compiling():
         return _launch(*tensors, spans, widths, side, activation, tiles, interpret)
@@ -132,7 +142,7 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
     return _OP(*tensors, flat_spans, list(widths), side, activation or "", list(tiles), interpret)
 
 
-def _checked(x, w, b, spans, widths, side, activation, residual, scale, norm, tiles):
+def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, norm, tiles):
     """``(spans, widths, tiles)`` as tuples of ints, after checking every argument."""
     import torch
 
@@ -151,7 +161,7 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, norm, ti
                          f"w {tuple(w.shape)}, b {None if b is None else tuple(b.shape)}.")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"`x` must be float16, bfloat16 or float32 rows (tensor cores); got {x.dtype}.")
-    named = (("w", w), ("b", b), ("residual", residual), ("scale", scale))
+    named = (("w", w), ("b", b), ("residual", residual), ("scale", scale), ("alpha", alpha))
     for name, t in named + tuple(zip(("mean", "rstd", "gamma", "beta"), norm or ())):
         if t is not None and (not t.is_floating_point() or t.device != x.device):
             raise ValueError(f"`{name}` must be a floating tensor on x's device ({x.device}); "
@@ -166,6 +176,8 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, norm, ti
         raise ValueError(f"`spans` must be one or more (start, stop) row ranges covering x's {x.shape[0]} rows "
                          f"in order, and `widths` one width in [1, {limit}] per span (side {side!r}); got spans "
                          f"{spans}, widths {widths}.")
+    if alpha is not None and alpha.numel() != 1:
+        raise ValueError(f"`scale` as a (gate, alpha) pair takes one alpha, got alpha of shape {tuple(alpha.shape)}.")
     rows, columns = x.shape[0], w.shape[1]
     shapes = {"residual": (residual, (rows, columns)), "scale": (scale, (rows,))}
     if norm is not None:
@@ -181,7 +193,8 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, norm, ti
     return spans, widths, tiles
 
 
-def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, spans, widths, side, activation, tiles, interpret):
+def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, widths, side, activation, tiles,
+            interpret):
     """The kernel launch on checked arguments: ``(rows, N)`` in ``x``'s dtype."""
     import torch
 
@@ -193,9 +206,10 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, spans, widths, si
         return out
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
     compiled = _tile.constants(x.shape[1], columns, side, activation, tiles, b is not None, residual is not None,
-                               scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align)
+                               scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align,
+                               alpha is not None)
     options = {} if interpret else {"num_warps": tiles[3], "num_stages": tiles[4]}
-    pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta)]
+    pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta, alpha)]
     _tile.kernel(interpret)[(columns // tiles[1], row_tiles)](
         x, w, *pointers, out, _device_table(table, x.device), x.stride(0), w.stride(0), columns, **compiled,
         **options)
@@ -222,9 +236,9 @@ def _define_custom_op():
 
     @torch.library.custom_op("keras_mone::grouped_projection", mutates_args=())
     def op(x: Tensor, w: Tensor, b: Optional, residual: Optional, scale: Optional, mean: Optional, rstd: Optional,
-           gamma: Optional, beta: Optional, spans: list[int], widths: list[int], side: str, activation: str,
-           tiles: list[int], interpret: bool) -> Tensor:
-        return _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, _pairs(spans), tuple(widths), side,
+           gamma: Optional, beta: Optional, alpha: Optional, spans: list[int], widths: list[int], side: str,
+           activation: str, tiles: list[int], interpret: bool) -> Tensor:
+        return _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, _pairs(spans), tuple(widths), side,
                        activation or None, tuple(tiles), interpret)
 
     @op.register_fake
@@ -232,17 +246,18 @@ def _define_custom_op():
         return x.new_empty((x.shape[0], w.shape[1]))
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:9])
-        spans, widths, side, activation = inputs[9:13]
+        ctx.save_for_backward(*inputs[:10])
+        spans, widths, side, activation = inputs[10:14]
         ctx.settings = (_pairs(spans), tuple(widths), side, activation or None)
 
     def backward(ctx, upstream):
-        needs = ctx.needs_input_grad[:9]
+        needs = ctx.needs_input_grad[:10]
         inputs = [t if t is None else t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, needs)]
         wanted = [t for t, need in zip(inputs, needs) if t is not None and need]
-        x, w, b, residual, scale, *norm = inputs
+        x, w, b, residual, scale, *norm, alpha = inputs
         with torch.enable_grad():
-            output = plain_grouped_projection(x, w, b, *ctx.settings, residual=residual, scale=scale,
+            output = plain_grouped_projection(x, w, b, *ctx.settings, residual=residual,
+                                              scale=scale if alpha is None else (scale, alpha),
                                               norm=None if norm[0] is None else norm)
             grads = iter(torch.autograd.grad(output, wanted, upstream) if wanted else ())
         return (*(next(grads) if t is not None and need else None for t, need in zip(inputs, needs)),) + (None,) * 6

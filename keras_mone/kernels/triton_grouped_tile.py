@@ -57,18 +57,19 @@ def tile_table(sizes, widths, block_rows):
 
 
 def constants(contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm, precision,
-              upcast, row_align):
+              upcast, row_align, has_alpha=False):
     """The kernel's compile-time arguments: of the layout of the groups, only ``row_align``."""
     return dict(ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in",
-                ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias,
-                HAS_RESIDUAL=has_residual, HAS_SCALE=has_scale, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
+                ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual,
+                HAS_SCALE=has_scale, HAS_ALPHA=has_alpha, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
                 BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
 
 
 def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activation=None,
                      residual=False, scale=False, norm=False, capability=90, weight_dtype=None, precision="tf32",
                      row_align=None):
-    """The kernel for a ``(K, N)`` projection (any layout of token groups) compiled by Triton for a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
+    """The kernel for a ``(K, N)`` projection (any layout of token groups) compiled by Triton for
+    a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
     ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``; ``bench/kernel_compile.py`` reads
     registers and spills from it). ``dtype``: Triton's name of the rows' ("bf16", "fp16",
     "fp32"); ``weight_dtype`` the weights' and bias' (default the rows': what a model's call under
@@ -76,15 +77,16 @@ def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activ
     as they are); the LayerNorm's weights are float32. ``precision``: float32 rows' dot, "tf32"
     (torch's ``float32_matmul_precision`` "high") or "ieee" (its default "highest": no tensor cores).
     ``row_align``: ``tile_table``'s (default ``block_rows``: every group's rows a multiple of it, as
-    ViT-B/16's at a batch size that is a multiple of 128)."""
+    ViT-B/16's at a batch size that is a multiple of 128). ``scale``: ``True`` (a factor per row)
+    or ``"gate"`` (MoNE's ``alpha g + 1`` from a gate per row)."""
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
-    compiled = constants(contraction, columns, side, activation, tiles, True, residual, scale, norm, precision, False,
-                         row_align or tiles[0])
+    compiled = constants(contraction, columns, side, activation, tiles, True, residual, bool(scale), norm, precision,
+                         False, row_align or tiles[0], scale == "gate")
     weights = weight_dtype or dtype
     signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weights}", "b_ptr": f"*{weights}", "residual_ptr": f"*{dtype}",
                  "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "gamma_ptr": "*fp32",
-                 "beta_ptr": "*fp32", "out_ptr": f"*{dtype}", "table_ptr": "*i32"}
+                 "beta_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": f"*{dtype}", "table_ptr": "*i32"}
     signature.update({name: "i32" for name in ("x_stride", "w_stride", "out_stride")})
     return triton_build.compile_for_cuda(_grouped_tile, signature, compiled,
                                          {"num_warps": tiles[3], "num_stages": tiles[4]}, capability)
@@ -103,11 +105,11 @@ except ImportError:  # pragma: no cover - the plain path runs
 
 if tl is not None:
 
-    def _grouped_tile(x_ptr, w_ptr, b_ptr, residual_ptr, scale_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, out_ptr,
-                      table_ptr, x_stride, w_stride, out_stride, ROW_ALIGN: tl.constexpr, K: tl.constexpr, K_STEPS: tl.constexpr, N: tl.constexpr,
-                      SIDE_IN: tl.constexpr,
-                      ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                      HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    def _grouped_tile(x_ptr, w_ptr, b_ptr, residual_ptr, scale_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, alpha_ptr,
+                      out_ptr, table_ptr, x_stride, w_stride, out_stride, ROW_ALIGN: tl.constexpr, K: tl.constexpr,
+                      K_STEPS: tl.constexpr, N: tl.constexpr, SIDE_IN: tl.constexpr, ACTIVATION: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr,
+                      HAS_ALPHA: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                       BLOCK_COLS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
                       UPCAST: tl.constexpr):
         """One program (see the module docstring). Builtins only (as ``triton_nested_mlp``:
@@ -166,7 +168,10 @@ if tl is not None:
             cubic = accumulator + 0.044715 * accumulator * accumulator * accumulator
             accumulator = accumulator / (1.0 + tl.exp(-1.5957691216057308 * cubic))
         if HAS_SCALE:  # the gate, then the residual (out-projections)
-            accumulator *= tl.load(scale_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+            factor = tl.load(scale_ptr + rows, mask=live, other=0.0).to(tl.float32)
+            if HAS_ALPHA:  # MoNE's alpha g + 1 (Eq. 1) from the gate per row
+                factor = tl.load(alpha_ptr).to(tl.float32) * factor + 1.0
+            accumulator *= factor[:, None]
         out_shape = (end_row, N)
         if HAS_RESIDUAL:
             residual = tl.make_block_ptr(residual_ptr, out_shape, (out_stride, 1), (first_row, first_column),

@@ -42,6 +42,7 @@ from keras_mone.layers.attention import MoNEAttention, multi_head_attention
 from keras_mone.layers.layer_norm import normalize, row_statistics
 from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
 from keras_mone.layers.platform_forms import accelerator, attention_form, fused_attention, projections_form
+from keras_mone.layers.stored_weights import stored
 
 
 def kernel_block_applies(block, groups, widths, gates, training=None, return_received_attention=False):
@@ -80,7 +81,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     mlp_gelu = _kernel_gelu(mlp.gelu_approximate)  # float32 arithmetic, the result in the compute dtype
 
     def project(layer, x, side, residual=None, scale=None, **options):
-        kernel, bias, x = _stored(layer.kernel), _stored(layer.bias), ops.cast(x, dtype)
+        kernel, bias, x = stored(layer.kernel), stored(layer.bias), ops.cast(x, dtype)
         if not training:  # every epilogue in the kernel
             return grouped_projection(x, kernel, bias, layout, side, residual=residual, scale=scale,
                                       interpret=interpret, **options)
@@ -130,7 +131,7 @@ def _prologue(norm, x):
     (``layers.layer_norm.row_statistics``: the statistics in the platform's form), or ``None``
     where ``normalize`` runs it: a LayerNorm without both weights, or one that Keras must call."""
     statistics = row_statistics(norm, x) if norm.gamma is not None and norm.beta is not None else None
-    return None if statistics is None else (*statistics, _stored(norm.gamma), _stored(norm.beta))
+    return None if statistics is None else (*statistics, stored(norm.gamma), stored(norm.beta))
 
 
 def _gate_scale(block, groups, gates, training):
@@ -145,20 +146,5 @@ def _gate_scale(block, groups, gates, training):
         return None
     dtype = next(g for g in gates if g is not None).dtype
     parts = [ops.zeros(group.shape[:2], dtype) if gate is None else gate for group, gate in zip(groups, gates)]
-    alpha = block.alpha if training else _stored(block.alpha)
+    alpha = block.alpha if training else stored(block.alpha)
     return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1), alpha
-
-
-def _stored(variable):
-    """``variable``'s value in its own dtype, where a layer call under a mixed precision policy
-    would cast it to the compute dtype: the kernels cast each weight tile themselves, and a
-    cast copy of every weight per call was 96 launches of MoNE-ViT-B/16's forward compiled
-    for an H200. Keras has no public switch for this: the variable's own autocast flag is
-    turned off for the read; a Keras without that flag gets the cast value."""
-    if not isinstance(getattr(variable, "_autocast", None), bool):
-        return ops.convert_to_tensor(variable)
-    autocast, variable._autocast = variable._autocast, False
-    try:
-        return ops.convert_to_tensor(variable)
-    finally:
-        variable._autocast = autocast

@@ -15,9 +15,9 @@ LayerNorms the in-projections' prologues (each row's statistics in one pass befo
 ``kernels.triton_row_statistics``): no pass of its own over the hidden activations, the
 normalised tokens or the residual stream, no zero padding, no concatenation (q, k and v are
 strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them). The weights are read
-as Keras gives them: inside a model's call under mixed precision, cast to the compute dtype
-(Keras' autocast scope), as the per-group path reads them; float32 variables read outside it
-go to the kernel as they are, which casts each tile. Attention is torch's.
+as stored (``layers.stored_weights``): under mixed precision the kernel casts each float32
+weight tile to the rows' dtype as it loads it, the values Keras' autocast would give, without
+a cast copy of every weight per call. Attention is torch's.
 
 Blocks the kernel does not cover keep the per-group path: all groups at full width (dense's
 GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16, rows that are not float16, bfloat16 or
@@ -28,6 +28,7 @@ float32, torch's autocast, TorchScript tracing and ``torch.func`` transforms
 import keras
 
 from keras_mone.layers.platform_forms import fused_attention, projections_form
+from keras_mone.layers.stored_weights import stored
 from keras_mone.layers.torch_eager import direct_layer_norm, eager, plain_layer_norm
 
 
@@ -59,7 +60,7 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
     interpret = rows.device.type != "cuda"
 
     def project(layer, x, side, **epilogue):
-        kernel, bias = (None if v is None else _stored(v) for v in (layer.kernel, layer.bias))
+        kernel, bias = (None if v is None else stored(v) for v in (layer.kernel, layer.bias))
         return grouped_projection(x, kernel, bias, spans, widths, side, interpret=interpret, **epilogue)
 
     def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the prologue where it can
@@ -74,7 +75,10 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
     z = project(attention.out, attended, "out", residual=rows)
     activation = "gelu_tanh" if mlp.gelu_approximate else "gelu"
     hidden = normalized_projection(block.norm2, mlp.fc1, z, activation=activation)
-    scale = None if gate_rows is None else block._gate.mlp_scale(gate_rows, block.alpha)
+    scale = None
+    if gate_rows is not None:  # MoNE's alpha g + 1 by the kernel (no ops of its own per block), else the gate's
+        mone = block.gate == "mone"
+        scale = (gate_rows, stored(block.alpha)) if mone else block._gate.mlp_scale(gate_rows, block.alpha)
     return project(mlp.fc2, hidden, "out", residual=z, scale=scale)
 
 
@@ -86,9 +90,4 @@ def _prologue(layer, rows, interpret):
         return None
     from keras_mone.kernels.triton_row_statistics import row_statistics
 
-    return (*row_statistics(rows, layer.epsilon, interpret), _stored(layer.gamma), _stored(layer.beta))
-
-
-def _stored(variable):
-    """A weight as Keras reads it (stateless and autocast scopes included), in whatever dtype that gives."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
+    return (*row_statistics(rows, layer.epsilon, interpret), stored(layer.gamma), stored(layer.beta))

@@ -266,8 +266,9 @@ def statistics_form():
     normalised tokens. "kernel" (opt-in, GPUs; interpreted elsewhere, for tests): mean and
     rstd by one Pallas kernel per LayerNorm (``kernels.row_statistics``, two-pass numerics
     from one read), where the other forms give the grouped projection kernels' prologues a
-    reduction and an rsqrt pass (BENCHMARKS.md, "Row statistics in one kernel"). Compiled for an H200 (BENCHMARKS.md, "LayerNorm statistics in the
-    GPU programs"), keras / one_pass / fused:
+    reduction and an rsqrt pass (BENCHMARKS.md, "Row statistics in one kernel"). Compiled for
+    an H200 (BENCHMARKS.md, "LayerNorm statistics in the GPU programs"), keras / one_pass /
+    fused:
 
     * MoNE-ViT-B/16 forward, batch 256, bf16: 893 / 797 / 653 kernels, 40.89 / 38.83 /
       39.81 GB, roofline 9.19 / 8.76 / 8.97 ms; dense 240 / 215 / 155 kernels, 43.56 /
