@@ -20,13 +20,12 @@ sweep after that many seconds and names what it left.
 """
 
 import argparse
-import math
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
-from grouped_tiles import report, screen
+from grouped_tiles import add_screen_options, report, screen, screen_setup
 from kernel_check import BOUNDS, GPU_BOUNDS
 
 from keras_mone.kernels.flash_attention import (
@@ -89,24 +88,15 @@ def main(argv=None):
     parser.add_argument("--matmul-precision", default="default", choices=["default", "highest"],
                         help="jax's default_matmul_precision: 'default' is TF32 on an H100 / H200, 'highest' "
                         "IEEE float32 (MoNE Table 1's V100)")
-    parser.add_argument("--tiles", default=None, help="settings to time after the default, block_q,block_k,"
-                        "warps,stages separated by ';' (default: CANDIDATES)")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--budget", type=float, default=math.inf, help="seconds; later settings are listed untimed")
+    add_screen_options(parser, "block_q,block_k,warps,stages")
     args = parser.parse_args(argv)
-    if not args.budget >= 0:  # NaN included
-        parser.error(f"--budget must be a number of seconds >= 0, got {args.budget}")
+    candidates, interpret, device, log = screen_setup(parser, args, CANDIDATES, "attention_tiles")
     try:
         shapes = parse_shapes(args.shapes)
-        candidates = CANDIDATES if args.tiles is None else [
-            tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry]
     except ValueError as error:
         parser.error(str(error))
-    interpret = jax.default_backend() != "gpu"
     dtype = jnp.dtype(args.dtype)
     deadline = time.monotonic() + args.budget
-    log = (lambda message: print(f"[attention_tiles] {message}", file=sys.stderr, flush=True))
-    device = jax.devices()[0].device_kind if not interpret else "cpu (interpreted)"
     print(f"Flash-attention tiles on {device}, jax {jax.__version__}, {args.dtype}, matmul precision "
           f"{args.matmul_precision}, {args.heads} heads of {args.head_dim}, medians of {args.repeats}; "
           f"`KERAS_BACKEND=jax python bench/attention_tiles.py "

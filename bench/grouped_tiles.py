@@ -127,6 +127,31 @@ def report(label, shape, results):
     return f"{shape}={','.join(map(str, tiles))}"
 
 
+def add_screen_options(parser, fields, budget_help="seconds; later settings are listed untimed"):
+    """The options every tile screen takes: ``--tiles`` (``fields`` names a setting's values),
+    ``--repeats`` and ``--budget``."""
+    parser.add_argument("--tiles", default=None, help=f"settings to time after the default, {fields} separated "
+                        "by ';' (default: CANDIDATES)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--budget", type=float, default=math.inf, help=budget_help)
+
+
+def screen_setup(parser, args, candidates, name):
+    """``(settings, interpret, device name, log)`` of a screen's parsed ``args``: ``--tiles``'
+    settings (else ``candidates``), Pallas' interpreter off a GPU, and a log to stderr
+    prefixed ``[name]``; a bad ``--budget`` or ``--tiles`` is a usage error naming it."""
+    if not args.budget >= 0:  # NaN included
+        parser.error(f"--budget must be a number of seconds >= 0, got {args.budget}")
+    try:
+        settings = candidates if args.tiles is None else [
+            tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry]
+    except ValueError:
+        parser.error(f"--tiles must be comma-separated ints, settings separated by ';', got {args.tiles!r}")
+    interpret = jax.default_backend() != "gpu"
+    device = jax.devices()[0].device_kind if not interpret else "cpu (interpreted)"
+    return settings, interpret, device, (lambda message: print(f"[{name}] {message}", file=sys.stderr, flush=True))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-size", type=int, default=256)
@@ -134,21 +159,12 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--hidden", type=int, default=3072)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--tiles", default=None, help="settings to time after the default, rows,cols,k,warps,"
-                        "stages separated by ';' (default: CANDIDATES)")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--budget", type=float, default=math.inf, help="seconds; later settings are listed untimed")
+    add_screen_options(parser, "rows,cols,k,warps,stages")
     args = parser.parse_args(argv)
-    if not args.budget >= 0:  # NaN included
-        parser.error(f"--budget must be a number of seconds >= 0, got {args.budget}")
+    candidates, interpret, device, log = screen_setup(parser, args, CANDIDATES, "grouped_tiles")
     groups = tuple(tuple(int(v) for v in pair.split("x")) for pair in args.groups.split(","))
-    candidates = CANDIDATES if args.tiles is None else [
-        tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry]
-    interpret = jax.default_backend() != "gpu"
     dtype = jnp.dtype(args.dtype)
     deadline = time.monotonic() + args.budget
-    log = (lambda message: print(f"[grouped_tiles] {message}", file=sys.stderr, flush=True))
-    device = jax.devices()[0].device_kind if not interpret else "cpu (interpreted)"
     print(f"Grouped projection tiles on {device}, jax {jax.__version__}, {args.dtype}, batch {args.batch_size}, "
           f"groups {args.groups}, D={args.dim}, H={args.hidden}, medians of {args.repeats}; "
           f"`KERAS_BACKEND=jax python bench/grouped_tiles.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")

@@ -20,13 +20,12 @@ one the compiler rejects as failed. ``--budget`` bounds the sweep's seconds (a q
 """
 
 import argparse
-import math
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
-from grouped_tiles import GROUPS, report, screen
+from grouped_tiles import GROUPS, add_screen_options, report, screen, screen_setup
 from kernel_check import BOUNDS, GPU_BOUNDS
 
 from keras_mone.kernels.grouped_gradients import (
@@ -84,21 +83,11 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--hidden", type=int, default=3072)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--tiles", default=None, help="settings to time after the default, rows,k,n,warps,"
-                        "stages separated by ';' (default: CANDIDATES)")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--budget", type=float, default=math.inf,
-                        help="seconds, shared equally by the four weights; each weight's settings past its share "
-                        "are listed untimed (its default always timed)")
+    add_screen_options(parser, "rows,k,n,warps,stages", "seconds, shared equally by the four weights; each "
+                       "weight's settings past its share are listed untimed (its default always timed)")
     args = parser.parse_args(argv)
-    if not args.budget >= 0:  # NaN included
-        parser.error(f"--budget must be a number of seconds >= 0, got {args.budget}")
+    candidates, interpret, device, log = screen_setup(parser, args, CANDIDATES, "weight_gradient_tiles")
     groups = tuple(tuple(int(v) for v in pair.split("x")) for pair in args.groups.split(","))
-    candidates = CANDIDATES if args.tiles is None else [
-        tuple(int(v) for v in entry.split(",")) for entry in args.tiles.split(";") if entry]
-    interpret = jax.default_backend() != "gpu"
-    log = (lambda message: print(f"[weight_gradient_tiles] {message}", file=sys.stderr, flush=True))
-    device = jax.devices()[0].device_kind if not interpret else "cpu (interpreted)"
     print(f"Weight-gradient tiles on {device}, jax {jax.__version__}, {args.dtype}, batch {args.batch_size}, "
           f"groups {args.groups}, D={args.dim}, H={args.hidden}, medians of {args.repeats}; "
           f"`KERAS_BACKEND=jax python bench/weight_gradient_tiles.py "
