@@ -78,6 +78,8 @@ def sweep(batch, groups, projection, candidates, dtype, repeats, interpret, dead
     def call(function, **tiles):
         def run(x, w, b, *epilogue):
             extra = dict(zip([k for k in ("residual", "scale") if options.get(k)], epilogue))
+            if "scale" in extra:  # MoNE's gate per row and alpha, as the model passes them
+                extra["scale"] = (extra["scale"], jnp.float32(0.5))
             return function(x, w, b, groups, side, **fixed, **extra, **tiles)
         return jax.jit(run)
 

@@ -58,9 +58,11 @@ def projections(dim, hidden):
             ("fc2", "out", hidden, dim, {"residual": True, "scale": True})]
 
 
-def torch_path(x, w, b, spans, widths, side, activation=None, residual=None, scale=None, gamma=None, beta=None):
+def torch_path(x, w, b, spans, widths, side, activation=None, residual=None, scale=None, gamma=None, beta=None,
+               alpha=None):
     """The projection as the packed block runs it through torch's ops (``layers.packed_block``;
-    the LayerNorm as Keras' runs it on torch: in float32, cast back)."""
+    the LayerNorm as Keras' runs it on torch: in float32, cast back; MoNE's gate factor
+    ``alpha * scale + 1`` where ``alpha`` is given)."""
     import torch
 
     if gamma is not None:
@@ -75,7 +77,7 @@ def torch_path(x, w, b, spans, widths, side, activation=None, residual=None, sca
     for (start, stop), width in zip(spans, widths):
         torch.addmm(b[:width], x[start:stop], w[:, :width], out=out[start:stop, :width])
     if scale is not None:
-        out = out * scale[:, None]
+        out = out * (scale if alpha is None else (alpha * scale + 1).to(out.dtype))[:, None]
     return out if residual is None else residual + out
 
 
@@ -88,8 +90,9 @@ def inputs(rows, contraction, columns, epilogue, dtype, device, seed=0):
                "b": (0.1 * torch.randn(columns, generator=generator)).to(dtype)}
     if epilogue.get("residual"):
         tensors["residual"] = torch.randn(rows, columns, generator=generator).to(dtype)
-    if epilogue.get("scale"):
-        tensors["scale"] = (1 + torch.rand(rows, generator=generator)).to(dtype)
+    if epilogue.get("scale"):  # MoNE's gate per row and alpha, as the model passes them
+        tensors["scale"] = torch.rand(rows, generator=generator).to(dtype)
+        tensors["alpha"] = torch.tensor(0.5)
     if epilogue.get("norm"):
         tensors["gamma"] = 1 + 0.1 * torch.randn(contraction, generator=generator)
         tensors["beta"] = 0.1 * torch.randn(contraction, generator=generator)
@@ -112,8 +115,11 @@ def screen(projection, groups, batch, candidates, dtype, repeats, deadline, line
         start += batch * tokens
     cuda = torch.cuda.is_available()
     tensors = inputs(start, contraction, columns, epilogue, dtype, "cuda" if cuda else "cpu")
-    options = {k: v for k, v in tensors.items() if k in ("residual", "scale")}
+    options = {k: v for k, v in tensors.items() if k in ("residual", "scale", "alpha")}
     layer_norm = {k: v for k, v in tensors.items() if k in ("gamma", "beta")}
+    gated = {k: v for k, v in options.items() if k != "alpha"}  # the kernel takes the gate and alpha as a pair
+    if "alpha" in options:
+        gated["scale"] = (options["scale"], options["alpha"])
     activation = epilogue.get("activation")
 
     def plain():
@@ -136,7 +142,7 @@ def screen(projection, groups, batch, candidates, dtype, repeats, deadline, line
                 norm = None if not layer_norm else (*row_statistics(tensors["x"], EPSILON), layer_norm["gamma"],
                                                     layer_norm["beta"])
                 return grouped_projection(tensors["x"], tensors["w"], tensors["b"], spans, widths, side, activation,
-                                          norm=norm, tiles=tiles, interpret=not cuda, **options)
+                                          norm=norm, tiles=tiles, interpret=not cuda, **gated)
 
             try:
                 check_tiles(tiles, contraction, columns)

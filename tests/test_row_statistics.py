@@ -121,3 +121,12 @@ def test_the_grouped_kernels_prologues_take_them_in_a_mone_model(monkeypatch):
     got = keras.ops.convert_to_numpy(model(images))  # (the kernels interpreted here)
     assert len(calls) == 2 * TINY["depth"]  # both LayerNorms of every block
     assert_f32_close(got, expected, ulps=256)
+
+
+def test_no_rows_launch_nothing():
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.row_statistics import row_statistics
+
+    mean, rstd = row_statistics(jnp.zeros((2, 0, 64), jnp.bfloat16), 1e-6, interpret=True)
+    assert mean.shape == rstd.shape == (2, 0) and mean.dtype == jnp.float32

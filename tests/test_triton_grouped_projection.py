@@ -136,11 +136,61 @@ def test_one_compile_serves_every_layout_of_the_same_alignment(monkeypatch):
         np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=2e-6 * np.abs(expected).max())
     (grid_1, constants_1), (grid_2, constants_2) = launches
     assert grid_1 != grid_2 and constants_1 == constants_2 and constants_1["ROW_ALIGN"] == 16
-    assert kernel._device_table.cache_info().currsize >= 2
-    tables = kernel._device_table.cache_info().hits
+    assert not constants_1["STATIC_TABLE"]
+    made = dict(kernel._TABLES)
     kernel.grouped_projection(*_torch(x[:64], w, b), ((0, 32), (32, 48), (48, 64)), widths, "in", "gelu",
                               tiles=(32, 32, 32, 4, 2))
-    assert kernel._device_table.cache_info().hits == tables + 1
+    assert kernel._TABLES == made and all(kernel._TABLES[k][0] is made[k][0] for k in made)  # reused, not remade
+
+
+def test_under_torch_compile_the_layout_is_compiled_in_and_gives_the_same_values(monkeypatch):
+    """Inside ``torch.compile`` the op runs the compile-time group table (``STATIC_TABLE``: no
+    device memory outlives a call, as CUDA graphs need); its values equal the eager tile table's
+    at an unaligned layout with an empty group and at an aligned one."""
+    import torch
+
+    kernel = _kernel()
+    from keras_mone.kernels import triton_grouped_tile
+
+    x, w, b, residual, gate = _arrays(160, 64, 64, seed=12)
+    for spans in (SPANS, ((0, 64), (64, 64), (64, 96), (96, 160))):
+        widths = (16, 32, 48, 64, 16)[:len(spans)]
+        arguments = (*_torch(x, w, b), spans, widths, "out")
+        options = dict(residual=_torch(residual)[0], scale=(_torch(gate)[0], torch.tensor(0.25)),
+                       tiles=(32, 32, 32, 4, 2))
+        eager = kernel.grouped_projection(*arguments, **options)
+        launches = []
+        original = triton_grouped_tile.kernel
+
+        def recording(interpret):
+            launcher = original(interpret)
+
+            class Recorder:
+                def __getitem__(self, grid):
+                    return lambda *a, **k: launches.append(k) or launcher[grid](*a, **k)
+            return Recorder()
+
+        monkeypatch.setattr(triton_grouped_tile, "kernel", recording)
+        compiled = torch.compile(lambda *a: kernel.grouped_projection(*a, **options), backend="aot_eager",
+                                 fullgraph=True)(*arguments)
+        monkeypatch.setattr(triton_grouped_tile, "kernel", original)
+        assert launches and all(k["STATIC_TABLE"] for k in launches)
+        assert torch.equal(compiled, eager)
+
+
+def test_a_malformed_gate_pair_is_named():
+    import torch
+
+    kernel = _kernel()
+    x, w, b, residual, gate = _torch(*_arrays(160, 64, 64, seed=13))
+    for bad in [(gate,), (gate, None), (gate, torch.tensor(0.5), 1.0)]:
+        with pytest.raises(ValueError, match=r"`scale` must be a \(rows,\) tensor or a \(gate, alpha\) pair"):
+            kernel.grouped_projection(x, w, b, SPANS, (16,) * 5, "out", scale=bad)
+    with pytest.raises(ValueError, match="takes one alpha"):
+        kernel.grouped_projection(x, w, b, SPANS, (16,) * 5, "out", scale=(gate, torch.ones(2)))
+    by_number = kernel.grouped_projection(x, w, b, SPANS, (16,) * 5, "out", scale=(gate, 0.5))
+    by_tensor = kernel.grouped_projection(x, w, b, SPANS, (16,) * 5, "out", scale=(gate, torch.tensor(0.5)))
+    assert torch.equal(by_number, by_tensor)
 
 
 @pytest.mark.parametrize("widths, tiles", [((48, 16, 96, 32, 80), (32, 32, 32, 4, 2)),
@@ -431,8 +481,9 @@ def test_a_mone_vit_trains_through_the_op_and_compiles_in_one_graph(monkeypatch)
 
 
 def test_compiles_for_an_h100_with_warpgroup_mma():
-    """ViT-B/16's fc1 (LayerNorm prologue, GELU epilogue) and fc2 (gate and residual), bf16 rows
-    and weights at the default tiles (one program for any layout of the groups): Triton
+    """ViT-B/16's fc1 (LayerNorm prologue, GELU epilogue; the tile table read at run time) and
+    fc2 (MoNE's gate and the residual; the compile-time group table of torch.compile at e_c 0.3,
+    batch 256), bf16 rows and weights at the default tiles: Triton
     compiles the kernel for sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``; the
     row statistics kernel compiles too. In a fresh process: the interpreter of the tests above
     leaves ``triton.language`` patched."""
@@ -442,7 +493,8 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
     script = (
         "from keras_mone.kernels import triton_grouped_tile as kernel, triton_row_statistics as statistics\n"
         "fc1 = kernel.compile_for_cuda(768, 3072, 'in', activation='gelu', norm=True)\n"
-        "fc2 = kernel.compile_for_cuda(3072, 768, 'out', residual=True, scale=True)\n"
+        "groups = [(84 * 256, 96), (61 * 256, 192), (37 * 256, 384), (14 * 256, 768)]\n"
+        "fc2 = kernel.compile_for_cuda(3072, 768, 'out', residual=True, scale='gate', groups=groups)\n"
         "rows = statistics.compile_for_cuda(768)\n"
         "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2)), 'ld.global' in rows.asm['ptx'])\n"
     )

@@ -58,7 +58,7 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         residual, scale: ``side="out"``: ``(batch, tokens, N)`` and ``(batch, tokens)``; the
             result is ``residual + scale * projection``. ``scale`` may be a ``(gate, alpha)`` pair,
             a ``(batch, tokens)`` gate and a scalar: the factor is MoNE's ``alpha * gate + 1``
-            (Eq. 1) in float32, computed by the kernel (``gated_scale``).
+            (Eq. 1) in float32 (``gated_scale``; the kernel computes it in its epilogue).
         parts: ``side="in"``: the output columns cut into ``parts`` equal tensors (q, k and v
             of a fused q/k/v kernel: ``parts=3``), each written by the kernel apart, so that
             attention reads them without a copy.

@@ -84,6 +84,9 @@ def _jitted(x, epsilon, tiles, interpret):
     features = x.shape[-1]
     rows = x.reshape(-1, features)
     count = rows.shape[0]
+    if count == 0:  # no rows: nothing to launch
+        empty = jnp.zeros(x.shape[:-1], jnp.float32)
+        return empty, empty
     block_rows, num_warps = tiles
     kernel = functools.partial(_statistics_tile, count=count, features=features, block_rows=block_rows,
                                block_features=1 << (features - 1).bit_length(), epsilon=epsilon)

@@ -29,8 +29,6 @@ tests. Under ``torch.compile`` and with autograd it is the custom op
 Not timed on a card.
 """
 
-import functools
-
 from keras_mone.kernels import triton_grouped_tile as _tile
 from keras_mone.kernels.tiles import shape_tiles
 from keras_mone.kernels.triton_grouped_tile import ACTIVATIONS, check_tiles, default_tiles
@@ -76,7 +74,7 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
         residual, scale: side "out": ``(rows, N)`` and ``(rows,)``; the result is
             ``residual + scale * projection``. ``scale`` may be a ``(gate, alpha)`` pair, a
             ``(rows,)`` gate and a one-element alpha: the factor is MoNE's ``alpha * gate + 1``
-            (Eq. 1) in float32, computed by the kernel, so no block writes its factor.
+            (Eq. 1) in float32 (the kernel computes it in its epilogue, so no block writes it).
         norm: side "in": ``(mean, rstd, gamma, beta)``, a LayerNorm applied to ``x`` first
             (``normalized``); ``mean``, ``rstd`` ``(rows,)``, ``gamma``, ``beta`` ``(K,)``.
 
@@ -113,8 +111,17 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
 
 
 def _gate_pair(scale):
-    """``(scale, alpha)``: a ``(gate, alpha)`` pair apart, or ``(scale, None)``."""
-    return tuple(scale) if isinstance(scale, (tuple, list)) else (scale, None)
+    """``(scale, alpha)``: a ``(gate, alpha)`` pair apart (a number alpha made a tensor on the
+    gate's device), or ``(scale, None)``; a malformed pair raises ``ValueError`` naming ``scale``."""
+    import torch
+
+    if not isinstance(scale, (tuple, list)):
+        return scale, None
+    if len(scale) != 2 or not torch.is_tensor(scale[0]) or scale[1] is None:
+        raise ValueError(f"`scale` must be a (rows,) tensor or a (gate, alpha) pair of a (rows,) gate and one "
+                         f"alpha; got a {type(scale).__name__} of {len(scale)}.")
+    gate, alpha = scale
+    return gate, alpha if torch.is_tensor(alpha) else torch.tensor(float(alpha), device=gate.device)
 
 
 def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=None, scale=None, norm=None,
@@ -139,7 +146,9 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
     if not recording and not torch.compiler.is_compiling():
         return _launch(*tensors, spans, widths, side, activation, tiles, interpret)
     flat_spans = [bound for span in spans for bound in span]
-    return _OP(*tensors, flat_spans, list(widths), side, activation or "", list(tiles), interpret)
+    # inside torch.compile the layout is compiled into the kernel (CUDA graphs keep no table alive)
+    return _OP(*tensors, flat_spans, list(widths), side, activation or "", list(tiles), interpret,
+               torch.compiler.is_compiling())
 
 
 def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, norm, tiles):
@@ -194,36 +203,49 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
 
 
 def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, widths, side, activation, tiles,
-            interpret):
-    """The kernel launch on checked arguments: ``(rows, N)`` in ``x``'s dtype."""
+            interpret, static_table=False):
+    """The kernel launch on checked arguments: ``(rows, N)`` in ``x``'s dtype. ``static_table``
+    (inside ``torch.compile``): the layout compiled into the kernel, so that no device memory
+    outlives the call (CUDA graphs replay what they captured); else (eager) the tile table, one
+    compile for every batch size."""
     import torch
 
     x, w = x.contiguous(), w.contiguous()
     rows, columns = x.shape[0], w.shape[1]
     out = x.new_empty((rows, columns))
-    table, row_tiles, row_align = _tile.tile_table([stop - start for start, stop in spans], widths, tiles[0])
+    sizes = tuple(stop - start for start, stop in spans)
+    table, row_tiles, row_align = _tile_table(sizes, tuple(widths), tiles[0], None if static_table else x.device)
     if not row_tiles:
         return out
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+    groups = _tile.group_table(sizes, widths, tiles[0], row_align) if static_table else None
     compiled = _tile.constants(x.shape[1], columns, side, activation, tiles, b is not None, residual is not None,
                                scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align,
-                               alpha is not None)
+                               alpha is not None, groups)
     options = {} if interpret else {"num_warps": tiles[3], "num_stages": tiles[4]}
     pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta, alpha)]
     _tile.kernel(interpret)[(columns // tiles[1], row_tiles)](
-        x, w, *pointers, out, _device_table(table, x.device), x.stride(0), w.stride(0), columns, **compiled,
+        x, w, *pointers, out, out if table is None else table, x.stride(0), w.stride(0), columns, **compiled,
         **options)
     return out
 
 
-@functools.lru_cache(maxsize=256)
-def _device_table(table, device):
-    """The tile table as an int32 tensor on ``device``, made once per layout (a batch size's
-    groups): a host-to-device copy on first use, none after (nor inside a CUDA graph replayed
-    after its warm-up)."""
+_TABLES = {}
+"""Eager launches' tile tables by layout and device, each made once (a host-to-device copy on
+first use) and kept: a layout's table is a few kilobytes, and a batch size has one layout."""
+
+
+def _tile_table(sizes, widths, block_rows, device):
+    """``(table on device or None, row tiles, row_align)`` of a layout (``triton_grouped_tile.tile_table``);
+    ``device`` ``None``: no table (the compile-time form)."""
     import torch
 
-    return torch.tensor(table, dtype=torch.int32, device=device)
+    key = (sizes, widths, block_rows, device)
+    if key not in _TABLES:
+        table, row_tiles, row_align = _tile.tile_table(sizes, widths, block_rows)
+        tensor = None if device is None else torch.tensor(table or (0,), dtype=torch.int32, device=device)
+        _TABLES[key] = (tensor, row_tiles, row_align)
+    return _TABLES[key]
 
 
 def _define_custom_op():
@@ -237,9 +259,9 @@ def _define_custom_op():
     @torch.library.custom_op("keras_mone::grouped_projection", mutates_args=())
     def op(x: Tensor, w: Tensor, b: Optional, residual: Optional, scale: Optional, mean: Optional, rstd: Optional,
            gamma: Optional, beta: Optional, alpha: Optional, spans: list[int], widths: list[int], side: str,
-           activation: str, tiles: list[int], interpret: bool) -> Tensor:
+           activation: str, tiles: list[int], interpret: bool, static_table: bool) -> Tensor:
         return _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, _pairs(spans), tuple(widths), side,
-                       activation or None, tuple(tiles), interpret)
+                       activation or None, tuple(tiles), interpret, static_table)
 
     @op.register_fake
     def _(x, w, *rest):
@@ -260,7 +282,7 @@ def _define_custom_op():
                                               scale=scale if alpha is None else (scale, alpha),
                                               norm=None if norm[0] is None else norm)
             grads = iter(torch.autograd.grad(output, wanted, upstream) if wanted else ())
-        return (*(next(grads) if t is not None and need else None for t, need in zip(inputs, needs)),) + (None,) * 6
+        return (*(next(grads) if t is not None and need else None for t, need in zip(inputs, needs)),) + (None,) * 7
 
     op.register_autograd(backward, setup_context=setup_context)
     return op

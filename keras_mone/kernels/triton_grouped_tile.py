@@ -6,15 +6,24 @@ A program takes ``BLOCK_ROWS`` rows of one group by ``BLOCK_COLS`` output column
 and which width is data: the tile table (``tile_table``: each row tile's first row, its group's
 end row and width), an int32 tensor the program reads three entries of. The layout (the batch
 size, the capacities) is therefore not compiled in, only the rows' alignment (``ROW_ALIGN``, a
-power of 2 up to ``BLOCK_ROWS``): at most eight compiles per projection shape and dtype serve
-every batch size (the group table was once compile-time, one compile per layout), and every
-program runs one code path (a branch per group spilled registers on sm_90: BENCHMARKS.md).
+power of 2 up to ``BLOCK_ROWS``): one compile per alignment (eight at 128-row tiles) and
+projection shape and dtype serves every batch size in eager calls. Inside ``torch.compile``,
+which compiles per shape anyway, the layout is compiled in (``STATIC_TABLE``, ``group_table``),
+so that no table in device memory must outlive a call replayed as a CUDA graph. Every program
+runs one code path (a branch per group spilled registers on sm_90: BENCHMARKS.md).
 Block pointers whose shapes end at the group's last row and its width give zeros past them as they load: x's
 features past ``d`` (an in-projection), W's columns past ``d`` (an out-projection: Eq. 7's
 ``Pad``), so the GEMM's loads need no per-element masks (the LayerNorm prologue masks its
 weights past ``d``). On a card the contraction loop stops at the group's width; Triton's
 interpreter, which takes only Python ints as loop bounds, runs every step and reads zeros
 past it, so CI checks the results and ``compile_for_cuda`` the compiled loop.
+
+The program uses Triton's builtins only (as ``triton_nested_mlp``: Triton's ``@jit`` helpers do
+not run under an interpreter chosen after Triton was imported). ``UPCAST`` (the interpreter):
+16-bit operands go to ``tl.dot`` as float32, exact products as on tensor cores. ``HAS_NORM``
+(in-projections): each loaded tile is the LayerNorm's ``(x - mean) * (rstd * gamma) + beta`` in
+float32, rounded to the rows' dtype, zeros past the group's width; the statistics come per
+row, computed beforehand.
 """
 
 from keras_mone.kernels import triton_build
@@ -56,10 +65,27 @@ def tile_table(sizes, widths, block_rows):
     return tuple(table), len(table) // 3, row_align
 
 
+def group_table(sizes, widths, block_rows, row_align):
+    """The compile-time form of the layout (``STATIC_TABLE``): per non-empty group its first row
+    tile, its first and end rows in units of ``row_align``, and its width, four tuples. A
+    program finds its group by comparisons with constants: no memory read, nothing to keep
+    alive between calls (CUDA graphs), one compile per layout."""
+    table, first_tile, start = [], 0, 0
+    for size, width in zip(sizes, widths):
+        if size:
+            table.append((first_tile, start // row_align, (start + size) // row_align, width))
+            first_tile += -(-size // block_rows)
+        start += size
+    return tuple(tuple(column) for column in zip(*table))
+
+
 def constants(contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm, precision,
-              upcast, row_align, has_alpha=False):
-    """The kernel's compile-time arguments: of the layout of the groups, only ``row_align``."""
-    return dict(ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in",
+              upcast, row_align, has_alpha=False, static_table=None):
+    """The kernel's compile-time arguments: of the layout of the groups, only ``row_align``, or
+    with ``static_table`` (``group_table``) all of it."""
+    firsts, starts, ends, widths = static_table or ((0,), (0,), (0,), (0,))
+    return dict(STATIC_TABLE=bool(static_table), FIRSTS=firsts, STARTS=starts, ENDS=ends, WIDTHS=widths,
+                GROUPS=len(firsts), ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in",
                 ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual,
                 HAS_SCALE=has_scale, HAS_ALPHA=has_alpha, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
                 BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
@@ -67,7 +93,7 @@ def constants(contraction, columns, side, activation, tiles, has_bias, has_resid
 
 def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activation=None,
                      residual=False, scale=False, norm=False, capability=90, weight_dtype=None, precision="tf32",
-                     row_align=None):
+                     row_align=None, groups=None):
     """The kernel for a ``(K, N)`` projection (any layout of token groups) compiled by Triton for
     a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
     ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``; ``bench/kernel_compile.py`` reads
@@ -78,11 +104,16 @@ def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activ
     (torch's ``float32_matmul_precision`` "high") or "ieee" (its default "highest": no tensor cores).
     ``row_align``: ``tile_table``'s (default ``block_rows``: every group's rows a multiple of it, as
     ViT-B/16's at a batch size that is a multiple of 128). ``scale``: ``True`` (a factor per row)
-    or ``"gate"`` (MoNE's ``alpha g + 1`` from a gate per row)."""
+    or ``"gate"`` (MoNE's ``alpha g + 1`` from a gate per row). ``groups``: ``((rows, width), ...)``
+    for the compile-time table (``STATIC_TABLE``, what ``torch.compile`` runs), else the tile
+    table read at run time (eager)."""
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
+    row_align = row_align or tiles[0]
+    table = None if groups is None else group_table([r for r, _ in groups], [w for _, w in groups], tiles[0],
+                                                      row_align)
     compiled = constants(contraction, columns, side, activation, tiles, True, residual, bool(scale), norm, precision,
-                         False, row_align or tiles[0], scale == "gate")
+                         False, row_align, scale == "gate", table)
     weights = weight_dtype or dtype
     signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weights}", "b_ptr": f"*{weights}", "residual_ptr": f"*{dtype}",
                  "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "gamma_ptr": "*fp32",
@@ -106,30 +137,36 @@ except ImportError:  # pragma: no cover - the plain path runs
 if tl is not None:
 
     def _grouped_tile(x_ptr, w_ptr, b_ptr, residual_ptr, scale_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, alpha_ptr,
-                      out_ptr, table_ptr, x_stride, w_stride, out_stride, ROW_ALIGN: tl.constexpr, K: tl.constexpr,
-                      K_STEPS: tl.constexpr, N: tl.constexpr, SIDE_IN: tl.constexpr, ACTIVATION: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr,
-                      HAS_ALPHA: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                      BLOCK_COLS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                      UPCAST: tl.constexpr):
-        """One program (see the module docstring). Builtins only (as ``triton_nested_mlp``:
-        Triton's ``@jit`` helpers do not run under an interpreter chosen after Triton was
-        imported); ``UPCAST`` (the interpreter): 16-bit operands go to ``tl.dot`` as float32,
-        exact products as on tensor cores. ``HAS_NORM`` (in-projections): each loaded tile is
-        the LayerNorm's ``(x - mean) * (rstd * gamma) + beta`` in float32, rounded to the rows'
-        dtype, zeros past the group's width; the statistics come per row, computed beforehand."""
+                      out_ptr, table_ptr, x_stride, w_stride, out_stride, STATIC_TABLE: tl.constexpr,
+                      FIRSTS: tl.constexpr, STARTS: tl.constexpr, ENDS: tl.constexpr, WIDTHS: tl.constexpr,
+                      GROUPS: tl.constexpr, ROW_ALIGN: tl.constexpr, K: tl.constexpr, K_STEPS: tl.constexpr,
+                      N: tl.constexpr, SIDE_IN: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_ALPHA: tl.constexpr,
+                      HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+                      BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        """One program (the module docstring says what its flags do)."""
         column_tile, row_tile = tl.program_id(0), tl.program_id(1)
         first_column = column_tile * BLOCK_COLS
         columns = first_column + tl.arange(0, BLOCK_COLS)
         inner = tl.arange(0, BLOCK_K)
         row_type = x_ptr.dtype.element_ty
         dot_type = tl.float32 if UPCAST else row_type
-        # this row tile's entry of the tile table: its first row and its group's end row (in units of
-        # ROW_ALIGN rows: the compiler knows their alignment, which spared 300-600 spilled bytes on sm_90)
-        # and its group's width
-        first_row = tl.load(table_ptr + 3 * row_tile) * ROW_ALIGN
-        end_row = tl.load(table_ptr + 3 * row_tile + 1) * ROW_ALIGN
-        width = tl.load(table_ptr + 3 * row_tile + 2)
+        # the tile's first row and its group's end row (in ROW_ALIGN rows: a known alignment spared 300-600
+        # spilled bytes on sm_90) and width, from the tile table or the compile-time group table
+        if STATIC_TABLE:
+            first, start, end, width = row_tile * 0, row_tile * 0, row_tile * 0, row_tile * 0
+            for group in tl.static_range(GROUPS):
+                here = row_tile >= FIRSTS[group]
+                first = tl.where(here, FIRSTS[group], first)
+                start = tl.where(here, STARTS[group], start)
+                end = tl.where(here, ENDS[group], end)
+                width = tl.where(here, WIDTHS[group], width)
+            first_row = start * ROW_ALIGN + (row_tile - first) * BLOCK_ROWS
+            end_row = end * ROW_ALIGN
+        else:
+            first_row = tl.load(table_ptr + 3 * row_tile) * ROW_ALIGN
+            end_row = tl.load(table_ptr + 3 * row_tile + 1) * ROW_ALIGN
+            width = tl.load(table_ptr + 3 * row_tile + 2)
         rows = first_row + tl.arange(0, BLOCK_ROWS)
         live = rows < end_row
         if SIDE_IN:  # the contraction stops at the group's width
@@ -172,11 +209,10 @@ if tl is not None:
             if HAS_ALPHA:  # MoNE's alpha g + 1 (Eq. 1) from the gate per row
                 factor = tl.load(alpha_ptr).to(tl.float32) * factor + 1.0
             accumulator *= factor[:, None]
-        out_shape = (end_row, N)
         if HAS_RESIDUAL:
-            residual = tl.make_block_ptr(residual_ptr, out_shape, (out_stride, 1), (first_row, first_column),
+            residual = tl.make_block_ptr(residual_ptr, (end_row, N), (out_stride, 1), (first_row, first_column),
                                          (BLOCK_ROWS, BLOCK_COLS), (1, 0))
             accumulator += tl.load(residual, boundary_check=(0,), padding_option="zero").to(tl.float32)
-        out = tl.make_block_ptr(out_ptr, out_shape, (out_stride, 1), (first_row, first_column),
+        out = tl.make_block_ptr(out_ptr, (end_row, N), (out_stride, 1), (first_row, first_column),
                                 (BLOCK_ROWS, BLOCK_COLS), (1, 0))
         tl.store(out, accumulator.to(out_ptr.dtype.element_ty), boundary_check=(0,))

@@ -141,7 +141,8 @@ def _gate_scale(block, groups, gates, training):
     themselves (``kernels.grouped_kernel.gated_scale``): the joined gates are the same for
     every block after a router, so XLA computes them once, not a factor per block. Alpha as
     stored (float32; no cast per block under mixed precision, as the kernels read their weights)
-    at inference; in ``training`` as the generic path reads it (``_epilogue``)."""
+    at inference; in ``training`` as the generic path reads it (``_epilogue``). Under mixed
+    precision the two therefore differ by bf16 rounding of alpha and of the factor."""
     if block.gate != "mone" or gates is None or all(g is None for g in gates):
         return None
     dtype = next(g for g in gates if g is not None).dtype

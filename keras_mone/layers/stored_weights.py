@@ -14,8 +14,10 @@ from keras import ops
 def stored(variable):
     """``variable``'s value in its own dtype, where a layer call under a mixed precision policy
     would cast it to the compute dtype. Keras has no public switch for this: the variable's own
-    autocast flag is turned off for the read; a Keras without that flag, or a value that is not
-    a variable, gives what ``ops.convert_to_tensor`` gives."""
+    autocast flag is turned off for the read (so a thread reading the same variable at that
+    moment would see it uncast: the zoo's calls do not share a model across threads); a Keras
+    without that flag, or a value that is not a variable, gives what ``ops.convert_to_tensor``
+    gives."""
     if not isinstance(getattr(variable, "_autocast", None), bool):
         return ops.convert_to_tensor(variable)
     autocast, variable._autocast = variable._autocast, False
