@@ -104,28 +104,31 @@ def test_the_tile_table_holds_each_row_tiles_rows_and_width_at_the_layouts_align
     assert tile_table([48, 80], [16, 32], 128)[2] == 16 and tile_table([], [], 64) == ((), 0, 64)
 
 
-def test_one_compile_serves_every_layout_of_the_same_alignment(monkeypatch):
-    """The layout is data (the tile table): two batch sizes whose groups share an alignment
-    launch the kernel with the same compile-time arguments (Triton's cache: one compile), and
-    each equals the float64 reference; the table is copied to the device once per layout."""
-    kernel = _kernel()
+def _recorded_launches(monkeypatch):
+    """A list that receives ``(grid, compile-time arguments)`` of each launch of the Triton
+    program (``triton_grouped_tile.kernel`` wrapped for the test), which still runs."""
     from keras_mone.kernels import triton_grouped_tile
 
-    launches = []
-    original = triton_grouped_tile.kernel
+    launches, original = [], triton_grouped_tile.kernel
 
     def recording(interpret):
         launcher = original(interpret)
 
         class Recorder:
             def __getitem__(self, grid):
-                def launch(*arguments, **constants):
-                    launches.append((grid, constants))
-                    return launcher[grid](*arguments, **constants)
-                return launch
+                return lambda *a, **k: launches.append((grid, k)) or launcher[grid](*a, **k)
         return Recorder()
 
     monkeypatch.setattr(triton_grouped_tile, "kernel", recording)
+    return launches
+
+
+def test_one_compile_serves_every_layout_of_the_same_alignment(monkeypatch):
+    """The layout is data (the tile table): two batch sizes whose groups share an alignment
+    launch the kernel with the same compile-time arguments (Triton's cache: one compile), and
+    each equals the float64 reference; the table is copied to the device once per layout."""
+    kernel = _kernel()
+    launches = _recorded_launches(monkeypatch)
     x, w, b, _, _ = _arrays(192, 96, 64, seed=8)
     widths = (16, 48, 96)
     for batch in (1, 3):  # groups of 32, 16 and 16 rows per image: aligned to 16 at both
@@ -150,31 +153,20 @@ def test_under_torch_compile_the_layout_is_compiled_in_and_gives_the_same_values
     import torch
 
     kernel = _kernel()
-    from keras_mone.kernels import triton_grouped_tile
-
     x, w, b, residual, gate = _arrays(160, 64, 64, seed=12)
+    launches = _recorded_launches(monkeypatch)
     for spans in (SPANS, ((0, 64), (64, 64), (64, 96), (96, 160))):
         widths = (16, 32, 48, 64, 16)[:len(spans)]
         arguments = (*_torch(x, w, b), spans, widths, "out")
         options = dict(residual=_torch(residual)[0], scale=(_torch(gate)[0], torch.tensor(0.25)),
                        tiles=(32, 32, 32, 4, 2))
         eager = kernel.grouped_projection(*arguments, **options)
-        launches = []
-        original = triton_grouped_tile.kernel
-
-        def recording(interpret):
-            launcher = original(interpret)
-
-            class Recorder:
-                def __getitem__(self, grid):
-                    return lambda *a, **k: launches.append(k) or launcher[grid](*a, **k)
-            return Recorder()
-
-        monkeypatch.setattr(triton_grouped_tile, "kernel", recording)
+        assert launches and not launches[-1][1]["STATIC_TABLE"]
+        launches.clear()
         compiled = torch.compile(lambda *a: kernel.grouped_projection(*a, **options), backend="aot_eager",
                                  fullgraph=True)(*arguments)
-        monkeypatch.setattr(triton_grouped_tile, "kernel", original)
-        assert launches and all(k["STATIC_TABLE"] for k in launches)
+        assert launches and all(constants["STATIC_TABLE"] for _, constants in launches)
+        launches.clear()
         assert torch.equal(compiled, eager)
 
 
@@ -527,7 +519,8 @@ def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
 
 def test_the_compile_report_runs():
     """``bench/triton_grouped_compile.py`` at a small width and rows aligned to 16: every
-    projection compiled for sm_90 (a fresh process: the interpreter of the tests above leaves ``triton.language`` patched)."""
+    projection compiled for sm_90 (a fresh process: the interpreter of the tests above leaves
+    ``triton.language`` patched)."""
     import pathlib
 
     from conftest import fresh_python_output

@@ -207,7 +207,7 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, wid
     """The kernel launch on checked arguments: ``(rows, N)`` in ``x``'s dtype. ``static_table``
     (inside ``torch.compile``): the layout compiled into the kernel, so that no device memory
     outlives the call (CUDA graphs replay what they captured); else (eager) the tile table, one
-    compile for every batch size."""
+    compile per alignment of the groups' rows for every batch size."""
     import torch
 
     x, w = x.contiguous(), w.contiguous()

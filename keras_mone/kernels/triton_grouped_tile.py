@@ -10,10 +10,10 @@ power of 2 up to ``BLOCK_ROWS``): one compile per alignment (eight at 128-row ti
 projection shape and dtype serves every batch size in eager calls. Inside ``torch.compile``,
 which compiles per shape anyway, the layout is compiled in (``STATIC_TABLE``, ``group_table``),
 so that no table in device memory must outlive a call replayed as a CUDA graph. Every program
-runs one code path (a branch per group spilled registers on sm_90: BENCHMARKS.md).
-Block pointers whose shapes end at the group's last row and its width give zeros past them as they load: x's
-features past ``d`` (an in-projection), W's columns past ``d`` (an out-projection: Eq. 7's
-``Pad``), so the GEMM's loads need no per-element masks (the LayerNorm prologue masks its
+runs one code path (a branch per group spilled registers on sm_90: BENCHMARKS.md). Block
+pointers whose shapes end at the group's last row and its width give zeros past them as they
+load: x's features past ``d`` (an in-projection), W's columns past ``d`` (an out-projection:
+Eq. 7's ``Pad``), so the GEMM's loads need no per-element masks (the LayerNorm prologue masks its
 weights past ``d``). On a card the contraction loop stops at the group's width; Triton's
 interpreter, which takes only Python ints as loop bounds, runs every step and reads zeros
 past it, so CI checks the results and ``compile_for_cuda`` the compiled loop.
@@ -85,7 +85,8 @@ def constants(contraction, columns, side, activation, tiles, has_bias, has_resid
     with ``static_table`` (``group_table``) all of it."""
     firsts, starts, ends, widths = static_table or ((0,), (0,), (0,), (0,))
     return dict(STATIC_TABLE=bool(static_table), FIRSTS=firsts, STARTS=starts, ENDS=ends, WIDTHS=widths,
-                GROUPS=len(firsts), ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2], N=columns, SIDE_IN=side == "in",
+                GROUPS=len(firsts), ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2], N=columns,
+                SIDE_IN=side == "in",
                 ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual,
                 HAS_SCALE=has_scale, HAS_ALPHA=has_alpha, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
                 BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)

@@ -86,7 +86,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
             return grouped_projection(x, kernel, bias, layout, side, residual=residual, scale=scale,
                                       interpret=interpret, **options)
         out = grouped_projection(x, kernel, bias, layout, side, interpret=interpret, **options)
-        return _epilogue(out, residual, scale, block.drop_path)
+        return _epilogue(out, residual, scale, block)
 
     def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the kernel's prologue where it can
         prologue = _prologue(norm, x)
@@ -113,17 +113,18 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
 
 
-def _epilogue(out, residual, scale, drop_path):
-    """The out-projections' epilogue by XLA (training): ``residual + drop_path(scale * out)`` in
-    the compute dtype, as the generic path computes it, so that autodiff reaches the gate.
-    ``drop_path``: the block's stochastic depth, one draw per example for all its tokens (the
-    generic path's draw over its groups: the same shape, so the same draws)."""
+def _epilogue(out, residual, scale, block):
+    """The out-projections' epilogue by XLA (training): ``residual + drop_path(factor * out)`` in
+    the compute dtype, the factor from ``scale``'s ``(gate, alpha)`` by the block's gate
+    (``gates.NestedExpertGate.mlp_scale``), as the generic path computes it, so that autodiff
+    reaches the gate. ``block.drop_path``: the block's stochastic depth, one draw per example
+    for all its tokens (the generic path's draw over its groups: the same shape, so the same
+    draws)."""
     if residual is None:
         return out
-    if scale is not None:  # the gate's factor as the generic path computes it (gates.NestedExpertGate)
-        gate, alpha = scale
-        out = out * ops.cast(ops.cast(alpha, gate.dtype) * gate + 1.0, out.dtype)[..., None]
-    return residual + drop_path(out, training=True)
+    if scale is not None:
+        out = out * ops.cast(block._gate.mlp_scale(*scale), out.dtype)[..., None]
+    return residual + block.drop_path(out, training=True)
 
 
 def _prologue(norm, x):
