@@ -22,6 +22,8 @@ from keras_mone.kernels import triton_grouped_tile, triton_row_statistics
 
 PROJECTIONS = [("LN + q/k/v", "in", 1, 3, dict(norm=True)), ("attention out + residual", "out", 1, 1,
                                                                 dict(residual=True)),
+               ("attention out + residual, batch-major rows (SDPA's)", "out", 1, 1,
+                dict(residual=True, split_rows=True)),
                ("LN + fc1 + GELU", "in", 1, 4, dict(norm=True, activation="gelu")),
                ("fc2 + gate + residual", "out", 4, 1, dict(residual=True, scale="gate"))]
 """``(label, side, K / D, N / D, options)`` of a ViT block's four nested projections."""

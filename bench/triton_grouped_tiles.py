@@ -4,7 +4,8 @@
 Triton launch over all token groups (``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch,
 ``layers.packed_kernels``). Its default tiles were chosen from code compiled for sm_90 without a
 card (``bench/triton_grouped_compile.py``). This times each of a ViT-B/16 block's four projections (q/k/v,
-the attention's out-projection with the residual, fc1 with the GELU, fc2 with the gate and the
+the attention's out-projection with the residual, reading the attention's output as CUDA's SDPA
+writes it (batch-major, a ``(tokens, batch, D)`` view), fc1 with the GELU, fc2 with the gate and the
 residual; the in-projections with their LayerNorm, as the prologue after a statistics pass) at
 MoNE-ViT-B/16's token groups at ``--capacity`` and ``--batch-size``, rows in
 ``--dtype`` and weights too (Keras' autocast casts them so in a model's call under mixed
@@ -53,7 +54,7 @@ def group_shapes(capacity, tokens, dim, experts=4):
 def projections(dim, hidden):
     """``[(label, side, K, N, epilogue)]`` of a ViT block's four nested projections."""
     return [("LN + q/k/v", "in", dim, 3 * dim, {"norm": True}),
-            ("attention out", "out", dim, dim, {"residual": True}),
+            ("attention out", "out", dim, dim, {"residual": True, "batch_major": True}),
             ("LN + fc1 + GELU", "in", dim, hidden, {"activation": "gelu", "norm": True}),
             ("fc2", "out", hidden, dim, {"residual": True, "scale": True})]
 
@@ -65,6 +66,7 @@ def torch_path(x, w, b, spans, widths, side, activation=None, residual=None, sca
     ``alpha * scale + 1`` where ``alpha`` is given)."""
     import torch
 
+    x = x.reshape(-1, x.shape[-1])  # (SDPA's batch-major output: the copy the packed block's reshape makes)
     if gamma is not None:
         x = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], gamma, beta, EPSILON).to(x.dtype)
     w, b = w.to(x.dtype), b.to(x.dtype)
@@ -115,6 +117,8 @@ def screen(projection, groups, batch, candidates, dtype, repeats, deadline, line
         start += batch * tokens
     cuda = torch.cuda.is_available()
     tensors = inputs(start, contraction, columns, epilogue, dtype, "cuda" if cuda else "cpu")
+    if epilogue.get("batch_major"):  # the attention's output as CUDA's SDPA writes it, read as (tokens, batch, D)
+        tensors["x"] = tensors["x"].reshape(-1, batch, contraction).transpose(0, 1).contiguous().transpose(0, 1)
     options = {k: v for k, v in tensors.items() if k in ("residual", "scale", "alpha")}
     layer_norm = {k: v for k, v in tensors.items() if k in ("gamma", "beta")}
     gated = {k: v for k, v in options.items() if k != "alpha"}  # the kernel takes the gate and alpha as a pair

@@ -301,6 +301,75 @@ def test_strided_inputs_are_read_as_their_values():
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("side", ["in", "out"])
+def test_token_major_rows_of_a_batch_major_tensor_are_read_in_place(monkeypatch, side):
+    """``x`` as ``(tokens, batch, K)``, a view of a batch-major ``(batch, tokens, K)`` tensor (what
+    torch's CUDA SDPA writes): the kernel reads row ``n * batch + b`` through the view's strides,
+    no copy (the launch gets the view itself), and gives bit for bit what the contiguous
+    token-major copy gives, equal to the float64 reference; with the LayerNorm prologue on the
+    in-side (widths that stop inside a contraction step) and the gate and residual on the out-side."""
+    import torch
+
+    kernel = _kernel()
+    tokens, batch, contraction = 32, 5, 64
+    x2, w, b, residual, scale = _arrays(tokens * batch, contraction, 64, seed=11)
+    batch_major = torch.as_tensor(x2.reshape(tokens, batch, contraction).transpose(1, 0, 2).copy()).float()
+    view = batch_major.transpose(0, 1)
+    assert not view.is_contiguous()
+    spans, widths = ((0, 40), (40, 40), (40, 115), (115, 160)), (16, 48, 32, 64)
+    if side == "in":
+        epsilon, gamma, beta = 1e-6, 1 + np.arange(contraction) / 64, np.linspace(-0.5, 0.5, contraction)
+        norm = lambda rows: (*(t.reshape(-1) for t in _statistics(rows, epsilon)), *_torch(gamma, beta))  # noqa: E731
+        options, reference = dict(activation="gelu"), dict(activation="gelu", norm=(epsilon, gamma, beta))
+    else:
+        norm = lambda rows: None  # noqa: E731
+        options = dict(residual=_torch(residual)[0], scale=_torch(scale)[0])
+        reference = dict(residual=residual, scale=scale)
+    received = []
+    original = kernel._launch
+    monkeypatch.setattr(kernel, "_launch", lambda *a: received.append(a[0]) or original(*a))
+    contiguous = view.reshape(-1, contraction)
+    got = kernel.grouped_projection(view, *_torch(w, b), spans, widths, side, norm=norm(contiguous), **options)
+    expected = kernel.grouped_projection(contiguous, *_torch(w, b), spans, widths, side, norm=norm(contiguous),
+                                         **options)
+    assert received[0] is view and received[1].dim() == 2
+    assert torch.equal(got, expected)
+    exact = _numpy_reference(x2, w, b, spans, widths, side, **reference)
+    np.testing.assert_allclose(got.numpy(), exact, rtol=0, atol=4e-6 * np.abs(exact).max())
+
+
+def _statistics(rows, epsilon):
+    """Each row's mean and rstd (what ``triton_row_statistics`` gives), in float32."""
+    import torch
+
+    mean = rows.double().mean(-1)
+    return mean.float(), torch.rsqrt(rows.double().var(-1, unbiased=False) + epsilon).float()
+
+
+def test_gradients_and_compile_take_batch_major_rows():
+    """Through the custom op (autograd recording, ``torch.compile``), ``(tokens, batch, K)`` rows
+    give the plain path's gradients, shaped as the view, and the compiled call's values."""
+    import torch
+
+    kernel = _kernel()
+    x2, w, b, residual = _torch(*_arrays(160, 64, 64, seed=12)[:4])
+    spans, widths = ((0, 60), (60, 160)), (32, 64)
+
+    def grads(function, compiled=False):
+        view = x2.reshape(32, 5, 64).transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(True)
+        call = lambda v: function(v, w, b, spans, widths, "out", residual=residual)  # noqa: E731
+        out = (torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call)(view)
+        return out, torch.autograd.grad((out**2).sum(), view)[0]
+
+    expected_out, expected_grad = grads(kernel.plain_grouped_projection)
+    for out, grad in (grads(kernel.grouped_projection), grads(kernel.grouped_projection, compiled=True)):
+        assert grad.shape == (32, 5, 64)
+        np.testing.assert_allclose(out.detach().numpy(), expected_out.detach().numpy(), rtol=0,
+                                   atol=2e-6 * float(expected_out.abs().max()))
+        np.testing.assert_allclose(grad.numpy(), expected_grad.numpy(), rtol=0,
+                                   atol=8e-6 * float(expected_grad.abs().max()))
+
+
 def test_bad_arguments_are_named():
     import torch
 
@@ -318,6 +387,7 @@ def test_bad_arguments_are_named():
         (dict(tiles=(32, 64, 32, 4, 2)), "block_cols \\(64\\) must divide N = 32"),
         (dict(x=x.double()), "`x` must be float16, bfloat16 or float32"),
         (dict(w=w[:32]), "`x` must be \\(rows, K\\)"),
+        (dict(x=x.reshape(2, 4, 20, 64)), "`x` must be \\(rows, K\\) or \\(tokens, batch, K\\)"),
         (dict(b=b.long()), "`b` must be a floating tensor"),
         (dict(norm=(x[:, 0],) * 3), "`norm` is \\(mean, rstd, gamma, beta\\)"),
         (dict(norm=(x[:, 0], x[:, 0], b, b)), "`gamma` must have shape \\(64,\\)"),
@@ -418,6 +488,61 @@ def test_a_mone_vit_on_eager_torch_runs_four_launches_per_block_and_agrees(monke
     assert 0 < per_group_error and kernel_error <= 2 * per_group_error + 2**-8 * np.abs(exact).max()
 
 
+def test_a_batch_major_attention_output_reaches_the_out_projection_uncopied(monkeypatch):
+    """Where SDPA writes its output batch-major (torch's memory-efficient CUDA kernel, float32's:
+    ``(batch, tokens, heads, head_dim)`` in memory), the packed block passes the token-major
+    ``(tokens, batch, D)`` view of it to the out-projection's launch, which reads it in place
+    (no ``(rows, D)`` copy per block), and the logits equal those of the CPU's token-major output."""
+    import torch
+    from conftest import images
+
+    from keras_mone.kernels import triton_grouped_projection
+    from keras_mone.layers import packed_kernels, platform_forms
+
+    _kernel()
+    model = _mone_model(seed=13)
+    monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
+    with torch.no_grad():
+        token_major = model(images())
+    attention = packed_kernels.fused_attention
+
+    def batch_major(*qkv, heads_first):  # (batch, heads, tokens, head_dim), stored as CUDA's SDPA stores it
+        return attention(*qkv, heads_first=heads_first).transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(packed_kernels, "fused_attention", batch_major)
+    received = []
+    original = triton_grouped_projection._launch
+    monkeypatch.setattr(triton_grouped_projection, "_launch", lambda *a: received.append(
+        (_argument(original, a, "side"), a[0].dim())) or original(*a))
+    with torch.no_grad():
+        logits = model(images())
+    assert received == [("in", 2), ("out", 3), ("in", 2), ("out", 2)] * 2
+    assert torch.equal(logits, token_major)
+
+
+@pytest.mark.parametrize("kernel_name, split", [("flash", False), ("efficient", True), ("cudnn", False)])
+def test_which_cuda_attention_outputs_the_kernel_reads_in_place(kernel_name, split):
+    """The layouts of torch's CUDA SDPA outputs, from torch's own shape functions (meta tensors, no
+    card) on the packed block's token-major q, k and v: flash and cuDNN attention follow the
+    query's layout, so the out-projection's input is a plain ``(rows, D)`` view; the
+    memory-efficient kernel writes batch-major, which the kernel takes as ``(tokens, batch, D)``
+    in place (``_kernel_rows`` keeps it 3-D: no copy)."""
+    import torch
+
+    from keras_mone.kernels.triton_grouped_projection import _kernel_rows
+
+    tokens, batch, heads, head_dim = 17, 4, 3, 16
+    qkv = torch.empty(tokens * batch, 3 * heads * head_dim, device="meta", dtype=torch.bfloat16)
+    q, k, v = qkv.view(tokens, batch, 3, heads, head_dim).permute(2, 1, 3, 0, 4)
+    attention = {"flash": lambda: torch.ops.aten._scaled_dot_product_flash_attention(q, k, v),
+                 "efficient": lambda: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False),
+                 "cudnn": lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False)}
+    attended = attention[kernel_name]()[0].permute(2, 0, 1, 3).flatten(2)  # as layers.packed_kernels passes it
+    rows = _kernel_rows(attended)
+    assert rows.dim() == (3 if split else 2) and rows.shape[-1] == heads * head_dim
+    assert (rows is attended) if split else rows.stride() == (heads * head_dim, 1)
+
+
 def test_the_kernel_form_applies_only_where_it_can(monkeypatch):
     """``layers.packed_kernels.kernels_apply``: nested widths, in the form asked for, with rows of
     a dtype the kernel takes (any number of groups), and ops that run (not under
@@ -475,7 +600,8 @@ def test_a_mone_vit_trains_through_the_op_and_compiles_in_one_graph(monkeypatch)
 def test_compiles_for_an_h100_with_warpgroup_mma():
     """ViT-B/16's fc1 (LayerNorm prologue, GELU epilogue; the tile table read at run time) and
     fc2 (MoNE's gate and the residual; the compile-time group table of torch.compile at e_c 0.3,
-    batch 256), bf16 rows and weights at the default tiles: Triton
+    batch 256) and the attention's out-projection on batch-major rows (``split_rows``: SDPA's output
+    read in place), bf16 rows and weights at the default tiles: Triton
     compiles the kernel for sm_90 (no GPU needed) and its dots become Hopper's ``wgmma``; the
     row statistics kernel compiles too. In a fresh process: the interpreter of the tests above
     leaves ``triton.language`` patched."""
@@ -487,10 +613,11 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
         "fc1 = kernel.compile_for_cuda(768, 3072, 'in', activation='gelu', norm=True)\n"
         "groups = [(84 * 256, 96), (61 * 256, 192), (37 * 256, 384), (14 * 256, 768)]\n"
         "fc2 = kernel.compile_for_cuda(3072, 768, 'out', residual=True, scale='gate', groups=groups)\n"
+        "out = kernel.compile_for_cuda(768, 768, 'out', residual=True, split_rows=True)\n"
         "rows = statistics.compile_for_cuda(768)\n"
-        "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2)), 'ld.global' in rows.asm['ptx'])\n"
+        "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2, out)), 'ld.global' in rows.asm['ptx'])\n"
     )
-    assert fresh_python_output(script) == "True True True"
+    assert fresh_python_output(script) == "True True True True"
 
 
 def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
@@ -519,8 +646,8 @@ def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
 
 def test_the_compile_report_runs():
     """``bench/triton_grouped_compile.py`` at a small width and rows aligned to 16: every
-    projection compiled for sm_90 (a fresh process: the interpreter of the tests above leaves
-    ``triton.language`` patched)."""
+    projection (the attention's out-projection also on batch-major rows) compiled for sm_90 (a
+    fresh process: the interpreter of the tests above leaves ``triton.language`` patched)."""
     import pathlib
 
     from conftest import fresh_python_output
@@ -532,4 +659,4 @@ def test_the_compile_report_runs():
               "text = report.main(['--dim', '64', '--row-align', '16', '--dtypes', 'bf16'])\n"
               "rows = [line for line in text.splitlines() if line.startswith('| bf16 |')]\n"
               "print(len(rows), all('| wgmma |' in row for row in rows), 'Row statistics (D = 64' in text)\n")
-    assert fresh_python_output(script) == "4 True True"
+    assert fresh_python_output(script) == "5 True True"  # the four projections, the out-projection twice

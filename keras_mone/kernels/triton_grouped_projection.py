@@ -19,6 +19,13 @@ one launch covers them all here: a program takes ``block_rows`` rows of one grou
   Epilogue: ``residual + scale * out`` (the block's residual and MoNE's gate ``alpha g + 1``,
   Eq. 1), so the block's stream is written once per half.
 
+``x`` may also be ``(tokens, batch, K)`` with strides of its own, token-major row ``n * batch + b``:
+the attention's output as torch's memory-efficient CUDA SDPA writes it (what SDPA runs for float32,
+where flash attention does not apply), batch-major ``(batch, tokens, heads, head_dim)`` whatever the
+query's layout, which made the packed block's token-major reshape a copy of ``(rows, D)`` per block
+(0.93 GB per MoNE-ViT-B/16 forward at batch 64 in float32); the kernel reads it in place. Flash
+and cuDNN attention follow the query's (token-major) layout: their output is a plain view.
+
 Weights may be float32 under mixed precision: each tile is cast to the rows' dtype as it is
 loaded (no cast copy of the weights). Accumulation, bias and epilogue are float32, rounded
 once. ``plain_grouped_projection`` is the same computation with torch's ops, one GEMM per
@@ -64,7 +71,9 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
     """The grouped nested projection with torch's ops, one GEMM per group.
 
     Args:
-        x: ``(rows, K)`` token rows, each group the rows ``start:stop`` of its span.
+        x: ``(rows, K)`` token rows, each group the rows ``start:stop`` of its span; or
+            ``(tokens, batch, K)``, row ``n * batch + b`` (the kernel reads it with its strides:
+            the attention's output as torch's CUDA SDPA writes it, batch-major, without a copy).
         w, b: the ``(K, N)`` kernel and ``(N,)`` bias (or ``None``), any float dtype: ``w`` cast
             to ``x``'s, as the kernel casts each weight tile; ``b`` added in float32.
         spans: ``((start, stop), ...)`` per group, in order, covering ``x``'s rows.
@@ -85,6 +94,7 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
     from torch.nn import functional
 
     w = w.to(x.dtype)
+    x = x.reshape(-1, x.shape[-1])
     x = x if norm is None else normalized(x, *norm)
     scale, alpha = _gate_pair(scale)
     columns = w.shape[1]
@@ -165,9 +175,10 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
     if norm is not None and (side != "in" or len(norm) != 4):
         raise ValueError("`norm` is (mean, rstd, gamma, beta) and belongs to side 'in' (the LayerNorm before q/k/v "
                          "and fc1).")
-    if x.dim() != 2 or w.dim() != 2 or w.shape[0] != x.shape[1] or (b is not None and tuple(b.shape) != (w.shape[1],)):
-        raise ValueError(f"`x` must be (rows, K), `w` (K, N) and `b` (N,) or None; got x {tuple(x.shape)}, "
-                         f"w {tuple(w.shape)}, b {None if b is None else tuple(b.shape)}.")
+    bias_fits = b is None or tuple(b.shape) == (w.shape[-1],)
+    if x.dim() not in (2, 3) or w.dim() != 2 or w.shape[0] != x.shape[-1] or not bias_fits:
+        raise ValueError(f"`x` must be (rows, K) or (tokens, batch, K), `w` (K, N) and `b` (N,) or None; got "
+                         f"x {tuple(x.shape)}, w {tuple(w.shape)}, b {None if b is None else tuple(b.shape)}.")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"`x` must be float16, bfloat16 or float32 rows (tensor cores); got {x.dtype}.")
     named = (("w", w), ("b", b), ("residual", residual), ("scale", scale), ("alpha", alpha))
@@ -175,30 +186,29 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
         if t is not None and (not t.is_floating_point() or t.device != x.device):
             raise ValueError(f"`{name}` must be a floating tensor on x's device ({x.device}); "
                              f"got {t.dtype} on {t.device}.")
+    rows, contraction, columns = _rows(x), x.shape[-1], w.shape[1]
     spans = tuple((int(start), int(stop)) for start, stop in spans)
     widths = tuple(int(width) for width in widths)
     limit = w.shape[0] if side == "in" else w.shape[1]
     ends = [0] + [stop for _, stop in spans]
-    covering = all(start == end and stop >= start for (start, stop), end in zip(spans, ends)) and ends[-1] == x.shape[0]
+    covering = all(start == end and stop >= start for (start, stop), end in zip(spans, ends)) and ends[-1] == rows
     if not covering or len(widths) != len(spans) or not spans or not all(
             0 < d <= limit for d in widths):
-        raise ValueError(f"`spans` must be one or more (start, stop) row ranges covering x's {x.shape[0]} rows "
+        raise ValueError(f"`spans` must be one or more (start, stop) row ranges covering x's {rows} rows "
                          f"in order, and `widths` one width in [1, {limit}] per span (side {side!r}); got spans "
                          f"{spans}, widths {widths}.")
     if alpha is not None and alpha.numel() != 1:
         raise ValueError(f"`scale` as a (gate, alpha) pair takes one alpha, got alpha of shape {tuple(alpha.shape)}.")
-    rows, columns = x.shape[0], w.shape[1]
     shapes = {"residual": (residual, (rows, columns)), "scale": (scale, (rows,))}
     if norm is not None:
-        shapes.update(zip(("mean", "rstd", "gamma", "beta"), zip(norm, ((rows,),) * 2 + ((x.shape[1],),) * 2)))
+        shapes.update(zip(("mean", "rstd", "gamma", "beta"), zip(norm, ((rows,),) * 2 + ((contraction,),) * 2)))
     for name, (t, shape) in shapes.items():
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}.")
     if tiles is None:
-        tiles = (shape_tiles(TILES_ENV, x.shape[1], columns, check_tiles)
-                 or default_tiles(x.shape[1], columns))
+        tiles = shape_tiles(TILES_ENV, contraction, columns, check_tiles) or default_tiles(contraction, columns)
     tiles = tuple(tiles)
-    check_tiles(tiles, x.shape[1], columns)
+    check_tiles(tiles, contraction, columns)
     return spans, widths, tiles
 
 
@@ -210,8 +220,9 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, wid
     compile per alignment of the groups' rows for every batch size."""
     import torch
 
-    x, w = x.contiguous(), w.contiguous()
-    rows, columns = x.shape[0], w.shape[1]
+    x, w = _kernel_rows(x), w.contiguous()
+    split = x.dim() == 3  # (tokens, batch, K) strided: row n * batch + b at n * stride(0) + b * stride(1)
+    rows, contraction, columns = _rows(x), x.shape[-1], w.shape[1]
     out = x.new_empty((rows, columns))
     sizes = tuple(stop - start for start, stop in spans)
     table, row_tiles, row_align = _tile_table(sizes, tuple(widths), tiles[0], None if static_table else x.device)
@@ -219,15 +230,29 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, wid
         return out
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
     groups = _tile.group_table(sizes, widths, tiles[0], row_align) if static_table else None
-    compiled = _tile.constants(x.shape[1], columns, side, activation, tiles, b is not None, residual is not None,
+    compiled = _tile.constants(contraction, columns, side, activation, tiles, b is not None, residual is not None,
                                scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align,
-                               alpha is not None, groups)
+                               alpha is not None, groups, split)
     options = {} if interpret else {"num_warps": tiles[3], "num_stages": tiles[4]}
     pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta, alpha)]
     _tile.kernel(interpret)[(columns // tiles[1], row_tiles)](
-        x, w, *pointers, out, out if table is None else table, x.stride(0), w.stride(0), columns, **compiled,
-        **options)
+        x, w, *pointers, out, out if table is None else table, x.stride(1) if split else x.stride(0),
+        x.stride(0) if split else 0, x.shape[1] if split else 1, w.stride(0), columns, **compiled, **options)
     return out
+
+
+def _rows(x):
+    """The number of token rows of ``x``: ``(rows, K)`` or ``(tokens, batch, K)``."""
+    return x.shape[0] if x.dim() == 2 else x.shape[0] * x.shape[1]
+
+
+def _kernel_rows(x):
+    """``x`` as the kernel reads it: ``(rows, K)`` contiguous, or ``(tokens, batch, K)`` with unit
+    feature stride where its first two axes do not merge into one (else viewed or copied as 2-D)."""
+    if x.dim() == 3 and x.stride(2) == 1 and x.shape[0] > 1 and x.shape[1] > 1 and x.stride(0) != (
+            x.shape[1] * x.stride(1)):
+        return x
+    return x.reshape(-1, x.shape[-1]).contiguous()
 
 
 _TABLES = {}
@@ -265,7 +290,7 @@ def _define_custom_op():
 
     @op.register_fake
     def _(x, w, *rest):
-        return x.new_empty((x.shape[0], w.shape[1]))
+        return x.new_empty((_rows(x), w.shape[1]))
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*inputs[:10])

@@ -16,7 +16,11 @@ load: x's features past ``d`` (an in-projection), W's columns past ``d`` (an out
 Eq. 7's ``Pad``), so the GEMM's loads need no per-element masks (the LayerNorm prologue masks its
 weights past ``d``). On a card the contraction loop stops at the group's width; Triton's
 interpreter, which takes only Python ints as loop bounds, runs every step and reads zeros
-past it, so CI checks the results and ``compile_for_cuda`` the compiled loop.
+past it, so CI checks the results and ``compile_for_cuda`` the compiled loop. ``SPLIT_ROWS``: x is
+a ``(tokens, batch, K)`` view with strides of its own, token-major row ``n * batch + b`` read at
+``n * x_outer + b * x_stride`` (pointer loads masked at the group's last row and width, as the
+block pointer's shape masks them): the attention's output as torch's memory-efficient CUDA SDPA
+writes it, batch-major, read in place by the out-projection instead of copied to token-major rows.
 
 The program uses Triton's builtins only (as ``triton_nested_mlp``: Triton's ``@jit`` helpers do
 not run under an interpreter chosen after Triton was imported). ``UPCAST`` (the interpreter):
@@ -80,21 +84,21 @@ def group_table(sizes, widths, block_rows, row_align):
 
 
 def constants(contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm, precision,
-              upcast, row_align, has_alpha=False, static_table=None):
+              upcast, row_align, has_alpha=False, static_table=None, split_rows=False):
     """The kernel's compile-time arguments: of the layout of the groups, only ``row_align``, or
-    with ``static_table`` (``group_table``) all of it."""
+    with ``static_table`` (``group_table``) all of it. ``split_rows``: x read as ``(tokens, batch,
+    K)`` with strides of its own (row ``n * batch + b``; the batch size is not compiled in)."""
     firsts, starts, ends, widths = static_table or ((0,), (0,), (0,), (0,))
-    return dict(STATIC_TABLE=bool(static_table), FIRSTS=firsts, STARTS=starts, ENDS=ends, WIDTHS=widths,
-                GROUPS=len(firsts), ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2], N=columns,
-                SIDE_IN=side == "in",
-                ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual,
-                HAS_SCALE=has_scale, HAS_ALPHA=has_alpha, HAS_NORM=has_norm, BLOCK_ROWS=tiles[0],
-                BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
+    return dict(SPLIT_ROWS=split_rows, STATIC_TABLE=bool(static_table), FIRSTS=firsts, STARTS=starts, ENDS=ends,
+                WIDTHS=widths, GROUPS=len(firsts), ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2],
+                N=columns, SIDE_IN=side == "in", ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias,
+                HAS_RESIDUAL=has_residual, HAS_SCALE=has_scale, HAS_ALPHA=has_alpha, HAS_NORM=has_norm,
+                BLOCK_ROWS=tiles[0], BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
 
 
 def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activation=None,
                      residual=False, scale=False, norm=False, capability=90, weight_dtype=None, precision="tf32",
-                     row_align=None, groups=None):
+                     row_align=None, groups=None, split_rows=False):
     """The kernel for a ``(K, N)`` projection (any layout of token groups) compiled by Triton for
     a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
     ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``; ``bench/kernel_compile.py`` reads
@@ -107,19 +111,20 @@ def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activ
     ViT-B/16's at a batch size that is a multiple of 128). ``scale``: ``True`` (a factor per row)
     or ``"gate"`` (MoNE's ``alpha g + 1`` from a gate per row). ``groups``: ``((rows, width), ...)``
     for the compile-time table (``STATIC_TABLE``, what ``torch.compile`` runs), else the tile
-    table read at run time (eager)."""
+    table read at run time (eager). ``split_rows``: rows read as ``(tokens, batch, K)`` with
+    strides (the attention's output as torch's CUDA SDPA writes it, batch-major)."""
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
     row_align = row_align or tiles[0]
     table = None if groups is None else group_table([r for r, _ in groups], [w for _, w in groups], tiles[0],
                                                       row_align)
     compiled = constants(contraction, columns, side, activation, tiles, True, residual, bool(scale), norm, precision,
-                         False, row_align, scale == "gate", table)
+                         False, row_align, scale == "gate", table, split_rows)
     weights = weight_dtype or dtype
     signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weights}", "b_ptr": f"*{weights}", "residual_ptr": f"*{dtype}",
                  "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "gamma_ptr": "*fp32",
                  "beta_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": f"*{dtype}", "table_ptr": "*i32"}
-    signature.update({name: "i32" for name in ("x_stride", "w_stride", "out_stride")})
+    signature.update({name: "i32" for name in ("x_stride", "x_outer", "x_batch", "w_stride", "out_stride")})
     return triton_build.compile_for_cuda(_grouped_tile, signature, compiled,
                                          {"num_warps": tiles[3], "num_stages": tiles[4]}, capability)
 
@@ -138,18 +143,16 @@ except ImportError:  # pragma: no cover - the plain path runs
 if tl is not None:
 
     def _grouped_tile(x_ptr, w_ptr, b_ptr, residual_ptr, scale_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, alpha_ptr,
-                      out_ptr, table_ptr, x_stride, w_stride, out_stride, STATIC_TABLE: tl.constexpr,
-                      FIRSTS: tl.constexpr, STARTS: tl.constexpr, ENDS: tl.constexpr, WIDTHS: tl.constexpr,
-                      GROUPS: tl.constexpr, ROW_ALIGN: tl.constexpr, K: tl.constexpr, K_STEPS: tl.constexpr,
-                      N: tl.constexpr, SIDE_IN: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                      HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                      out_ptr, table_ptr, x_stride, x_outer, x_batch, w_stride, out_stride, SPLIT_ROWS: tl.constexpr,
+                      STATIC_TABLE: tl.constexpr, FIRSTS: tl.constexpr, STARTS: tl.constexpr, ENDS: tl.constexpr,
+                      WIDTHS: tl.constexpr, GROUPS: tl.constexpr, ROW_ALIGN: tl.constexpr, K: tl.constexpr,
+                      K_STEPS: tl.constexpr, N: tl.constexpr, SIDE_IN: tl.constexpr, ACTIVATION: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr,
+                      HAS_ALPHA: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                      BLOCK_COLS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """One program (the module docstring says what its flags do)."""
-        column_tile, row_tile = tl.program_id(0), tl.program_id(1)
-        first_column = column_tile * BLOCK_COLS
+        first_column, row_tile, inner = tl.program_id(0) * BLOCK_COLS, tl.program_id(1), tl.arange(0, BLOCK_K)
         columns = first_column + tl.arange(0, BLOCK_COLS)
-        inner = tl.arange(0, BLOCK_K)
         row_type = x_ptr.dtype.element_ty
         dot_type = tl.float32 if UPCAST else row_type
         # the tile's first row and its group's end row (in ROW_ALIGN rows: a known alignment spared 300-600
@@ -158,10 +161,8 @@ if tl is not None:
             first, start, end, width = row_tile * 0, row_tile * 0, row_tile * 0, row_tile * 0
             for group in tl.static_range(GROUPS):
                 here = row_tile >= FIRSTS[group]
-                first = tl.where(here, FIRSTS[group], first)
-                start = tl.where(here, STARTS[group], start)
-                end = tl.where(here, ENDS[group], end)
-                width = tl.where(here, WIDTHS[group], width)
+                first, start = tl.where(here, FIRSTS[group], first), tl.where(here, STARTS[group], start)
+                end, width = tl.where(here, ENDS[group], end), tl.where(here, WIDTHS[group], width)
             first_row = start * ROW_ALIGN + (row_tile - first) * BLOCK_ROWS
             end_row = end * ROW_ALIGN
         else:
@@ -174,31 +175,35 @@ if tl is not None:
             x_shape, w_shape, steps = (end_row, width), (width, N), (width + BLOCK_K - 1) // BLOCK_K
         else:  # column tiles past the group's width have nothing to compute
             x_shape, w_shape, steps = (end_row, K), (K, width), tl.where(first_column < width, K_STEPS, 0)
-        tiles = tl.make_block_ptr(x_ptr, x_shape, (x_stride, 1), (first_row, 0), (BLOCK_ROWS, BLOCK_K), (1, 0))
+        if SPLIT_ROWS:  # x (tokens, batch, K) with any strides (SDPA's output): row n * batch + b, no block pointer
+            x_rows = x_ptr + ((rows // x_batch) * x_outer + (rows % x_batch) * x_stride)[:, None] + inner[None, :]
+        else:
+            tiles = tl.make_block_ptr(x_ptr, x_shape, (x_stride, 1), (first_row, 0), (BLOCK_ROWS, BLOCK_K), (1, 0))
         weights = tl.make_block_ptr(w_ptr, w_shape, (w_stride, 1), (0, first_column), (BLOCK_K, BLOCK_COLS), (1, 0))
         if HAS_NORM:  # the rows' statistics, loaded once per tile
             mean = tl.load(mean_ptr + rows, mask=live, other=0.0)[:, None]
             rstd = tl.load(rstd_ptr + rows, mask=live, other=0.0)[:, None]
         accumulator = tl.full((BLOCK_ROWS, BLOCK_COLS), 0.0, tl.float32)
-        # Triton's interpreter loops to a static bound (K_STEPS = K / BLOCK_K; its loop bounds must be
-        # Python ints, and it makes a tensor of every int assigned): past `steps` the loads give zeros
+        # the interpreter loops to K_STEPS (its loop bounds are Python ints): past `steps` the loads give zeros
         for step in range(0, K_STEPS if UPCAST else steps):
-            tile = tl.load(tiles, boundary_check=(0, 1), padding_option="zero")
+            features = step * BLOCK_K + inner
+            if SPLIT_ROWS:  # zeros past the group's last row and its width (x_shape, as the block pointer's)
+                inside = live[:, None] & (features < x_shape[1])[None, :]
+                tile = tl.load(x_rows + step * BLOCK_K, mask=inside, other=0.0)
+            else:
+                tile = tl.load(tiles, boundary_check=(0, 1), padding_option="zero")
+                tiles = tl.advance(tiles, (0, BLOCK_K))
             if HAS_NORM:
-                features = step * BLOCK_K + inner
-                inside = features < width
-                gamma = tl.load(gamma_ptr + features, mask=inside, other=0.0).to(tl.float32)[None, :]
-                beta = tl.load(beta_ptr + features, mask=inside, other=0.0).to(tl.float32)[None, :]
+                gamma = tl.load(gamma_ptr + features, mask=features < width, other=0.0).to(tl.float32)[None, :]
+                beta = tl.load(beta_ptr + features, mask=features < width, other=0.0).to(tl.float32)[None, :]
                 tile = ((tile.to(tl.float32) - mean) * (rstd * gamma) + beta).to(row_type)
-                tile = tl.where(inside[None, :], tile, 0.0)
+                tile = tl.where((features < width)[None, :], tile, 0.0)
             panel = tl.load(weights, boundary_check=(0, 1), padding_option="zero")
             accumulator = tl.dot(tile.to(dot_type), panel.to(row_type).to(dot_type), accumulator,
                                  input_precision=PRECISION)
-            tiles = tl.advance(tiles, (0, BLOCK_K))
             weights = tl.advance(weights, (BLOCK_K, 0))
         if HAS_BIAS:
-            bias_width = N if SIDE_IN else width
-            bias = tl.load(b_ptr + columns, mask=columns < bias_width, other=0.0)
+            bias = tl.load(b_ptr + columns, mask=columns < (N if SIDE_IN else width), other=0.0)
             accumulator += bias.to(tl.float32)[None, :]
         if ACTIVATION == 1:  # the exact (erf) GELU
             accumulator = 0.5 * accumulator * (1.0 + tl.math.erf(accumulator * 0.7071067811865476))

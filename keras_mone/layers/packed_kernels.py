@@ -14,7 +14,9 @@ fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues a
 LayerNorms the in-projections' prologues (each row's statistics in one pass beforehand,
 ``kernels.triton_row_statistics``): no pass of its own over the hidden activations, the
 normalised tokens or the residual stream, no zero padding, no concatenation (q, k and v are
-strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them). The weights are read
+strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them), and no copy of the
+attention's output (the out-projection reads it as SDPA wrote it: batch-major from CUDA's
+memory-efficient kernel, float32's). The weights are read
 as stored (``layers.stored_weights``): under mixed precision the kernel casts each float32
 weight tile to the rows' dtype as it loads it, the values Keras' autocast would give, without
 a cast copy of every weight per call. Attention is torch's.
@@ -71,7 +73,9 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
     qkv = normalized_projection(block.norm1, attention.qkv, rows)
     # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
     qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
-    attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3).reshape(-1, dim)
+    # (batch, heads, tokens, head_dim) -> (tokens, batch, D), a view: token-major memory (flash, cuDNN, the CPU) or
+    # batch-major (CUDA's memory-efficient SDPA, float32's), which the kernel reads through its strides
+    attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3).flatten(2)
     z = project(attention.out, attended, "out", residual=rows)
     activation = "gelu_tanh" if mlp.gelu_approximate else "gelu"
     hidden = normalized_projection(block.norm2, mlp.fc1, z, activation=activation)
