@@ -15,6 +15,7 @@ are counted, not run (their outputs are left unwritten; the counts do not depend
     KERAS_BACKEND=torch python bench/torch_op_count.py                 # ViT-B/16, e_c 0.3, one image
     KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --batch-size 8
     KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --projections grouped_kernel
+    KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --projections grouped_kernel --precision mixed_bfloat16
     KERAS_BACKEND=torch python bench/torch_op_count.py --capacity 0.5 --variant S/16
 """
 
@@ -73,6 +74,8 @@ def main(argv=None):
     parser.add_argument("--gpu-form", action="store_true", help="the packed blocks' GPU form (fuse_groups)")
     parser.add_argument("--projections", default="per_group", choices=platform_forms.PROJECTIONS_FORMS,
                         help="$KERAS_MONE_PROJECTIONS: grouped_kernel counts the Triton launches, runs none")
+    parser.add_argument("--precision", default="float32", choices=("float32", "mixed_bfloat16"),
+                        help="the models' dtype policy")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "torch":
         raise SystemExit("Run with KERAS_BACKEND=torch: the counts are torch's dispatcher's.")
@@ -90,14 +93,15 @@ def main(argv=None):
         triton = TritonLaunches()
         triton_grouped_tile.kernel = triton_row_statistics._kernel = triton
     rows = []
+    config["dtype"] = args.precision
     mone = MoNEViTBackbone(**config, capacity=args.capacity)
     for name, model in (("dense", ViTBackbone(**config)), (f"mone e_c={args.capacity:g}", mone)):
         model.build()
         ops, calls, graphs, peak = counts(model, x, triton)
         rows.append(f"| {name} | {ops} | {calls} | {graphs} | {peak:.1f} |")
     form = "GPU" if packed_block.fuse_groups(keras.ops.convert_to_tensor(x)) else "CPU"  # on Keras' device
-    print(f"ViT-{args.variant} at {args.image_size}, batch {args.batch_size}, the packed blocks' {form} form, "
-          f"projections {args.projections}, torch {torch.__version__}, keras {keras.__version__}\n")
+    print(f"ViT-{args.variant} at {args.image_size}, batch {args.batch_size}, {args.precision}, the packed blocks' "
+          f"{form} form, projections {args.projections}, torch {torch.__version__}, keras {keras.__version__}\n")
     print("| model | kernel ops per forward | Keras layer calls | torch.compile graphs | peak forward MiB |")
     print("|---|---|---|---|---|")
     print("\n".join(rows))

@@ -113,6 +113,35 @@ def test_direct_calls_are_taken_and_layer_calls_no_longer_grow_with_depth(monkey
     assert calls("dense", 4) > calls("dense", 2)
 
 
+def test_the_blocks_after_a_router_cast_and_join_its_gates_once(monkeypatch):
+    """mixed_bfloat16 MoNE (one router, four blocks): the first block casts the router's gates
+    to bf16 and joins them into token-major rows (``TokenGroups.gate_forms``), the three after it
+    read them; the outputs are bit for bit those of a cast and a join in every block. Not while
+    autograd records the gates."""
+    model = _model("mone", "mixed_bfloat16", depth=4)
+    x = torch.as_tensor(images())
+    model(x)
+    casts, joins = [], []
+    cast, join = block_module.direct_cast, packed_block.token_major
+    monkeypatch.setattr(block_module, "direct_cast", lambda t, dtype: casts.append(1) or cast(t, dtype))
+    monkeypatch.setattr(packed_block, "token_major", lambda parts: joins.append(parts[0].dim()) or join(parts))
+    with torch.no_grad():
+        shared = model(x)
+    gated, shared_joins = len(casts), joins.count(2)
+    assert gated > 0 and shared_joins == 1 and joins.count(3) == 4  # gates once; every block's groups
+    casts.clear()
+    model(x, training=True)  # autograd records the gates: each block casts its own (gradients summed in float32)
+    assert len(casts) == 4 * gated
+    rebuilt = lambda forms, key, make: make()  # noqa: E731 - a cast and a join in every block
+    monkeypatch.setattr(block_module, "shared_gate_form", rebuilt)
+    monkeypatch.setattr(packed_block, "shared_gate_form", rebuilt)
+    casts.clear(), joins.clear()
+    with torch.no_grad():
+        per_block = model(x)
+    assert len(casts) == 4 * gated and joins.count(2) == 4
+    assert _exactly_equal(shared, per_block)
+
+
 def test_an_inference_forward_no_longer_holds_every_block_input(monkeypatch):
     """Peak bytes an inference forward allocates (Python's cycle collector held off, as in
     ``bench/torch_op_count.py``): the same at depth 2 and 6. Through ``Layer.__call__``

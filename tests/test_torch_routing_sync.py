@@ -291,7 +291,7 @@ def test_the_op_count_bench_reports_counts_and_peaks_of_the_gpu_form(monkeypatch
         ["--variant", "Ti/16", "--image-size", "32", "--batch-size", "2", "--gpu-form"]
     )
     out = capsys.readouterr().out
-    assert "batch 2, the packed blocks' GPU form" in out
+    assert "batch 2, float32, the packed blocks' GPU form" in out
     rows = {
         line.split("|")[1].strip(): [float(cell) for cell in line.split("|")[2:-1]]
         for line in out.splitlines() if line.startswith(("| dense", "| mone"))

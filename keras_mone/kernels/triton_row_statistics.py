@@ -35,8 +35,8 @@ def row_statistics(x, epsilon, interpret=None):
         return plain_row_statistics(x, epsilon)
     x = x.contiguous()
     interpret = x.device.type != "cuda" if interpret is None else bool(interpret)
-    mean = torch.empty(x.shape[0], device=x.device, dtype=torch.float32)
-    rstd = torch.empty_like(mean)
+    statistics = torch.empty((2, x.shape[0]), device=x.device, dtype=torch.float32)  # one allocation
+    mean, rstd = statistics[0], statistics[1]
     block_rows = 16
     _kernel(interpret)[(triton.cdiv(x.shape[0], block_rows),)](
         x, mean, rstd, x.shape[0], x.stride(0), float(epsilon),

@@ -11,10 +11,10 @@ from keras_mone.layers.grouped_block import kernel_block, kernel_block_applies
 from keras_mone.layers.layer_norm import normalize
 from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import after, materialized, pad_features
-from keras_mone.layers.packed_block import packable, packed_block
+from keras_mone.layers.packed_block import packable, packed_block, shared_gate_form
 from keras_mone.layers.platform_forms import mlp_form, norms_form, residuals_form
 from keras_mone.layers.regularization import DropPath
-from keras_mone.layers.torch_eager import direct_cast, eager_torch_tensors, torch_hooks
+from keras_mone.layers.torch_eager import direct_cast, eager_torch_tensors, eager_without_grad, torch_hooks
 
 
 @register
@@ -169,7 +169,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         outputs = outputs[0] if single else outputs
         return (outputs, received) if return_received_attention else outputs
 
-    def direct_call(self, groups, widths, gates=None, training=None):
+    def direct_call(self, groups, widths, gates=None, training=None, gate_forms=None):
         """``self(groups, widths=widths, gates=gates, training=training)`` without Keras'
         ``Layer.__call__``, where the packed torch block runs eagerly; ``None`` elsewhere.
 
@@ -183,7 +183,11 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         the block's dtype policy is its encoder's, as every keras_mone backbone builds it.
         ``Layer.__call__`` still serves quantized blocks, ``keras.RematScope``, activity
         regularizers, torch module hooks (on the block or its parts, or global ones),
-        blocks with ``autocast`` off, and subclasses that override ``call``."""
+        blocks with ``autocast`` off, and subclasses that override ``call``. ``gate_forms``: a
+        dict shared by the blocks that take these same ``gates`` (``TokenGroups.gate_forms``),
+        where their cast and token-major rows are kept, made by the first block only (under
+        mixed precision 4 casts and a join per block otherwise: 60 ops per MoNE-ViT-B/16 forward);
+        not while autograd records the gates, whose gradients each block's own cast sums in float32."""
         groups, widths, single = as_groups(groups, widths, self.hidden_dim)
         if not groups or not self.built or not eager_torch_tensors(groups, self.input_dtype):
             return None
@@ -201,10 +205,13 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
         if gates is not None:
             if self.gate is None and any(g is not None for g in gates):
                 return None  # ``call`` raises
-            gates = [None if g is None else direct_cast(g, self.input_dtype) for g in gates]
+            if not eager_without_grad(*gates):
+                gate_forms = None  # each block its own cast: the gates' gradients summed in float32, not bf16
+            gates = shared_gate_form(gate_forms, ("cast", self.input_dtype), lambda: [
+                None if g is None else direct_cast(g, self.input_dtype) for g in gates])
         if not packable(self, groups, gates, training):
             return None
-        outputs = packed_block(self, groups, widths, gates, training)
+        outputs = packed_block(self, groups, widths, gates, training, gate_forms)
         return outputs[0] if single else outputs
 
     def _fused_mlp_halves(self, mids, widths, gates, training):

@@ -76,13 +76,16 @@ def packable(block, groups, gates, training=None, return_received_attention=Fals
     return gates is None or len({g is None for g in gates}) == 1
 
 
-def packed_block(block, groups, widths, gates, training=None):
+def packed_block(block, groups, widths, gates, training=None, gate_forms=None):
     """``block``'s outputs for token ``groups`` (``(batch, k_j, D)`` each) at
-    ``widths``, gated by ``gates``: ``(batch, k_j, D)`` views of one tensor."""
+    ``widths``, gated by ``gates``: ``(batch, k_j, D)`` views of one tensor. ``gate_forms``:
+    where the gates' token-major rows are kept for the next blocks (``shared_gate_form``)."""
     sizes = [g.shape[1] for g in groups]
     spans = _row_spans(sizes, ops.shape(groups[0])[0])
     rows = token_major(groups)
-    gate_rows = token_major(gates).reshape(-1) if gates is not None and gates[0] is not None else None
+    gate_rows = None
+    if gates is not None and gates[0] is not None:
+        gate_rows = shared_gate_form(gate_forms, ("rows", gates[0].dtype), lambda: token_major(gates).reshape(-1))
     if kernels_apply(block, rows, widths):  # torch: one Triton launch per nested projection
         outputs = kernel_halves(block, rows, spans, widths, sum(sizes), gate_rows)
     else:
@@ -91,6 +94,17 @@ def packed_block(block, groups, widths, gates, training=None):
         outputs = z + (update if gate_rows is None else block._gate.scale_mlp(update, gate_rows, block.alpha))
     outputs = outputs.reshape(sum(sizes), -1, block.hidden_dim)
     return [_swap_first_two(outputs[start:stop]) for start, stop in _spans(sizes)]
+
+
+def shared_gate_form(gate_forms, key, make):
+    """``gate_forms[key]``, made by ``make()`` the first time (``gate_forms`` ``None``: made each
+    time). ``gate_forms`` belongs to one routing's gates (``TokenGroups.gate_forms``), so every
+    block after it reads the same cast and joined gates."""
+    if gate_forms is None:
+        return make()
+    if key not in gate_forms:
+        gate_forms[key] = make()
+    return gate_forms[key]
 
 
 def token_major(groups):

@@ -84,9 +84,12 @@ def run_blocks(blocks, tokens, routing, training=None, return_intermediates=Fals
 
 def _direct_call(block, state, training):
     """The block's outputs without Keras' ``Layer.__call__`` where the block offers that
-    exactly (``ViTBlock.direct_call``: the packed block on eager torch), else ``None``."""
+    exactly (``ViTBlock.direct_call``: the packed block on eager torch), else ``None``. The
+    blocks after one routing share its forms of the gates (``TokenGroups.gate_forms``)."""
     direct_call = getattr(block, "direct_call", None)
-    return None if direct_call is None else direct_call(state.groups, state.widths, state.gates, training)
+    if direct_call is None:
+        return None
+    return direct_call(state.groups, state.widths, state.gates, training, gate_forms=state.gate_forms)
 
 
 def compute_per_token(intermediates):

@@ -28,6 +28,10 @@ class TokenGroups:
         order: ``order[b, p]`` is the original index of the token at position
             ``p`` of ``groups + [passed]``; ``None`` = original order.
         previous_order: the order before the last regrouping.
+        gate_forms: forms of ``gates`` that blocks derive (a packed torch block's gates cast to
+            its dtype and joined into token-major rows), made once and shared by every block
+            that takes these gates: ``with_outputs`` copies share the dict, a regrouping starts
+            a new one.
     """
 
     def __init__(self, tokens=None, width=None):
@@ -38,6 +42,7 @@ class TokenGroups:
         self.passed = None
         self.order = None
         self.previous_order = None
+        self.gate_forms = {}
 
     def add_group(self, tokens, width, label, gate=None):
         self.groups.append(tokens)
