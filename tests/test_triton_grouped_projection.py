@@ -660,3 +660,21 @@ def test_the_compile_report_runs():
               "rows = [line for line in text.splitlines() if line.startswith('| bf16 |')]\n"
               "print(len(rows), all('| wgmma |' in row for row in rows), 'Row statistics (D = 64' in text)\n")
     assert fresh_python_output(script) == "5 True True"  # the four projections, the out-projection twice
+
+
+def test_the_launch_host_time_bench_runs(monkeypatch):
+    """``bench/triton_launch_host.py`` at a small width: one row per projection and one for the
+    statistics, each a positive time, the kernels stubbed (nothing launched)."""
+    import importlib
+    import pathlib
+
+    _kernel()
+    from keras_mone.kernels import triton_grouped_tile, triton_row_statistics
+
+    monkeypatch.setattr(triton_grouped_tile, "kernel", triton_grouped_tile.kernel)  # the script stubs them
+    monkeypatch.setattr(triton_row_statistics, "_kernel", triton_row_statistics._kernel)
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    text = importlib.import_module("triton_launch_host").main(["--dim", "64", "--tokens", "20", "--calls", "3",
+                                                               "--repeats", "1"])
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| call")]
+    assert len(rows) == 5 and all(float(row.split("|")[2]) > 0 for row in rows)

@@ -36,6 +36,9 @@ tests. Under ``torch.compile`` and with autograd it is the custom op
 Not timed on a card.
 """
 
+import functools
+import os
+
 from keras_mone.kernels import triton_grouped_tile as _tile
 from keras_mone.kernels.tiles import shape_tiles
 from keras_mone.kernels.triton_grouped_tile import ACTIVATIONS, check_tiles, default_tiles
@@ -187,16 +190,7 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
             raise ValueError(f"`{name}` must be a floating tensor on x's device ({x.device}); "
                              f"got {t.dtype} on {t.device}.")
     rows, contraction, columns = _rows(x), x.shape[-1], w.shape[1]
-    spans = tuple((int(start), int(stop)) for start, stop in spans)
-    widths = tuple(int(width) for width in widths)
-    limit = w.shape[0] if side == "in" else w.shape[1]
-    ends = [0] + [stop for _, stop in spans]
-    covering = all(start == end and stop >= start for (start, stop), end in zip(spans, ends)) and ends[-1] == rows
-    if not covering or len(widths) != len(spans) or not spans or not all(
-            0 < d <= limit for d in widths):
-        raise ValueError(f"`spans` must be one or more (start, stop) row ranges covering x's {rows} rows "
-                         f"in order, and `widths` one width in [1, {limit}] per span (side {side!r}); got spans "
-                         f"{spans}, widths {widths}.")
+    spans, widths = _layout(spans, widths, rows, w.shape[0] if side == "in" else w.shape[1], side)
     if alpha is not None and alpha.numel() != 1:
         raise ValueError(f"`scale` as a (gate, alpha) pair takes one alpha, got alpha of shape {tuple(alpha.shape)}.")
     shapes = {"residual": (residual, (rows, columns)), "scale": (scale, (rows,))}
@@ -205,11 +199,41 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
     for name, (t, shape) in shapes.items():
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}.")
+    return spans, widths, _tiles(None if tiles is None else tuple(tiles), os.environ.get(TILES_ENV, ""), contraction,
+                                 columns)
+
+
+def _layout(spans, widths, rows, limit, side):
+    """``(spans, widths)`` as tuples of ints, checked: a layout is checked once (``_checked_layout``;
+    the blocks of a forward share theirs), unhashable ones (lists inside) each time."""
+    try:
+        return _checked_layout(tuple(spans), tuple(widths), rows, limit, side)
+    except TypeError:
+        return _checked_layout.__wrapped__(spans, widths, rows, limit, side)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_layout(spans, widths, rows, limit, side):
+    spans = tuple((int(start), int(stop)) for start, stop in spans)
+    widths = tuple(int(width) for width in widths)
+    ends = [0] + [stop for _, stop in spans]
+    covering = all(start == end and stop >= start for (start, stop), end in zip(spans, ends)) and ends[-1] == rows
+    if not covering or len(widths) != len(spans) or not spans or not all(0 < d <= limit for d in widths):
+        raise ValueError(f"`spans` must be one or more (start, stop) row ranges covering x's {rows} rows "
+                         f"in order, and `widths` one width in [1, {limit}] per span (side {side!r}); got spans "
+                         f"{spans}, widths {widths}.")
+    return spans, widths
+
+
+@functools.lru_cache(maxsize=256)
+def _tiles(tiles, variable_value, contraction, columns):
+    """The tiles given (checked), else those ``$KERAS_MONE_PROJECTION_TILES`` (whose value is
+    ``variable_value``: a changed variable is read again) names for ``(K, N)``, else the defaults."""
     if tiles is None:
         tiles = shape_tiles(TILES_ENV, contraction, columns, check_tiles) or default_tiles(contraction, columns)
     tiles = tuple(tiles)
     check_tiles(tiles, contraction, columns)
-    return spans, widths, tiles
+    return tiles
 
 
 def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, widths, side, activation, tiles,
@@ -249,6 +273,8 @@ def _rows(x):
 def _kernel_rows(x):
     """``x`` as the kernel reads it: ``(rows, K)`` contiguous, or ``(tokens, batch, K)`` with unit
     feature stride where its first two axes do not merge into one (else viewed or copied as 2-D)."""
+    if x.dim() == 2:
+        return x.contiguous()
     if x.dim() == 3 and x.stride(2) == 1 and x.shape[0] > 1 and x.shape[1] > 1 and x.stride(0) != (
             x.shape[1] * x.stride(1)):
         return x

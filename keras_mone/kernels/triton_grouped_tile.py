@@ -30,6 +30,8 @@ float32, rounded to the rows' dtype, zeros past the group's width; the statistic
 row, computed beforehand.
 """
 
+import functools
+
 from keras_mone.kernels import triton_build
 from keras_mone.kernels.tiles import check_projection_tiles as check_tiles
 from keras_mone.kernels.tiles import largest_power_of_2_dividing
@@ -83,11 +85,13 @@ def group_table(sizes, widths, block_rows, row_align):
     return tuple(tuple(column) for column in zip(*table))
 
 
+@functools.lru_cache(maxsize=1024)
 def constants(contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm, precision,
               upcast, row_align, has_alpha=False, static_table=None, split_rows=False):
     """The kernel's compile-time arguments: of the layout of the groups, only ``row_align``, or
     with ``static_table`` (``group_table``) all of it. ``split_rows``: x read as ``(tokens, batch,
-    K)`` with strides of its own (row ``n * batch + b``; the batch size is not compiled in)."""
+    K)`` with strides of its own (row ``n * batch + b``; the batch size is not compiled in). Made
+    once per set of arguments (a launch's host time): the dict returned is shared, read it only."""
     firsts, starts, ends, widths = static_table or ((0,), (0,), (0,), (0,))
     return dict(SPLIT_ROWS=split_rows, STATIC_TABLE=bool(static_table), FIRSTS=firsts, STARTS=starts, ENDS=ends,
                 WIDTHS=widths, GROUPS=len(firsts), ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2],
