@@ -1,6 +1,8 @@
 """Host time of torch's Triton launches (issue 40 item 3): the Python of each call of
 ``kernels.triton_grouped_projection.grouped_projection`` and ``kernels.triton_row_statistics.row_statistics``
-before the launch, with Triton's launcher stubbed (its own host time is not counted, and no kernel runs).
+before the launch, with Triton's launcher stubbed (its own host time is not counted, and no kernel runs);
+with ``--launch`` on a CUDA card, whole calls, Triton's launcher and the kernels included (at
+batch 1 each kernel takes a few microseconds, so the figure is mostly host time).
 
 An eager MoNE-ViT-B/16 forward with ``$KERAS_MONE_PROJECTIONS=grouped_kernel`` makes 48 projection
 calls and 24 statistics calls; at batch 64 on a card its GPU work is a few milliseconds, so
@@ -10,6 +12,7 @@ is small, so the figure is the wrapper's), rows on this machine's CPU; medians o
 rounds of ``--calls`` calls::
 
     KERAS_BACKEND=torch python bench/triton_launch_host.py
+    KERAS_BACKEND=torch python bench/triton_launch_host.py --launch      # a CUDA card
 """
 
 import argparse
@@ -31,12 +34,15 @@ class _Stub:
         return lambda *args, **kwargs: None
 
 
-def _median_us(call, calls, repeats):
+def _median_us(call, calls, repeats, synchronize):
+    call()  # (a launch compiles the kernel first)
+    synchronize()
     rounds = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(calls):
             call()
+        synchronize()
         rounds.append((time.perf_counter() - start) / calls)
     return 1e6 * statistics.median(rounds)
 
@@ -49,12 +55,20 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=197)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--launch", action="store_true", help="launch the kernels (a CUDA card): whole calls")
     args = parser.parse_args(argv)
     import torch
 
-    triton_grouped_tile.kernel = triton_row_statistics._kernel = _Stub()
+    if args.launch and not torch.cuda.is_available():
+        parser.error("--launch needs a CUDA card")
+    if not args.launch:
+        triton_grouped_tile.kernel = triton_row_statistics._kernel = _Stub()
+    on = {"device": "cuda" if args.launch else "cpu"}  # (not torch.set_default_device: a mode on every op)
+    synchronize = torch.cuda.synchronize if args.launch else (lambda: None)
+    interpret = not args.launch
     groups = group_shapes(args.capacity, args.tokens, args.dim)
-    lines = [f"Host time per call, launch stubbed: MoNE e_c {args.capacity:g}, batch {args.batch_size}, D = "
+    what = f"whole calls on {torch.cuda.get_device_name()}" if args.launch else "launch stubbed, this CPU"
+    lines = [f"Host time per call ({what}): MoNE e_c {args.capacity:g}, batch {args.batch_size}, D = "
              f"{args.dim}, torch {torch.__version__}\n", "| call | us per call |", "|---|---|"]
     rows = sum(tokens for tokens, _ in groups) * args.batch_size
     with torch.no_grad():
@@ -65,24 +79,26 @@ def main(argv=None):
                 spans.append((start, start + tokens * args.batch_size))
                 widths.append(min(width, limit))
                 start += tokens * args.batch_size
-            x, w, b = torch.randn(rows, contraction), torch.randn(contraction, columns), torch.randn(columns)
+            x, w, b = (torch.randn(*shape, **on) for shape in ((rows, contraction), (contraction, columns), (columns,)))
             options = {}
             if epilogue.get("residual"):
-                options["residual"] = torch.randn(rows, columns)
+                options["residual"] = torch.randn(rows, columns, **on)
             if epilogue.get("scale"):
-                options["scale"] = (torch.rand(rows), torch.tensor(0.5))
+                options["scale"] = (torch.rand(rows, **on), torch.tensor(0.5, **on))
             if epilogue.get("norm"):
-                options["norm"] = (torch.zeros(rows), torch.ones(rows), torch.ones(contraction), torch.zeros(contraction))
+                options["norm"] = (torch.zeros(rows, **on), torch.ones(rows, **on), torch.ones(contraction, **on),
+                                   torch.zeros(contraction, **on))
             activation = epilogue.get("activation")
 
             def call():
-                triton_grouped_projection.grouped_projection(x, w, b, spans, widths, side, activation, interpret=True,
-                                                             **options)
+                triton_grouped_projection.grouped_projection(x, w, b, spans, widths, side, activation,
+                                                             interpret=interpret, **options)
 
-            lines.append(f"| {label} | {_median_us(call, args.calls, args.repeats):.1f} |")
-        x = torch.randn(rows, args.dim)
-        lines.append(f"| row statistics | "
-                     f"{_median_us(lambda: triton_row_statistics.row_statistics(x, 1e-6, True), args.calls, args.repeats):.1f} |")
+            lines.append(f"| {label} | {_median_us(call, args.calls, args.repeats, synchronize):.1f} |")
+        x = torch.randn(rows, args.dim, **on)
+        statistics_us = _median_us(lambda: triton_row_statistics.row_statistics(x, 1e-6, interpret), args.calls,
+                                   args.repeats, synchronize)
+        lines.append(f"| row statistics | {statistics_us:.1f} |")
     text = "\n".join(lines)
     print(text)
     return text

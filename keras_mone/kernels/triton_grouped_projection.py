@@ -253,7 +253,7 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, wid
     if not row_tiles:
         return out
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
-    groups = _tile.group_table(sizes, widths, tiles[0], row_align) if static_table else None
+    groups = _tile.group_table(sizes, tuple(widths), tiles[0], row_align) if static_table else None
     compiled = _tile.constants(contraction, columns, side, activation, tiles, b is not None, residual is not None,
                                scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align,
                                alpha is not None, groups, split)

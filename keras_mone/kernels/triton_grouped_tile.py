@@ -71,11 +71,13 @@ def tile_table(sizes, widths, block_rows):
     return tuple(table), len(table) // 3, row_align
 
 
+@functools.lru_cache(maxsize=1024)
 def group_table(sizes, widths, block_rows, row_align):
     """The compile-time form of the layout (``STATIC_TABLE``): per non-empty group its first row
     tile, its first and end rows in units of ``row_align``, and its width, four tuples. A
     program finds its group by comparisons with constants: no memory read, nothing to keep
-    alive between calls (CUDA graphs), one compile per layout."""
+    alive between calls (CUDA graphs), one compile per layout. ``sizes`` and ``widths`` tuples:
+    made once per layout."""
     table, first_tile, start = [], 0, 0
     for size, width in zip(sizes, widths):
         if size:
@@ -120,7 +122,7 @@ def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activ
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
     row_align = row_align or tiles[0]
-    table = None if groups is None else group_table([r for r, _ in groups], [w for _, w in groups], tiles[0],
+    table = None if groups is None else group_table(tuple(r for r, _ in groups), tuple(w for _, w in groups), tiles[0],
                                                       row_align)
     compiled = constants(contraction, columns, side, activation, tiles, True, residual, bool(scale), norm, precision,
                          False, row_align, scale == "gate", table, split_rows)
