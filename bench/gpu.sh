@@ -315,14 +315,14 @@ script_run torch_host_time "." env KERAS_TORCH_DEVICE=cpu KERAS_BACKEND=torch "$
 # shellcheck disable=SC2086  # TRITON_MLP_ARGS: one word per argument
 script_run triton_mlp "^- d = |KERAS_MONE_MLP_TILES|No setting" \
     env KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/triton_mlp.py" ${TRITON_MLP_ARGS:---sweep --budget 60}
+# the host time of each Triton call, whole calls at batch 1 (bench/triton_launch_host.py --launch: the wrapper and
+# Triton's launcher; an eager MoNE-ViT-B/16 forward makes 72 such calls)
+script_run triton_launch_host "^\| " env KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/triton_launch_host.py" --launch
 # torch's packed blocks with each nested projection one Triton launch over all token groups
 # (KERAS_MONE_PROJECTIONS=grouped_kernel on torch: kernels/triton_grouped_projection.py, layers/packed_kernels.py):
 # its tiles against torch's per-group ops first (bench/triton_grouped_tiles.py, bf16, batch 256, each setting
 # checked), then MoNE-ViT-B/16 against dense with the winners (a KERAS_MONE_PROJECTION_TILES set beforehand
 # wins): eager bf16 at batch 256, eager float32 at batch 64, and under torch.compile at batch 256
-# the host time of each Triton call, whole calls at batch 1 (bench/triton_launch_host.py --launch: the wrapper and
-# Triton's launcher; an eager MoNE-ViT-B/16 forward makes 72 such calls)
-script_run triton_launch_host "^\| " env KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/triton_launch_host.py" --launch
 # shellcheck disable=SC2086  # TRITON_GROUPED_TILES_ARGS: one word per argument
 script_run triton_grouped_tiles "best|no tile setting|KERAS_MONE_PROJECTION_TILES" \
     env KERAS_BACKEND=torch "$PYTHON" "$ROOT/bench/triton_grouped_tiles.py" ${TRITON_GROUPED_TILES_ARGS:---budget 60}

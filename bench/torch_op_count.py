@@ -15,7 +15,8 @@ are counted, not run (their outputs are left unwritten; the counts do not depend
     KERAS_BACKEND=torch python bench/torch_op_count.py                 # ViT-B/16, e_c 0.3, one image
     KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --batch-size 8
     KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --projections grouped_kernel
-    KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --projections grouped_kernel --precision mixed_bfloat16
+    KERAS_BACKEND=torch python bench/torch_op_count.py --gpu-form --projections grouped_kernel \
+        --precision mixed_bfloat16
     KERAS_BACKEND=torch python bench/torch_op_count.py --capacity 0.5 --variant S/16
 """
 

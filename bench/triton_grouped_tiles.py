@@ -4,8 +4,9 @@
 Triton launch over all token groups (``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch,
 ``layers.packed_kernels``). Its default tiles were chosen from code compiled for sm_90 without a
 card (``bench/triton_grouped_compile.py``). This times each of a ViT-B/16 block's four projections (q/k/v,
-the attention's out-projection with the residual, reading the attention's output as CUDA's SDPA
-writes it (batch-major, a ``(tokens, batch, D)`` view), fc1 with the GELU, fc2 with the gate and the
+the attention's out-projection with the residual, in float32 reading the attention's output as
+CUDA's memory-efficient SDPA writes it (batch-major, a ``(tokens, batch, D)`` view; 16-bit rows
+come token-major from flash attention), fc1 with the GELU, fc2 with the gate and the
 residual; the in-projections with their LayerNorm, as the prologue after a statistics pass) at
 MoNE-ViT-B/16's token groups at ``--capacity`` and ``--batch-size``, rows in
 ``--dtype`` and weights too (Keras' autocast casts them so in a model's call under mixed
@@ -117,7 +118,8 @@ def screen(projection, groups, batch, candidates, dtype, repeats, deadline, line
         start += batch * tokens
     cuda = torch.cuda.is_available()
     tensors = inputs(start, contraction, columns, epilogue, dtype, "cuda" if cuda else "cpu")
-    if epilogue.get("batch_major"):  # the attention's output as CUDA's SDPA writes it, read as (tokens, batch, D)
+    if epilogue.get("batch_major") and dtype == torch.float32:  # float32's SDPA (memory-efficient) output:
+        # batch-major, read as (tokens, batch, D); flash attention (16-bit) writes token-major rows
         tensors["x"] = tensors["x"].reshape(-1, batch, contraction).transpose(0, 1).contiguous().transpose(0, 1)
     options = {k: v for k, v in tensors.items() if k in ("residual", "scale", "alpha")}
     layer_norm = {k: v for k, v in tensors.items() if k in ("gamma", "beta")}

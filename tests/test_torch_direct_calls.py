@@ -132,7 +132,7 @@ def test_the_blocks_after_a_router_cast_and_join_its_gates_once(monkeypatch):
     casts.clear()
     model(x, training=True)  # autograd records the gates: each block casts its own (gradients summed in float32)
     assert len(casts) == 4 * gated
-    rebuilt = lambda forms, key, make: make()  # noqa: E731 - a cast and a join in every block
+    rebuilt = lambda forms, key, make, source: make()  # noqa: E731 - a cast and a join in every block
     monkeypatch.setattr(block_module, "shared_gate_form", rebuilt)
     monkeypatch.setattr(packed_block, "shared_gate_form", rebuilt)
     casts.clear(), joins.clear()
@@ -140,6 +140,20 @@ def test_the_blocks_after_a_router_cast_and_join_its_gates_once(monkeypatch):
         per_block = model(x)
     assert len(casts) == 4 * gated and joins.count(2) == 4
     assert _exactly_equal(shared, per_block)
+
+
+def test_a_shared_gate_form_is_made_once_per_source():
+    """``packed_block.shared_gate_form``: made once for the same gates (the same object), made
+    again for other gates under the same key, and made every time without a dict."""
+    made = []
+    forms, gates, others = {}, [object()], [object()]
+
+    def make():
+        made.append(1)
+        return len(made)
+
+    assert [packed_block.shared_gate_form(forms, "k", make, g) for g in (gates, gates, others, others)] == [1, 1, 2, 2]
+    assert packed_block.shared_gate_form(None, "k", make, gates) == 3
 
 
 def test_an_inference_forward_no_longer_holds_every_block_input(monkeypatch):

@@ -5,6 +5,7 @@ MoNE ViT's packed blocks (``layers.packed_kernels``), under ``torch.compile`` as
 compiled for an H100's sm_90 without one."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -333,6 +334,7 @@ def test_token_major_rows_of_a_batch_major_tensor_are_read_in_place(monkeypatch,
     expected = kernel.grouped_projection(contiguous, *_torch(w, b), spans, widths, side, norm=norm(contiguous),
                                          **options)
     assert received[0] is view and received[1].dim() == 2
+    assert kernel._kernel_rows(view) is view  # read in place, not copied inside the launch
     assert torch.equal(got, expected)
     exact = _numpy_reference(x2, w, b, spans, widths, side, **reference)
     np.testing.assert_allclose(got.numpy(), exact, rtol=0, atol=4e-6 * np.abs(exact).max())
@@ -348,7 +350,8 @@ def _statistics(rows, epsilon):
 
 def test_gradients_and_compile_take_batch_major_rows():
     """Through the custom op (autograd recording, ``torch.compile``), ``(tokens, batch, K)`` rows
-    give the plain path's gradients, shaped as the view, and the compiled call's values."""
+    give the plain path's gradients, shaped as the view, and the compiled call's values; dynamo
+    traces no lru cache of the argument checks (a warning each)."""
     import torch
 
     kernel = _kernel()
@@ -358,7 +361,10 @@ def test_gradients_and_compile_take_batch_major_rows():
     def grads(function, compiled=False):
         view = x2.reshape(32, 5, 64).transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(True)
         call = lambda v: function(v, w, b, spans, widths, "out", residual=residual)  # noqa: E731
-        out = (torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call)(view)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = (torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call)(view)
+        assert not [c for c in caught if "lru_cache" in str(c.message)]  # (the checks' caches stay out of traces)
         return out, torch.autograd.grad((out**2).sum(), view)[0]
 
     expected_out, expected_grad = grads(kernel.plain_grouped_projection)
@@ -512,8 +518,8 @@ def test_a_batch_major_attention_output_reaches_the_out_projection_uncopied(monk
     monkeypatch.setattr(packed_kernels, "fused_attention", batch_major)
     received = []
     original = triton_grouped_projection._launch
-    monkeypatch.setattr(triton_grouped_projection, "_launch", lambda *a: received.append(
-        (_argument(original, a, "side"), a[0].dim())) or original(*a))
+    monkeypatch.setattr(triton_grouped_projection, "_launch", lambda *a: received.append(  # the rows it reads
+        (_argument(original, a, "side"), triton_grouped_projection._kernel_rows(a[0]).dim())) or original(*a))
     with torch.no_grad():
         logits = model(images())
     assert received == [("in", 2), ("out", 3), ("in", 2), ("out", 2)] * 2
@@ -541,6 +547,19 @@ def test_which_cuda_attention_outputs_the_kernel_reads_in_place(kernel_name, spl
     rows = _kernel_rows(attended)
     assert rows.dim() == (3 if split else 2) and rows.shape[-1] == heads * head_dim
     assert (rows is attended) if split else rows.stride() == (heads * head_dim, 1)
+
+
+def test_batch_major_rows_past_32_bit_offsets_are_copied_to_2d():
+    """The kernel's two-level row offsets are int32: a batch-major view reaching 2**31 elements or
+    more (ViViT-FE-B/16's 3136 tokens at batch 700) is copied to token-major rows instead (its
+    2-D rows take the block pointers' 64-bit offsets); one just below is read in place."""
+    import torch
+
+    from keras_mone.kernels.triton_grouped_projection import _kernel_rows
+
+    for batch, split in ((700, False), (600, True)):
+        view = torch.empty(batch, 3136, 1024, device="meta", dtype=torch.bfloat16).transpose(0, 1)
+        assert (_kernel_rows(view) is view) == split and _kernel_rows(view).dim() == (3 if split else 2)
 
 
 def test_the_kernel_form_applies_only_where_it_can(monkeypatch):

@@ -190,7 +190,8 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
             raise ValueError(f"`{name}` must be a floating tensor on x's device ({x.device}); "
                              f"got {t.dtype} on {t.device}.")
     rows, contraction, columns = _rows(x), x.shape[-1], w.shape[1]
-    spans, widths = _layout(spans, widths, rows, w.shape[0] if side == "in" else w.shape[1], side)
+    cached = not torch.compiler.is_compiling()  # (dynamo traces through lru caches with a warning each)
+    spans, widths = _layout(spans, widths, rows, w.shape[0] if side == "in" else w.shape[1], side, cached)
     if alpha is not None and alpha.numel() != 1:
         raise ValueError(f"`scale` as a (gate, alpha) pair takes one alpha, got alpha of shape {tuple(alpha.shape)}.")
     shapes = {"residual": (residual, (rows, columns)), "scale": (scale, (rows,))}
@@ -199,17 +200,21 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
     for name, (t, shape) in shapes.items():
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}.")
-    return spans, widths, _tiles(None if tiles is None else tuple(tiles), os.environ.get(TILES_ENV, ""), contraction,
-                                 columns)
+    tiles_of = _tiles if cached else _tiles.__wrapped__
+    return spans, widths, tiles_of(None if tiles is None else tuple(tiles), os.environ.get(TILES_ENV, ""), contraction,
+                                   columns)
 
 
-def _layout(spans, widths, rows, limit, side):
+def _layout(spans, widths, rows, limit, side, cached=True):
     """``(spans, widths)`` as tuples of ints, checked: a layout is checked once (``_checked_layout``;
-    the blocks of a forward share theirs), unhashable ones (lists inside) each time."""
-    try:
-        return _checked_layout(tuple(spans), tuple(widths), rows, limit, side)
-    except TypeError:
-        return _checked_layout.__wrapped__(spans, widths, rows, limit, side)
+    the blocks of a forward share theirs), unhashable ones (lists inside) and uncached calls each time."""
+    spans, widths = tuple(spans), tuple(widths)
+    if cached:
+        try:
+            return _checked_layout(spans, widths, rows, limit, side)
+        except TypeError:  # (unhashable entries; a TypeError of the check itself comes again below)
+            pass
+    return _checked_layout.__wrapped__(spans, widths, rows, limit, side)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -265,6 +270,11 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, wid
     return out
 
 
+def _largest_offset(x):
+    """The largest element offset a view ``x`` reaches (non-negative strides)."""
+    return sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
+
+
 def _rows(x):
     """The number of token rows of ``x``: ``(rows, K)`` or ``(tokens, batch, K)``."""
     return x.shape[0] if x.dim() == 2 else x.shape[0] * x.shape[1]
@@ -272,11 +282,12 @@ def _rows(x):
 
 def _kernel_rows(x):
     """``x`` as the kernel reads it: ``(rows, K)`` contiguous, or ``(tokens, batch, K)`` with unit
-    feature stride where its first two axes do not merge into one (else viewed or copied as 2-D)."""
+    feature stride where its first two axes do not merge into one and every offset fits 32 bits
+    (the kernel's two-level row offsets are int32); else viewed or copied as 2-D."""
     if x.dim() == 2:
         return x.contiguous()
-    if x.dim() == 3 and x.stride(2) == 1 and x.shape[0] > 1 and x.shape[1] > 1 and x.stride(0) != (
-            x.shape[1] * x.stride(1)):
+    split = x.dim() == 3 and x.stride(2) == 1 and x.shape[0] > 1 and x.shape[1] > 1
+    if split and x.stride(0) != x.shape[1] * x.stride(1) and _largest_offset(x) < 2**31:
         return x
     return x.reshape(-1, x.shape[-1]).contiguous()
 

@@ -19,7 +19,8 @@ interpreter, which takes only Python ints as loop bounds, runs every step and re
 past it, so CI checks the results and ``compile_for_cuda`` the compiled loop. ``SPLIT_ROWS``: x is
 a ``(tokens, batch, K)`` view with strides of its own, token-major row ``n * batch + b`` read at
 ``n * x_outer + b * x_stride`` (pointer loads masked at the group's last row and width, as the
-block pointer's shape masks them): the attention's output as torch's memory-efficient CUDA SDPA
+block pointer's shape masks them; 32-bit offsets, which the caller guarantees: 64-bit ones
+doubled the float32 out-projection's spills on sm_90): the attention's output as torch's memory-efficient CUDA SDPA
 writes it, batch-major, read in place by the out-projection instead of copied to token-major rows.
 
 The program uses Triton's builtins only (as ``triton_nested_mlp``: Triton's ``@jit`` helpers do
@@ -161,8 +162,7 @@ if tl is not None:
         columns = first_column + tl.arange(0, BLOCK_COLS)
         row_type = x_ptr.dtype.element_ty
         dot_type = tl.float32 if UPCAST else row_type
-        # the tile's first row and its group's end row (in ROW_ALIGN rows: a known alignment spared 300-600
-        # spilled bytes on sm_90) and width, from the tile table or the compile-time group table
+        # the tile's first row, its group's end row (in ROW_ALIGN rows: 300-600 spilled bytes fewer) and width
         if STATIC_TABLE:
             first, start, end, width = row_tile * 0, row_tile * 0, row_tile * 0, row_tile * 0
             for group in tl.static_range(GROUPS):
@@ -181,7 +181,7 @@ if tl is not None:
             x_shape, w_shape, steps = (end_row, width), (width, N), (width + BLOCK_K - 1) // BLOCK_K
         else:  # column tiles past the group's width have nothing to compute
             x_shape, w_shape, steps = (end_row, K), (K, width), tl.where(first_column < width, K_STEPS, 0)
-        if SPLIT_ROWS:  # x (tokens, batch, K) with any strides (SDPA's output): row n * batch + b, no block pointer
+        if SPLIT_ROWS:  # x (tokens, batch, K) with any strides (SDPA's output): row n * batch + b, int32 offsets
             x_rows = x_ptr + ((rows // x_batch) * x_outer + (rows % x_batch) * x_stride)[:, None] + inner[None, :]
         else:
             tiles = tl.make_block_ptr(x_ptr, x_shape, (x_stride, 1), (first_row, 0), (BLOCK_ROWS, BLOCK_K), (1, 0))

@@ -208,7 +208,7 @@ class ViTBlock(ConfigMixin, keras.layers.Layer):
             if not eager_without_grad(*gates):
                 gate_forms = None  # each block its own cast: the gates' gradients summed in float32, not bf16
             gates = shared_gate_form(gate_forms, ("cast", self.input_dtype), lambda: [
-                None if g is None else direct_cast(g, self.input_dtype) for g in gates])
+                None if g is None else direct_cast(g, self.input_dtype) for g in gates], gates)
         if not packable(self, groups, gates, training):
             return None
         outputs = packed_block(self, groups, widths, gates, training, gate_forms)

@@ -85,7 +85,8 @@ def packed_block(block, groups, widths, gates, training=None, gate_forms=None):
     rows = token_major(groups)
     gate_rows = None
     if gates is not None and gates[0] is not None:
-        gate_rows = shared_gate_form(gate_forms, ("rows", gates[0].dtype), lambda: token_major(gates).reshape(-1))
+        gate_rows = shared_gate_form(gate_forms, ("rows", gates[0].dtype), lambda: token_major(gates).reshape(-1),
+                                     gates)
     if kernels_apply(block, rows, widths):  # torch: one Triton launch per nested projection
         outputs = kernel_halves(block, rows, spans, widths, sum(sizes), gate_rows)
     else:
@@ -96,15 +97,17 @@ def packed_block(block, groups, widths, gates, training=None, gate_forms=None):
     return [_swap_first_two(outputs[start:stop]) for start, stop in _spans(sizes)]
 
 
-def shared_gate_form(gate_forms, key, make):
-    """``gate_forms[key]``, made by ``make()`` the first time (``gate_forms`` ``None``: made each
-    time). ``gate_forms`` belongs to one routing's gates (``TokenGroups.gate_forms``), so every
-    block after it reads the same cast and joined gates."""
+def shared_gate_form(gate_forms, key, make, source):
+    """``gate_forms[key]``, made by ``make()`` from the gates ``source`` the first time (``gate_forms``
+    ``None``: made each time). ``gate_forms`` belongs to one routing's gates (``TokenGroups.gate_forms``),
+    so every block after it reads the same cast and joined gates; an entry made from other gates
+    than ``source`` (not the same object) is made again."""
     if gate_forms is None:
         return make()
-    if key not in gate_forms:
-        gate_forms[key] = make()
-    return gate_forms[key]
+    entry = gate_forms.get(key)
+    if entry is None or entry[0] is not source:
+        entry = gate_forms[key] = (source, make())
+    return entry[1]
 
 
 def token_major(groups):
