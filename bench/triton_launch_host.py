@@ -19,19 +19,10 @@ import argparse
 import statistics
 import time
 
+from torch_op_count import TritonLaunches
 from triton_grouped_tiles import group_shapes, projections
 
 from keras_mone.kernels import triton_grouped_projection, triton_grouped_tile, triton_row_statistics
-
-
-class _Stub:
-    """Stands in for a Triton kernel: takes the launch's grid and arguments, runs nothing."""
-
-    def __call__(self, interpret):
-        return self
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
 
 
 def _median_us(call, calls, repeats, synchronize):
@@ -62,7 +53,7 @@ def main(argv=None):
     if args.launch and not torch.cuda.is_available():
         parser.error("--launch needs a CUDA card")
     if not args.launch:
-        triton_grouped_tile.kernel = triton_row_statistics._kernel = _Stub()
+        triton_grouped_tile.kernel = triton_row_statistics._kernel = TritonLaunches()  # (counts, runs nothing)
     on = {"device": "cuda" if args.launch else "cpu"}  # (not torch.set_default_device: a mode on every op)
     synchronize = torch.cuda.synchronize if args.launch else (lambda: None)
     interpret = not args.launch

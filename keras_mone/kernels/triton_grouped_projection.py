@@ -76,7 +76,8 @@ def plain_grouped_projection(x, w, b, spans, widths, side, activation=None, resi
     Args:
         x: ``(rows, K)`` token rows, each group the rows ``start:stop`` of its span; or
             ``(tokens, batch, K)``, row ``n * batch + b`` (the kernel reads it with its strides:
-            the attention's output as torch's CUDA SDPA writes it, batch-major, without a copy).
+            the attention's output as torch's memory-efficient CUDA SDPA writes it, batch-major,
+            without a copy).
         w, b: the ``(K, N)`` kernel and ``(N,)`` bias (or ``None``), any float dtype: ``w`` cast
             to ``x``'s, as the kernel casts each weight tile; ``b`` added in float32.
         spans: ``((start, stop), ...)`` per group, in order, covering ``x``'s rows.
@@ -207,7 +208,8 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
 
 def _layout(spans, widths, rows, limit, side, cached=True):
     """``(spans, widths)`` as tuples of ints, checked: a layout is checked once (``_checked_layout``;
-    the blocks of a forward share theirs), unhashable ones (lists inside) and uncached calls each time."""
+    the blocks of a forward share theirs), unhashable ones (lists inside) and uncached calls each
+    time. (Made ints before the cache, each call took 2-8 us more: ``bench/triton_launch_host.py``.)"""
     spans, widths = tuple(spans), tuple(widths)
     if cached:
         try:
@@ -249,16 +251,16 @@ def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, wid
     compile per alignment of the groups' rows for every batch size."""
     import torch
 
-    x, w = _kernel_rows(x), w.contiguous()
+    x, w, widths = _kernel_rows(x), w.contiguous(), tuple(widths)
     split = x.dim() == 3  # (tokens, batch, K) strided: row n * batch + b at n * stride(0) + b * stride(1)
     rows, contraction, columns = _rows(x), x.shape[-1], w.shape[1]
     out = x.new_empty((rows, columns))
     sizes = tuple(stop - start for start, stop in spans)
-    table, row_tiles, row_align = _tile_table(sizes, tuple(widths), tiles[0], None if static_table else x.device)
+    table, row_tiles, row_align = _tile_table(sizes, widths, tiles[0], None if static_table else x.device)
     if not row_tiles:
         return out
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
-    groups = _tile.group_table(sizes, tuple(widths), tiles[0], row_align) if static_table else None
+    groups = _tile.group_table(sizes, widths, tiles[0], row_align) if static_table else None
     compiled = _tile.constants(contraction, columns, side, activation, tiles, b is not None, residual is not None,
                                scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align,
                                alpha is not None, groups, split)

@@ -119,7 +119,7 @@ def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activ
     or ``"gate"`` (MoNE's ``alpha g + 1`` from a gate per row). ``groups``: ``((rows, width), ...)``
     for the compile-time table (``STATIC_TABLE``, what ``torch.compile`` runs), else the tile
     table read at run time (eager). ``split_rows``: rows read as ``(tokens, batch, K)`` with
-    strides (the attention's output as torch's CUDA SDPA writes it, batch-major)."""
+    strides (the attention's output as torch's memory-efficient CUDA SDPA writes it, batch-major)."""
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
     row_align = row_align or tiles[0]
