@@ -178,6 +178,67 @@ def test_an_out_projection_of_an_activation_takes_its_derivative_in_the_dx_kerne
         grouped_projection(hidden, w, b, layout, "in", input_activation=gelu, interpret=True)
 
 
+@pytest.mark.parametrize("approximate", [False, True])
+def test_fc1_keeping_its_pre_activations_feeds_fc2_with_the_plain_mlps_values_and_gradients(approximate):
+    """The training form's MLP: fc1's epilogue stores its pre-activations and their GELU
+    (``keep_pre_activation``, one launch, no pass of XLA's between the kernels), fc2 reads the
+    GELU's output (``activated``). Both outputs are bit for bit those of fc1 without and with
+    its activation epilogue; the MLP's value and gradients (LayerNorm prologue included) equal
+    the plain path's; the activated output carries no gradient of its own."""
+    import jax
+
+    from keras_mone.kernels.cuda_lowering import lower_for_cuda
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+    from keras_mone.layers.mlp import _kernel_gelu
+
+    gelu = _kernel_gelu(approximate)
+    rng = np.random.default_rng(8)
+    layout = ((5, 16), (0, 32), (7, 48), (2, 64))
+    x, weights = _normal(rng, 2, 14, 64), _normal(rng, 2, 14, 64)
+    w1, b1, w2, b2 = 0.2 * _normal(rng, 64, 96), _normal(rng, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
+    mean, rstd = x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6)
+    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    options = {"tiles": (16, 32, 16, 4, 2), "interpret": True}
+
+    def fc1(function, x, w1, b1, gamma, beta, **more):
+        return function(x, w1, b1, layout, "in", norm=(mean, rstd, gamma, beta), **more)
+
+    pre, activated = fc1(grouped_projection, x, w1, b1, gamma, beta, activation=gelu, keep_pre_activation=True,
+                         **options)
+    np.testing.assert_array_equal(np.asarray(pre), np.asarray(fc1(grouped_projection, x, w1, b1, gamma, beta,
+                                                                  **options)))
+    np.testing.assert_array_equal(np.asarray(activated), np.asarray(fc1(grouped_projection, x, w1, b1, gamma, beta,
+                                                                        activation=gelu, **options)))
+
+    def kept(x, w1, b1, w2, b2, gamma, beta):
+        pre, activated = fc1(grouped_projection, x, w1, b1, gamma, beta, activation=gelu, keep_pre_activation=True,
+                             **options)
+        out = grouped_projection(pre, w2, b2, layout, "out", input_activation=gelu, activated=activated, **options)
+        return (out * weights).sum()
+
+    def plain(x, w1, b1, w2, b2, gamma, beta):
+        pre = fc1(plain_grouped_projection, x, w1, b1, gamma, beta)
+        return (plain_grouped_projection(pre, w2, b2, layout, "out", input_activation=gelu) * weights).sum()
+
+    arguments, positions = (x, w1, b1, w2, b2, gamma, beta), tuple(range(7))
+    assert_f32_close(np.asarray(kept(*arguments)), np.asarray(plain(*arguments)), ulps=64)
+    for got, expected in zip(jax.grad(kept, positions)(*arguments), jax.grad(plain, positions)(*arguments)):
+        assert_f32_close(np.asarray(got), np.asarray(expected), ulps=256)
+    only_activated = jax.grad(lambda x: fc1(grouped_projection, x, w1, b1, gamma, beta, activation=gelu,
+                                            keep_pre_activation=True, **options)[1].sum())(x)
+    np.testing.assert_array_equal(np.asarray(only_activated), 0.0)
+    text = lower_for_cuda(jax.grad(lambda *a: kept(*a), positions[:3]), *arguments)
+    assert "grouped_in_projection_norm_pre_k64_n96" in text  # one launch stores both
+    for bad, message in (({"keep_pre_activation": True}, "`keep_pre_activation` belongs to side 'in' with an"),
+                         ({"keep_pre_activation": True, "activation": gelu, "parts": 3}, "one part"),
+                         ({"activated": x}, "`activated` must be `input_activation\\(x\\)`")):
+        with pytest.raises(ValueError, match=message):
+            grouped_projection(x, w1, b1, layout, "in", **bad, interpret=True)
+    with pytest.raises(ValueError, match="`activated` must be"):
+        grouped_projection(pre, w2, b2, layout, "out", input_activation=gelu, activated=activated[:, :3],
+                           interpret=True)
+
+
 @pytest.mark.parametrize("tiles", [(16, 16, 16, 4, 1), (32, 32, 16, 4, 2), (64, 64, 64, 8, 3)])
 def test_every_tile_setting_and_the_default_split_equal_the_plain_path(tiles):
     from keras_mone.kernels.grouped_gradients import grouped_weight_gradient, plain_weight_gradient
@@ -416,3 +477,7 @@ def test_the_roofline_counts_a_derivative_epilogues_reads():
     assert derivative == plain.replace("projection_", "projection_derivative_")
     assert labelled_cost(derivative, 2)[0] == labelled_cost(plain, 2)[0]
     assert labelled_cost(derivative, 2)[1] == labelled_cost(plain, 2)[1] + 2 * 128 * 196 * 3072
+    kept = kernel_label("in", 768, 3072, 128, groups, norm=True, pre=True)  # fc1 storing its pre-activations too
+    assert kept == plain.replace("projection_", "projection_norm_pre_")
+    assert labelled_cost(kept, 2)[1] == labelled_cost(plain.replace("projection_", "projection_norm_"), 2)[1] + (
+        2 * 128 * 196 * 3072)

@@ -308,9 +308,10 @@ def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monk
 
 
 def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):
-    """Training calls take the kernels without their epilogues (XLA's gate, stochastic depth
-    and residual adds; fc2 takes fc1's pre-activations: the kernels' backward passes are then
-    grouped kernels) and give what an inference call gives; a block with dropout keeps one GEMM
+    """Training calls take the kernels without the out-projections' epilogues (XLA's gate,
+    stochastic depth and residual adds; fc1 stores its pre-activations beside its GELU, which
+    fc2 reads: the kernels' backward passes are then grouped kernels) and give what an
+    inference call gives; a block with dropout keeps one GEMM
     per group in training, and one with stochastic depth draws what the generic path draws."""
     from keras_mone.kernels import grouped_projection as kernels
     from keras_mone.layers.block import ViTBlock
@@ -321,7 +322,8 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     original = kernels.grouped_projection
 
     def counted(*args, **kwargs):
-        launches.append(sorted(k for k in ("activation", "residual", "scale") if kwargs.get(k) is not None))
+        keys = ("activation", "residual", "scale", "keep_pre_activation", "activated")
+        launches.append(sorted(k for k in keys if kwargs.get(k) is not None and kwargs.get(k) is not False))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(kernels, "grouped_projection", counted)
@@ -329,7 +331,8 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     block = ViTBlock(32, 4, 64, gate="mone", name="training_block")
     block.build((None, None, 32))
     trained = block(groups, widths=(8, 16), gates=gates, training=True)
-    assert launches == [[]] * 4  # four kernels, no epilogue in any
+    training_launches = [[], [], ["activation", "keep_pre_activation"], ["activated"]]
+    assert launches == training_launches  # four kernels, no out-projection's epilogue
     inferred = block(groups, widths=(8, 16), gates=gates, training=False)
     assert launches[4:] == [[], ["residual"], ["activation"], ["residual", "scale"]]
     for a, b in zip(trained, inferred):
@@ -354,11 +357,11 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     state = np.asarray(depth.drop_path.seed_generator.state.value)
     launches.clear()
     with_kernels = depth(groups, widths=(8, 16), gates=gates, training=True)
-    assert launches == [[]] * 4
+    assert launches == training_launches
     depth.drop_path.seed_generator.state.assign(state)
     monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "per_group")
     generic = depth(groups, widths=(8, 16), gates=gates, training=True)
-    assert launches == [[]] * 4
+    assert launches == training_launches
     for a, b in zip(with_kernels, generic):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * float(np.abs(np.asarray(b)).max()))
     unchanged = depth(groups, widths=(8, 16), gates=gates, training=False)
@@ -374,7 +377,7 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
     default = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
     seen = []
     original = kernels._jitted
-    monkeypatch.setattr(kernels, "_jitted", lambda *a: seen.append(a[10]) or original(*a))
+    monkeypatch.setattr(kernels, "_jitted", lambda *a: seen.append(a[11]) or original(*a))
     monkeypatch.setenv(kernels.TILES_ENV, "64x64=64,64,64,4,3; 64x96=16,32,16,4,2")
     tuned = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
     assert seen == [(16, 32, 16, 4, 2)]

@@ -96,18 +96,19 @@ def gated_scale(scale):
 
 
 def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False,
-                 derivative=False):
+                 derivative=False, pre=False):
     """The name a kernel is compiled under, which says what it computes, so that a program's
     reader (``bench.hlo_kernels``) and a profile can count its work (``labelled_cost``):
-    ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192``."""
+    ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192`` (``pre``: it also
+    writes its pre-activations)."""
     epilogue = ("_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
-                + "_derivative" * bool(derivative))
+                + "_derivative" * bool(derivative) + "_pre" * bool(pre))
     layout = "_".join(f"{size}x{width}" for size, width in groups)
     return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
 
 
 _LABEL = re.compile(
-    r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?(_derivative)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
+    r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?(_derivative)?(_pre)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
@@ -116,20 +117,20 @@ def labelled_cost(name, itemsize):
     weights its widest group needs once (later programs find them in L2), the bias, the
     residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, the
     pre-activations a ``derivative`` epilogue reads, and the ``(batch, tokens, N)`` it
-    writes. Weights are counted at the rows' itemsize (under mixed precision the kernels
+    writes (twice with ``pre``: the pre-activations too). Weights are counted at the rows' itemsize (under mixed precision the kernels
     read float32 weights: under 1% of the total, undercounted)."""
     match = _LABEL.search(name)
     if match is None:
         return None
-    side, (norm, residual, scale, derivative) = match.group(1), (bool(match.group(i)) for i in range(2, 6))
-    contraction, columns, batch = (int(match.group(i)) for i in (6, 7, 8))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(9).strip("_").split("_")]
+    side, (norm, residual, scale, derivative, pre) = match.group(1), (bool(match.group(i)) for i in range(2, 7))
+    contraction, columns, batch = (int(match.group(i)) for i in (7, 8, 9))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(10).strip("_").split("_")]
     tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
     widest = max(width for _, width in groups)
     rows = batch * tokens
     if side == "in":
         flops, elements = 2 * batch * nested * columns, batch * nested + widest * columns + columns
-        elements += rows * columns * derivative
+        elements += rows * columns * (derivative + pre)
     else:
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
         elements += rows * columns * residual + rows * scale
@@ -144,9 +145,12 @@ def normalized(x, mean, rstd, gamma, beta):
 
 
 def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
-                      transposed=False, derivative=None):
-    """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). Three more
-    forms serve the backward passes (``kernels.grouped_gradients``):
+                      transposed=False, derivative=None, keep_pre=False):
+    """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). With
+    ``keep_pre`` (side ``"in"``, an ``activation``, one part) it returns ``(pre, activation(pre))``,
+    both stored by the epilogue (fc1 of the training form: fc2's forward pass reads the second,
+    its backward pass the first). Three more forms serve the backward passes
+    (``kernels.grouped_gradients``):
 
     * ``transposed``: ``w`` is given as ``(N, K)`` and read transposed, tile by tile (a dX
       kernel's ``W^T`` without a transposed copy of the weights written first).
@@ -175,9 +179,10 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
             table.append((first_tile, size, first_token, width))
             first_tile += -(-batch * size // block_rows)
         first_token += size
+    outputs = 2 if keep_pre else parts
     if not table:  # every group empty: no tokens
         empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
-        return empty if parts == 1 else (empty,) * parts
+        return empty if outputs == 1 else (empty,) * outputs
     operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
     if residual is not None:
         operands.append(residual.reshape(batch * tokens, columns))
@@ -195,32 +200,33 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None,
         has_scale=None if scale is None else ("gate" if gated else "scale"),
         has_norm=norm is not None, parts=parts, precision=dot_precision(precision), transposed=transposed,
-        derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces),
+        derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces), keep_pre=keep_pre,
     )
     shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
     out = pl.pallas_call(
         kernel,
         # the column tiles vary fastest: a row tile's inputs are read from L2 for its every column tile
         grid=(columns // block_cols, first_tile),
-        out_shape=shape if parts == 1 else (shape,) * parts,
+        out_shape=shape if outputs == 1 else (shape,) * outputs,
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
-                          norm is not None, derivative is not None),
+                          norm is not None, derivative is not None, keep_pre),
     )(*operands)
-    if parts == 1:
+    if outputs == 1:
         return out.reshape(batch, tokens, columns)
     return tuple(part.reshape(batch, tokens, columns // parts) for part in out)
 
 
 def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_residual, has_scale, has_norm, parts,
-                     precision, transposed, derivative_of, input_parts):
+                     precision, transposed, derivative_of, input_parts, keep_pre):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
     x_refs, (w_ref, b_ref), refs = refs[:input_parts], refs[input_parts:input_parts + 2], refs[input_parts + 2:]
-    inputs, outputs = refs[:len(refs) - parts], refs[len(refs) - parts:]
+    stored = 2 if keep_pre else parts
+    inputs, outputs = refs[:len(refs) - stored], refs[len(refs) - stored:]
     block_rows, block_cols, block_k = blocks
     column_tile, row_tile = pl.program_id(0), pl.program_id(1)
 
@@ -270,6 +276,10 @@ def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_
         part_step = functools.partial(step, x_ref=x_ref, offset=part * part_contraction)
         accumulator = jax.lax.fori_loop(0, steps, part_step, accumulator)
     accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)
+    if keep_pre:  # the pre-activations first, then the activation (one part)
+        pre_ref, *outputs = outputs
+        pl_triton.store(pre_ref.at[rows[:, None], columns[None, :]], accumulator.astype(pre_ref.dtype),
+                        mask=valid[:, None])
     accumulator = _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of,
                             has_scale, has_residual).astype(outputs[0].dtype)
     if parts == 1:

@@ -12,7 +12,8 @@ weights stop:
 
 * ``side="in"``: ``out[:, g] = act(LN(x)[:, g, :d_g] @ W[:d_g] + b)``, full output width ``N``
   (q/k/v, fc1; Eq. 5-6). The loop runs ``ceil(d_g / block_k)`` steps; ``act`` (e.g. the GELU)
-  is applied in the epilogue, so fc1's output is written once, activated. With ``norm``, the
+  is applied in the epilogue, so fc1's output is written once, activated (in training also its
+  pre-activations, which fc2's backward pass reads: ``keep_pre_activation``). With ``norm``, the
   block's LayerNorm is the prologue: each loaded tile is normalised with its rows' statistics
   (computed beforehand), so the normalised tokens are never written.
 * ``side="out"``: ``out[:, g, :d_g] = x[:, g] @ W[:, :d_g] + b[:d_g]`` and zeros past
@@ -44,7 +45,7 @@ __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV
 
 
 def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
-                             input_activation=None):
+                             input_activation=None, keep_pre_activation=False, activated=None):
     """The grouped nested projection with XLA's ops, one GEMM per group (see the module docstring).
 
     Args:
@@ -69,13 +70,19 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         input_activation: ``side="out"``: an elementwise function (its result in ``x``'s dtype)
             applied to ``x`` first: fc2 of ``GELU(h)`` given ``h`` (the training form; its
             backward pass applies the derivative in the dX kernel's epilogue).
+        keep_pre_activation: ``side="in"`` with an ``activation``, one part: return the
+            pre-activations too, ``(pre, activation(pre))`` (fc1 of the training form; see
+            ``grouped_projection``).
+        activated: with ``input_activation``: ``input_activation(x)`` as computed beforehand
+            (fc1's second output), used in its place; its cotangent is zero.
 
     Returns:
-        ``(batch, tokens, N)`` in ``x``'s dtype, or ``parts`` tensors ``(batch, tokens, N / parts)``.
+        ``(batch, tokens, N)`` in ``x``'s dtype, or ``parts`` tensors ``(batch, tokens, N / parts)``,
+        or ``(pre, activated)`` with ``keep_pre_activation``.
     """
     w = w.astype(x.dtype)  # as the kernel casts each weight tile: its products are in x's dtype
     if input_activation is not None:
-        x = input_activation(x).astype(x.dtype)
+        x = input_activation(x).astype(x.dtype) if activated is None else jax.lax.stop_gradient(activated)
     if norm is not None:
         x = normalized(x, *norm)
     pieces, start = [], 0
@@ -83,13 +90,15 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         rows = x[:, start:start + size]
         if side == "in":
             piece = jnp.dot(rows[..., :width], w[:width], preferred_element_type=jnp.float32) + b.astype(jnp.float32)
-            piece = piece if activation is None else activation(piece)
+            piece = piece if activation is None or keep_pre_activation else activation(piece)
         else:
             piece = jnp.dot(rows, w[:, :width], preferred_element_type=jnp.float32) + b[:width].astype(jnp.float32)
             piece = jnp.pad(piece, ((0, 0), (0, 0), (0, w.shape[1] - width)))
         pieces.append(piece)
         start += size
     out = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+    if keep_pre_activation:
+        return out.astype(x.dtype), jax.lax.stop_gradient(activation(out).astype(x.dtype))
     if scale is not None:
         out = out * gated_scale(scale)[..., None]
     if residual is not None:
@@ -99,8 +108,15 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
 
 
 def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
-                       input_activation=None, tiles=None, interpret=False):
+                       input_activation=None, keep_pre_activation=False, activated=None, tiles=None, interpret=False):
     """``plain_grouped_projection`` as one Pallas kernel launch (see the module docstring).
+
+    The training form's MLP is ``pre, activated = grouped_projection(x, w1, b1, ..., "in",
+    activation=gelu, keep_pre_activation=True)``, then ``grouped_projection(pre, w2, b2, ...,
+    "out", input_activation=gelu, activated=activated)``: fc1's epilogue stores both (no pass of
+    XLA's applies the GELU between the kernels), fc2's forward pass reads ``activated`` and its
+    backward pass gives ``pre``'s cotangent, the GELU's derivative in its dX kernel. ``activated``
+    carries no gradient (a stopped one): its gradient reaches fc1 through ``pre``.
 
     Args: those of ``plain_grouped_projection``, and
         tiles: ``(block_rows, block_cols, block_k, num_warps, num_stages)`` (the first four powers of 2;
@@ -121,43 +137,57 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
         raise ValueError("`parts` belongs to side 'in' (q, k and v of one kernel).")
     if input_activation is not None and side != "out":
         raise ValueError("`input_activation` belongs to side 'out' (fc2 of the activated hidden units).")
+    keep_pre_activation = bool(keep_pre_activation)
+    if keep_pre_activation and (side != "in" or activation is None or parts != 1):
+        raise ValueError("`keep_pre_activation` belongs to side 'in' with an `activation` and one part (fc1).")
+    if activated is not None and (input_activation is None or activated.shape != x.shape
+                                  or activated.dtype != x.dtype):
+        raise ValueError(f"`activated` must be `input_activation(x)`: it needs `input_activation` and x's shape "
+                         f"{x.shape} and dtype {x.dtype}; got {activated.shape} {activated.dtype}.")
     norm = None if norm is None else tuple(norm)
     scale = tuple(jnp.asarray(t) for t in scale) if isinstance(scale, (tuple, list)) else scale
-    return _jitted(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision_name(),
-                   bool(interpret), input_activation)
+    out = _jitted(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles,
+                  precision_name(), bool(interpret), input_activation, keep_pre_activation)
+    # the activated output carries no gradient: fc2 gives its pre-activations' (see the docstring)
+    return (out[0], jax.lax.stop_gradient(out[1])) if keep_pre_activation else out
 
 
-def _activated(x, input_activation):
-    return x if input_activation is None else input_activation(x).astype(x.dtype)
+def _activated(x, input_activation, activated):
+    if input_activation is None or activated is not None:
+        return x if activated is None else activated
+    return input_activation(x).astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12, 13))
-def _projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
-                input_activation):
-    return pallas_projection(_activated(x, input_activation), w, b, residual, scale, norm, groups, side, activation,
-                             parts, tiles, precision, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(7, 16)))
+def _projection(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
+                interpret, input_activation, keep_pre):
+    return pallas_projection(_activated(x, input_activation, activated), w, b, residual, scale, norm, groups, side,
+                             activation, parts, tiles, precision, interpret, keep_pre=keep_pre)
 
 
-def _projection_forward(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                        interpret, input_activation):
-    activated = _activated(x, input_activation)
+def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
+                        interpret, input_activation, keep_pre):
+    activated = _activated(x, input_activation, activated)
     outputs = pallas_projection(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles,
-                                precision, interpret)
+                                precision, interpret, keep_pre=keep_pre)
     return outputs, (x, w, b, residual, scale, norm, None if input_activation is None else activated)
 
 
-def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, input_activation, saved,
-                         upstream):
-    """A projection without an epilogue (the training form, ``layers.grouped_block``): dX and
-    dW by grouped kernels (``kernels.grouped_gradients``). With an activation, residual or
-    scale epilogue (the inference form): the plain path's gradients, recomputed from the
-    inputs. Either way nothing but the inputs (and an ``input_activation``'s output, which
-    dW needs) is kept between the passes."""
+def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, input_activation, keep_pre,
+                         saved, upstream):
+    """A projection without an epilogue (the training form, ``layers.grouped_block``; fc1 keeping
+    its pre-activations counts as one: only they carry a gradient): dX and dW by grouped
+    kernels (``kernels.grouped_gradients``). With an activation, residual or scale epilogue
+    (the inference form): the plain path's gradients, recomputed from the inputs. Either way
+    nothing but the inputs (and an ``input_activation``'s output, which dW needs) is kept
+    between the passes. A given ``activated`` gets no cotangent (``None``: zero)."""
     *inputs, activated = saved
     x, w, b, residual, scale, norm = inputs
-    if activation is None and residual is None and scale is None:
-        return projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream,
-                                    input_activation, activated)
+    if keep_pre:  # the activated output's cotangent is zero: grouped_projection stopped its gradient
+        upstream = upstream[0]
+    if (activation is None or keep_pre) and residual is None and scale is None:
+        return (*projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream,
+                                      input_activation, activated), None)
 
     def plain(x, w, b, residual, scale, norm):
         return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
@@ -165,9 +195,9 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
 
     with precision_context(precision):
         _, pullback = jax.vjp(plain, *inputs)
-        return pullback(upstream)
+        return (*pullback(upstream), None)
 
 
 _projection.defvjp(_projection_forward, _projection_backward)
 # compiled once per (shapes, groups, side, activation, tiles, input activation): eager calls reuse the kernel
-_jitted = jax.jit(_projection, static_argnums=(6, 7, 8, 9, 10, 11, 12, 13))
+_jitted = jax.jit(_projection, static_argnums=tuple(range(7, 16)))

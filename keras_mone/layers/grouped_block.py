@@ -23,9 +23,10 @@ Keras distribution, and training calls of blocks with dropout (stochastic depth 
 epilogue in training).
 
 Training calls (``training=True``, without dropout) take the kernels
-without their epilogues: fc1 writes its pre-activations, fc2 applies the GELU to them first
-(``input_activation``: XLA's elementwise pass, float32 arithmetic like the kernels' epilogue,
-the result in the compute dtype), and XLA applies the gate, stochastic depth and the residual adds. Each
+without the out-projections' epilogues: fc1's epilogue writes its pre-activations and their
+GELU (``keep_pre_activation``), fc2 reads the GELU's output forward and the pre-activations
+backward (``input_activation``, ``activated``), and XLA applies the gate, stochastic depth and
+the residual adds. Each
 kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``: dX by the
 transposed weights, fc2's with the GELU's derivative in its epilogue; dW and db by one
 weight-gradient launch). With the fused epilogues the backward passes recompute the
@@ -67,9 +68,10 @@ def kernel_block_applies(block, groups, widths, gates, training=None, return_rec
 def kernel_block(block, groups, widths, gates=None, training=False):
     """``block``'s outputs for token ``groups`` (``(batch, k_j, D)`` each) at ``widths``,
     gated by ``gates`` (``None`` or one ``(batch, k_j)`` tensor or ``None`` per group):
-    ``(batch, k_j, D)`` each, as the generic path gives them. ``training``: the epilogues
-    (GELU, gate, residual adds) by XLA, so that every kernel's backward pass is grouped
-    kernels too (``kernels.grouped_gradients``); the LayerNorm prologues stay the kernels'."""
+    ``(batch, k_j, D)`` each, as the generic path gives them. ``training``: the out-projections'
+    epilogues (gate, residual adds) by XLA and fc1 keeping its pre-activations, so that every
+    kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``); the LayerNorm
+    prologues and fc1's GELU stay the kernels'."""
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     dtype = block.compute_dtype
@@ -103,9 +105,11 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     mid = project(attention.out, attended, "out", residual=stream)
     scale = _gate_scale(block, groups, gates, training)
-    if training:  # fc2 takes fc1's pre-activations: its backward pass applies the GELU's derivative
-        hidden = normalized_projection(block.norm2, mlp.fc1, mid)
-        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu)
+    if training:  # fc1 stores its pre-activations and their GELU; fc2's backward pass applies the derivative
+        hidden, activated = normalized_projection(block.norm2, mlp.fc1, mid, activation=mlp_gelu,
+                                                  keep_pre_activation=True)
+        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu,
+                          activated=activated)
     else:
         hidden = normalized_projection(block.norm2, mlp.fc1, mid, activation=mlp_gelu)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale)
