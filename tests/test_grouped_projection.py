@@ -101,6 +101,62 @@ def test_the_out_projection_equals_the_numpy_reference_of_eq7(layout, epilogue):
         start += size
 
 
+@pytest.mark.parametrize("tiles", [SMALL_TILES, (32, 64, 16, 4, 2)])
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_out_projection_gives_the_next_layer_norms_statistics_from_its_row_sums(tiles, gated):
+    """``statistics_epsilon``: the output is bit for bit the output without; the statistics are
+    the one-pass mean and ``rsqrt(var + eps)`` of the stored rows (a float64 numpy reference
+    of the kernel's own output, and the plain path's), summed over the column tiles; the
+    gradients of both outputs equal the plain path's; one Triton call stores both."""
+    import jax
+
+    from keras_mone.kernels.cuda_lowering import lower_for_cuda
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+
+    rng = np.random.default_rng(11)
+    layout = ((5, 16), (0, 32), (7, 40), (4, 64))
+    x, w, b = _normal(rng, 2, 16, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
+    residual = 1.5 + _normal(rng, 2, 16, 64)  # rows with a mean, as a residual stream has
+    scale = (rng.random((2, 16)).astype("float32"), np.float32(0.375)) if gated else None
+
+    def project(function, x, w, b, residual, **options):
+        return function(x, w, b, layout, "out", residual=residual, scale=scale, **options)
+
+    out, (mean, rstd) = project(grouped_projection, x, w, b, residual, statistics_epsilon=1e-6, tiles=tiles,
+                                interpret=True)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(project(grouped_projection, x, w, b, residual,
+                                                                      tiles=tiles, interpret=True)))
+    stored = np.asarray(out, np.float64)
+    expected_mean = stored.mean(-1)
+    expected_rstd = 1.0 / np.sqrt(np.maximum((stored ** 2).mean(-1) - expected_mean ** 2, 0.0) + 1e-6)
+    assert mean.shape == rstd.shape == (2, 16) and mean.dtype == rstd.dtype == np.float32
+    assert_f32_close(np.asarray(mean), expected_mean, ulps=64)
+    assert_f32_close(np.asarray(rstd), expected_rstd, ulps=256)  # E[y^2] - E[y]^2: cancellation at mean 1.5
+    _, (plain_mean, plain_rstd) = project(plain_grouped_projection, x, w, b, residual, statistics_epsilon=1e-6)
+    assert_f32_close(np.asarray(mean), np.asarray(plain_mean), ulps=64)
+    assert_f32_close(np.asarray(rstd), np.asarray(plain_rstd), ulps=256)
+    weights = [_normal(rng, 2, 16, 64), _normal(rng, 2, 16), _normal(rng, 2, 16)]
+
+    def loss(function, **options):
+        def value(x, w, b, residual):
+            out, (mean, rstd) = project(function, x, w, b, residual, statistics_epsilon=1e-6, **options)
+            return (out * weights[0]).sum() + (mean * weights[1]).sum() + (rstd * weights[2]).sum()
+        return value
+
+    arguments = (x, w, b, residual)
+    got = jax.grad(loss(grouped_projection, tiles=tiles, interpret=True), (0, 1, 2, 3))(*arguments)
+    for got_one, expected_one in zip(got, jax.grad(loss(plain_grouped_projection), (0, 1, 2, 3))(*arguments)):
+        assert_f32_close(np.asarray(got_one), np.asarray(expected_one), ulps=256)
+    text = lower_for_cuda(lambda *a: project(grouped_projection, *a, statistics_epsilon=1e-6, tiles=tiles), *arguments)
+    assert f"_residual{'_scale' * gated}_sums{64 // tiles[1]}_k96_n64" in text and text.count("triton") >= 1
+    for bad in (-1.0, True, "1e-6"):
+        with pytest.raises(ValueError, match="`statistics_epsilon` belongs to side 'out' and must be a number"):
+            project(grouped_projection, x, w, b, residual, statistics_epsilon=bad, interpret=True)
+    with pytest.raises(ValueError, match="`statistics_epsilon` belongs to side 'out'"):
+        grouped_projection(x[..., :64], w.T, np.zeros(96, "float32"), layout, "in", statistics_epsilon=1e-6,
+                           interpret=True)
+
+
 @pytest.mark.parametrize("tiles", [None, SMALL_TILES, (32, 16, 32, 4, 3)])
 def test_every_tile_setting_equals_the_plain_path(tiles):
     from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
@@ -258,9 +314,15 @@ def _block_params(block):
     return params
 
 
+@pytest.mark.parametrize("statistics", ["keras", "one_pass"])
 @pytest.mark.parametrize("gated", [True, False])
-def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypatch, gated):
+def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypatch, gated, statistics):
+    """In the one-pass statistics form (jax's GPU default) the second LayerNorm's statistics come
+    from the attention out-projection's row sums: no statistics pass over the stream."""
+    from keras_mone.layers import grouped_block
     from keras_mone.layers.block import ViTBlock
+
+    monkeypatch.setenv("KERAS_MONE_STATISTICS", statistics)
 
     block = ViTBlock(32, 4, 64, gate="mone" if gated else None, alpha_init=0.5, name="kernel_block")
     block.build((None, None, 32))
@@ -276,11 +338,17 @@ def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypat
     launches = []
     original = kernels.grouped_projection
     monkeypatch.setattr(kernels, "grouped_projection",
-                        lambda *a, **k: launches.append((a[4], k.get("norm") is not None)) or original(*a, **k))
+                        lambda *a, **k: launches.append((a[4], k.get("norm") is not None,
+                                                         k.get("statistics_epsilon"))) or original(*a, **k))
+    computed = []
+    original_statistics = grouped_block.row_statistics
+    monkeypatch.setattr(grouped_block, "row_statistics", lambda *a: computed.append(a[0]) or original_statistics(*a))
     monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
     kernel = block(groups, widths=widths, gates=gates)
     # q/k/v and fc1 with their LayerNorms as prologues, the attention's out-projection, fc2
-    assert launches == [("in", True), ("out", False), ("in", True), ("out", False)]
+    summed = float(block.norm2.epsilon) if statistics == "one_pass" else None
+    assert launches == [("in", True, None), ("out", False, summed), ("in", True, None), ("out", False, None)]
+    assert computed == ([block.norm1] if summed else [block.norm1, block.norm2])
     x = np.concatenate(groups, axis=1)
     token_widths = np.concatenate([np.full(n, w) for n, w in zip(sizes, widths)])[None].repeat(2, 0)
     expected = ref.block(x, token_widths, _block_params(block), gates=None if gates is None else
@@ -425,6 +493,9 @@ def test_the_roofline_counts_each_kernels_work_from_its_name():
     normed = labelled_cost(kernel_label("in", 768, 3072, 256, groups, norm=True), 2)
     assert normed == (flops, moved + 4 * (2 * rows + 2 * 768))  # float32 statistics and LayerNorm weights
     assert labelled_cost("_mlp_tile_d96_h3072", 2) is None
+    summed = kernel_label("out", 3072, 768, 256, groups, residual=True, sums=6)  # two float32 per row and tile
+    assert "_residual_sums6_k3072" in summed
+    assert labelled_cost(summed, 2)[1] == labelled_cost(summed.replace("_sums6", ""), 2)[1] + 8 * rows * 6
 
 
 def test_in_mixed_precision_the_kernels_read_the_float32_weights_and_match_the_per_group_path(monkeypatch):

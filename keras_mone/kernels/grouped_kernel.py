@@ -96,19 +96,21 @@ def gated_scale(scale):
 
 
 def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False,
-                 derivative=False, pre=False):
+                 derivative=False, pre=False, sums=0):
     """The name a kernel is compiled under, which says what it computes, so that a program's
     reader (``bench.hlo_kernels``) and a profile can count its work (``labelled_cost``):
     ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192`` (``pre``: it also
-    writes its pre-activations)."""
+    writes its pre-activations; ``sums``: its rows' sums and sums of squares, over that many
+    column tiles, ``_sums6``)."""
     epilogue = ("_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
-                + "_derivative" * bool(derivative) + "_pre" * bool(pre))
+                + "_derivative" * bool(derivative) + "_pre" * bool(pre) + (f"_sums{sums}" if sums else ""))
     layout = "_".join(f"{size}x{width}" for size, width in groups)
     return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
 
 
 _LABEL = re.compile(
-    r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?(_derivative)?(_pre)?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
+    r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?(_derivative)?(_pre)?(?:_sums(\d+))?"
+    r"_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
@@ -117,14 +119,16 @@ def labelled_cost(name, itemsize):
     weights its widest group needs once (later programs find them in L2), the bias, the
     residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, the
     pre-activations a ``derivative`` epilogue reads, and the ``(batch, tokens, N)`` it
-    writes (twice with ``pre``: the pre-activations too). Weights are counted at the rows' itemsize (under mixed precision the kernels
+    writes (twice with ``pre``: the pre-activations too; with ``sums``, two float32 values per
+    row and column tile). Weights are counted at the rows' itemsize (under mixed precision the kernels
     read float32 weights: under 1% of the total, undercounted)."""
     match = _LABEL.search(name)
     if match is None:
         return None
     side, (norm, residual, scale, derivative, pre) = match.group(1), (bool(match.group(i)) for i in range(2, 7))
-    contraction, columns, batch = (int(match.group(i)) for i in (7, 8, 9))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(10).strip("_").split("_")]
+    sums = int(match.group(7) or 0)
+    contraction, columns, batch = (int(match.group(i)) for i in (8, 9, 10))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(11).strip("_").split("_")]
     tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
     widest = max(width for _, width in groups)
     rows = batch * tokens
@@ -134,7 +138,7 @@ def labelled_cost(name, itemsize):
     else:
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
         elements += rows * columns * residual + rows * scale
-    return flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction)
+    return flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction) + 8 * rows * sums
 
 
 def normalized(x, mean, rstd, gamma, beta):
@@ -145,11 +149,14 @@ def normalized(x, mean, rstd, gamma, beta):
 
 
 def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
-                      transposed=False, derivative=None, keep_pre=False):
+                      transposed=False, derivative=None, keep_pre=False, row_sums=False):
     """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). With
     ``keep_pre`` (side ``"in"``, an ``activation``, one part) it returns ``(pre, activation(pre))``,
     both stored by the epilogue (fc1 of the training form: fc2's forward pass reads the second,
-    its backward pass the first). Three more forms serve the backward passes
+    its backward pass the first). With ``row_sums`` (one part) it returns ``(out, sums, squares)``:
+    each program also stores its rows' sums and sums of squares of the values it stored, in
+    float32, ``(column tiles, batch, tokens)`` each (the next LayerNorm's one-pass statistics,
+    without a pass over ``out``). Three more forms serve the backward passes
     (``kernels.grouped_gradients``):
 
     * ``transposed``: ``w`` is given as ``(N, K)`` and read transposed, tile by tile (a dX
@@ -172,16 +179,13 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     contraction = len(pieces) * x.shape[-1]
     columns = w.shape[0] if transposed else w.shape[1]
     block_rows, block_cols, block_k, num_warps, num_stages = tiles
-    # each group's row tiles, in order: (first tile, tokens, first token, width)
-    table, first_tile, first_token = [], 0, 0
-    for size, width in groups:
-        if size:
-            table.append((first_tile, size, first_token, width))
-            first_tile += -(-batch * size // block_rows)
-        first_token += size
+    table, first_tile = _row_tile_table(groups, batch, block_rows)
     outputs = 2 if keep_pre else parts
     if not table:  # every group empty: no tokens
         empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
+        if row_sums:
+            nothing = jnp.zeros((columns // block_cols,) + x.shape[:2], jnp.float32)
+            return empty, nothing, nothing
         return empty if outputs == 1 else (empty,) * outputs
     operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
     if residual is not None:
@@ -201,31 +205,48 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         has_scale=None if scale is None else ("gate" if gated else "scale"),
         has_norm=norm is not None, parts=parts, precision=dot_precision(precision), transposed=transposed,
         derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces), keep_pre=keep_pre,
+        row_sums=row_sums,
     )
-    shape = jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)
+    shapes = [jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)] * outputs
+    shapes += [jax.ShapeDtypeStruct((columns // block_cols, batch * tokens), jnp.float32)] * (2 * row_sums)
     out = pl.pallas_call(
         kernel,
         # the column tiles vary fastest: a row tile's inputs are read from L2 for its every column tile
         grid=(columns // block_cols, first_tile),
-        out_shape=shape if outputs == 1 else (shape,) * outputs,
+        out_shape=shapes[0] if len(shapes) == 1 else tuple(shapes),
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
-                          norm is not None, derivative is not None, keep_pre),
+                          norm is not None, derivative is not None, keep_pre, row_sums and columns // block_cols),
     )(*operands)
+    if row_sums:
+        out, *sums = out
+        return (out.reshape(batch, tokens, columns), *(t.reshape(-1, batch, tokens) for t in sums))
     if outputs == 1:
         return out.reshape(batch, tokens, columns)
     return tuple(part.reshape(batch, tokens, columns // parts) for part in out)
 
 
+def _row_tile_table(groups, batch, block_rows):
+    """``(table, row tiles)``: each non-empty group's ``(first tile, tokens, first token, width)``, in
+    order, its rows gathered across the batch into tiles of ``block_rows``."""
+    table, first_tile, first_token = [], 0, 0
+    for size, width in groups:
+        if size:
+            table.append((first_tile, size, first_token, width))
+            first_tile += -(-batch * size // block_rows)
+        first_token += size
+    return table, first_tile
+
+
 def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_residual, has_scale, has_norm, parts,
-                     precision, transposed, derivative_of, input_parts, keep_pre):
+                     precision, transposed, derivative_of, input_parts, keep_pre, row_sums):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
     x_refs, (w_ref, b_ref), refs = refs[:input_parts], refs[input_parts:input_parts + 2], refs[input_parts + 2:]
-    stored = 2 if keep_pre else parts
+    stored = (2 if keep_pre else parts) + 2 * row_sums
     inputs, outputs = refs[:len(refs) - stored], refs[len(refs) - stored:]
     block_rows, block_cols, block_k = blocks
     column_tile, row_tile = pl.program_id(0), pl.program_id(1)
@@ -282,15 +303,31 @@ def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_
                         mask=valid[:, None])
     accumulator = _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of,
                             has_scale, has_residual).astype(outputs[0].dtype)
+    _store(outputs, accumulator, rows, columns, valid, (start, column_tile), parts, row_sums)
+
+
+def _store(outputs, tile, rows, columns, valid, place, parts, row_sums):
+    """Stores a program's output ``tile`` (in the part its columns lie in) and, with ``row_sums``,
+    its rows' sums and sums of squares of the stored values (float32) at its column tile.
+    ``place``: the tile's first column and its column tile's index."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
+
+    start, column_tile = place
+    if row_sums:
+        *outputs, sums_ref, squares_ref = outputs
+        wide = tile.astype(jnp.float32)
+        pl_triton.store(sums_ref.at[column_tile, rows], jnp.sum(wide, axis=1), mask=valid)
+        pl_triton.store(squares_ref.at[column_tile, rows], jnp.sum(wide * wide, axis=1), mask=valid)
     if parts == 1:
-        pl_triton.store(outputs[0].at[rows[:, None], columns[None, :]], accumulator, mask=valid[:, None])
+        pl_triton.store(outputs[0].at[rows[:, None], columns[None, :]], tile, mask=valid[:, None])
         return
     width_of_part = outputs[0].shape[1]
     for part, out_ref in enumerate(outputs):  # the part this column tile lies in
         @pl.when(start // width_of_part == part)
-        def _store(out_ref=out_ref, part=part):
+        def _store_part(out_ref=out_ref, part=part):
             inner = columns - part * width_of_part
-            pl_triton.store(out_ref.at[rows[:, None], inner[None, :]], accumulator, mask=valid[:, None])
+            pl_triton.store(out_ref.at[rows[:, None], inner[None, :]], tile, mask=valid[:, None])
 
 
 def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of, has_scale,

@@ -19,7 +19,9 @@ weights stop:
 * ``side="out"``: ``out[:, g, :d_g] = x[:, g] @ W[:, :d_g] + b[:d_g]`` and zeros past
   ``d_g`` (Eq. 7's ``Pad``; the attention output, fc2). Column tiles past ``d_g`` skip the
   loop. Optional epilogue: ``residual + scale * out`` (the block's residual and MoNE's gate
-  ``alpha g + 1``, Eq. 1), so the block's residual stream is written once per half.
+  ``alpha g + 1``, Eq. 1), so the block's residual stream is written once per half; with
+  ``statistics_epsilon``, also the next LayerNorm's statistics of the rows it writes, from
+  each program's row sums (the stream is not read again for them).
 
 ``plain_grouped_projection`` is the same computation with XLA's ops, one GEMM per group:
 the reference the kernel equals (float32 accumulation in both) and its backward pass, which
@@ -45,7 +47,7 @@ __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV
 
 
 def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
-                             input_activation=None, keep_pre_activation=False, activated=None):
+                             input_activation=None, keep_pre_activation=False, activated=None, statistics_epsilon=None):
     """The grouped nested projection with XLA's ops, one GEMM per group (see the module docstring).
 
     Args:
@@ -75,10 +77,15 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
             ``grouped_projection``).
         activated: with ``input_activation``: ``input_activation(x)`` as computed beforehand
             (fc1's second output), used in its place; its cotangent is zero.
+        statistics_epsilon: ``side="out"``: also return the output rows' LayerNorm statistics,
+            ``(mean, rsqrt(var + statistics_epsilon))`` of the stored values in float32, one pass
+            (``var = E[y^2] - E[y]^2``, clamped at 0: ``layers.layer_norm``'s "one_pass" form),
+            each ``(batch, tokens)``: the next LayerNorm's, with no pass over the output.
 
     Returns:
         ``(batch, tokens, N)`` in ``x``'s dtype, or ``parts`` tensors ``(batch, tokens, N / parts)``,
-        or ``(pre, activated)`` with ``keep_pre_activation``.
+        or ``(pre, activated)`` with ``keep_pre_activation``, or ``(out, (mean, rstd))`` with
+        ``statistics_epsilon``.
     """
     w = w.astype(x.dtype)  # as the kernel casts each weight tile: its products are in x's dtype
     if input_activation is not None:
@@ -104,11 +111,22 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
     if residual is not None:
         out = out + residual.astype(jnp.float32)
     out = out.astype(x.dtype)
+    if statistics_epsilon is not None:
+        wide = out.astype(jnp.float32)
+        return out, _one_pass(jnp.sum(wide, -1), jnp.sum(wide * wide, -1), out.shape[-1], statistics_epsilon)
     return out if parts == 1 else tuple(jnp.split(out, parts, axis=-1))
 
 
+def _one_pass(sums, squares, count, epsilon):
+    """``(mean, rsqrt(max(E[y^2] - mean^2, 0) + epsilon))`` from a row's sum and sum of squares."""
+    mean = sums / count
+    variance = jnp.maximum(squares / count - mean * mean, 0.0)
+    return mean, jax.lax.rsqrt(variance + jnp.float32(epsilon))
+
+
 def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
-                       input_activation=None, keep_pre_activation=False, activated=None, tiles=None, interpret=False):
+                       input_activation=None, keep_pre_activation=False, activated=None, statistics_epsilon=None,
+                       tiles=None, interpret=False):
     """``plain_grouped_projection`` as one Pallas kernel launch (see the module docstring).
 
     The training form's MLP is ``pre, activated = grouped_projection(x, w1, b1, ..., "in",
@@ -144,10 +162,16 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
                                   or activated.dtype != x.dtype):
         raise ValueError(f"`activated` must be `input_activation(x)`: it needs `input_activation` and x's shape "
                          f"{x.shape} and dtype {x.dtype}; got {activated.shape} {activated.dtype}.")
+    if statistics_epsilon is not None:
+        if side != "out" or isinstance(statistics_epsilon, bool) or not isinstance(statistics_epsilon, (int, float)) \
+                or statistics_epsilon < 0:
+            raise ValueError(f"`statistics_epsilon` belongs to side 'out' and must be a number >= 0 (a LayerNorm's "
+                             f"epsilon); got {statistics_epsilon!r} on side {side!r}.")
+        statistics_epsilon = float(statistics_epsilon)
     norm = None if norm is None else tuple(norm)
     scale = tuple(jnp.asarray(t) for t in scale) if isinstance(scale, (tuple, list)) else scale
     out = _jitted(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles,
-                  precision_name(), bool(interpret), input_activation, keep_pre_activation)
+                  precision_name(), bool(interpret), input_activation, keep_pre_activation, statistics_epsilon)
     # the activated output carries no gradient: fc2 gives its pre-activations' (see the docstring)
     return (out[0], jax.lax.stop_gradient(out[1])) if keep_pre_activation else out
 
@@ -158,23 +182,34 @@ def _activated(x, input_activation, activated):
     return input_activation(x).astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(7, 16)))
+def _launch(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret, keep_pre,
+            statistics):
+    """The kernel; with ``statistics`` (an epsilon) its rows' sums become ``(out, (mean, rstd))``."""
+    outputs = pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
+                                interpret, keep_pre=keep_pre, row_sums=statistics is not None)
+    if statistics is None:
+        return outputs
+    out, sums, squares = outputs
+    return out, _one_pass(sums.sum(0), squares.sum(0), out.shape[-1], statistics)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(7, 17)))
 def _projection(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
-                interpret, input_activation, keep_pre):
-    return pallas_projection(_activated(x, input_activation, activated), w, b, residual, scale, norm, groups, side,
-                             activation, parts, tiles, precision, interpret, keep_pre=keep_pre)
+                interpret, input_activation, keep_pre, statistics):
+    return _launch(_activated(x, input_activation, activated), w, b, residual, scale, norm, groups, side, activation,
+                   parts, tiles, precision, interpret, keep_pre, statistics)
 
 
 def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
-                        interpret, input_activation, keep_pre):
+                        interpret, input_activation, keep_pre, statistics):
     activated = _activated(x, input_activation, activated)
-    outputs = pallas_projection(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles,
-                                precision, interpret, keep_pre=keep_pre)
+    outputs = _launch(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
+                      interpret, keep_pre, statistics)
     return outputs, (x, w, b, residual, scale, norm, None if input_activation is None else activated)
 
 
 def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, input_activation, keep_pre,
-                         saved, upstream):
+                         statistics, saved, upstream):
     """A projection without an epilogue (the training form, ``layers.grouped_block``; fc1 keeping
     its pre-activations counts as one: only they carry a gradient): dX and dW by grouped
     kernels (``kernels.grouped_gradients``). With an activation, residual or scale epilogue
@@ -185,13 +220,13 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
     x, w, b, residual, scale, norm = inputs
     if keep_pre:  # the activated output's cotangent is zero: grouped_projection stopped its gradient
         upstream = upstream[0]
-    if (activation is None or keep_pre) and residual is None and scale is None:
+    if (activation is None or keep_pre) and residual is None and scale is None and statistics is None:
         return (*projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream,
                                       input_activation, activated), None)
 
     def plain(x, w, b, residual, scale, norm):
         return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
-                                        input_activation)
+                                        input_activation, statistics_epsilon=statistics)
 
     with precision_context(precision):
         _, pullback = jax.vjp(plain, *inputs)
@@ -200,4 +235,4 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
 
 _projection.defvjp(_projection_forward, _projection_backward)
 # compiled once per (shapes, groups, side, activation, tiles, input activation): eager calls reuse the kernel
-_jitted = jax.jit(_projection, static_argnums=tuple(range(7, 16)))
+_jitted = jax.jit(_projection, static_argnums=tuple(range(7, 17)))

@@ -13,7 +13,10 @@ group (MoNE App. A.1 Eq. 5-7)::
 fc1's bias and GELU, both residual adds and the gate are the kernels' epilogues, and both
 LayerNorms the in-projections' prologues (their row statistics computed beforehand, once over
 all groups: ``layers.layer_norm.row_statistics``): no separate pass over the hidden
-activations, the normalised tokens or the residual stream. Attention runs in the platform's
+activations, the normalised tokens or the residual stream. In the one-pass statistics form
+(``platform_forms.statistics_form``, jax's GPU default) the second LayerNorm's statistics are
+the attention out-projection's: its programs sum the rows they write (``statistics_epsilon``),
+so no reduction reads the stream between the halves (inference calls). Attention runs in the platform's
 fused form.
 The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover take
 the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
@@ -40,9 +43,11 @@ import numpy as np
 from keras import ops
 
 from keras_mone.layers.attention import MoNEAttention, multi_head_attention
-from keras_mone.layers.layer_norm import normalize, row_statistics
+from keras_mone.layers.layer_norm import normalize, prologue_applies, row_statistics
 from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
-from keras_mone.layers.platform_forms import accelerator, attention_form, fused_attention, projections_form
+from keras_mone.layers.platform_forms import (
+    accelerator, attention_form, fused_attention, projections_form, statistics_form,
+)
 from keras_mone.layers.stored_weights import stored
 
 
@@ -90,8 +95,8 @@ def kernel_block(block, groups, widths, gates=None, training=False):
         out = grouped_projection(x, kernel, bias, layout, side, interpret=interpret, **options)
         return _epilogue(out, residual, scale, block)
 
-    def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the kernel's prologue where it can
-        prologue = _prologue(norm, x)
+    def normalized_projection(norm, layer, x, statistics=None, **epilogue):  # the LayerNorm as the prologue
+        prologue = _prologue(norm, x, statistics)
         return project(layer, x if prologue else normalize(norm, x), "in", norm=prologue, **epilogue)
 
     heads = (batch, tokens, attention.num_heads, block.hidden_dim // attention.num_heads)
@@ -103,7 +108,13 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     else:  # the platform's explicit form (the CPU's)
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
-    mid = project(attention.out, attended, "out", residual=stream)
+    # the second LayerNorm's one-pass statistics from the out-projection's row sums (inference)
+    mid_statistics = None
+    if not training and statistics_form() == "one_pass" and prologue_applies(block.norm2, stream):
+        mid, mid_statistics = project(attention.out, attended, "out", residual=stream,
+                                      statistics_epsilon=float(block.norm2.epsilon))
+    else:
+        mid = project(attention.out, attended, "out", residual=stream)
     scale = _gate_scale(block, groups, gates, training)
     if training:  # fc1 stores its pre-activations and their GELU; fc2's backward pass applies the derivative
         hidden, activated = normalized_projection(block.norm2, mlp.fc1, mid, activation=mlp_gelu,
@@ -111,7 +122,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu,
                           activated=activated)
     else:
-        hidden = normalized_projection(block.norm2, mlp.fc1, mid, activation=mlp_gelu)
+        hidden = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics, activation=mlp_gelu)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale)
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
@@ -131,11 +142,13 @@ def _epilogue(out, residual, scale, block):
     return residual + block.drop_path(out, training=True)
 
 
-def _prologue(norm, x):
+def _prologue(norm, x, statistics=None):
     """``(mean, rstd, gamma, beta)`` of the LayerNorm ``norm`` on ``x`` for a kernel's prologue
-    (``layers.layer_norm.row_statistics``: the statistics in the platform's form), or ``None``
+    (``statistics`` where given, from the previous kernel's epilogue; else
+    ``layers.layer_norm.row_statistics``: the statistics in the platform's form), or ``None``
     where ``normalize`` runs it: a LayerNorm without both weights, or one that Keras must call."""
-    statistics = row_statistics(norm, x) if norm.gamma is not None and norm.beta is not None else None
+    if statistics is None and prologue_applies(norm, x):
+        statistics = row_statistics(norm, x)
     return None if statistics is None else (*statistics, stored(norm.gamma), stored(norm.beta))
 
 

@@ -46,6 +46,13 @@ def normalize(layer, x):
     return ops.cast(ops.cast(outputs, dtype), layer.compute_dtype)  # as Keras casts
 
 
+def prologue_applies(layer, x):
+    """Whether a kernel may apply ``layer`` to ``x`` as its prologue from row statistics
+    (``row_statistics``, or the statistics a kernel's epilogue gives): a plain LayerNorm (module
+    docstring) with both weights."""
+    return _plain(layer, x) and layer.gamma is not None and layer.beta is not None
+
+
 def _plain(layer, x):
     """Whether ``normalize`` may compute ``layer(x)`` itself (module docstring)."""
     return (
