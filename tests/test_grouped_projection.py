@@ -346,8 +346,10 @@ def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypat
     monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
     kernel = block(groups, widths=widths, gates=gates)
     # q/k/v and fc1 with their LayerNorms as prologues, the attention's out-projection, fc2
-    summed = float(block.norm2.epsilon) if statistics == "one_pass" else None
-    assert launches == [("in", True, None), ("out", False, summed), ("in", True, None), ("out", False, None)]
+    # one-pass: the attention's out-projection sums its rows for the second LayerNorm, fc2 for the next block's first
+    summed, next_summed = ((float(block.norm2.epsilon), float(block.norm1.epsilon)) if statistics == "one_pass"
+                           else (None, None))
+    assert launches == [("in", True, None), ("out", False, summed), ("in", True, None), ("out", False, next_summed)]
     assert computed == ([block.norm1] if summed else [block.norm1, block.norm2])
     x = np.concatenate(groups, axis=1)
     token_widths = np.concatenate([np.full(n, w) for n, w in zip(sizes, widths)])[None].repeat(2, 0)
@@ -359,20 +361,39 @@ def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypat
     assert_f32_close(got, np.concatenate([np.asarray(g) for g in per_group], axis=1), ulps=64)
 
 
-def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monkeypatch):
+@pytest.mark.parametrize("statistics", ["keras", "one_pass"])
+def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monkeypatch, statistics):
     """A whole MoNE ViT (router, EPR, blocks before and after the router), compiled by
-    ``predict``: the grouped kernels change no value beyond float32 rounding."""
+    ``predict``: the grouped kernels change no value beyond float32 rounding. In the one-pass
+    form a kernel block's first LayerNorm takes its statistics from the previous kernel block's
+    fc2 (its row sums) where the groups come straight from it: only the block after the router
+    computes them, and nothing is kept once the call is done."""
+    import gc
+
+    from keras_mone.layers import grouped_block
     from keras_mone.models import MoNEViTBackbone
 
-    model = MoNEViTBackbone(image_size=16, patch_size=4, hidden_dim=32, depth=3, num_heads=4,
+    monkeypatch.setenv("KERAS_MONE_STATISTICS", statistics)
+    model = MoNEViTBackbone(image_size=16, patch_size=4, hidden_dim=32, depth=4, num_heads=4,
                             mlp_dim=64, capacity=0.4, router_positions=(1,), alpha_init=0.5)
     images = np.random.default_rng(5).normal(size=(3, 16, 16, 3)).astype("float32")
     per_group = model.predict(images, verbose=0)
+    computed = []
+    original = grouped_block.row_statistics
+    monkeypatch.setattr(grouped_block, "row_statistics", lambda *a: computed.append(a[0].path) or original(*a))
     monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
     model.make_predict_function(force=True)  # a new trace, in the kernels' form
     kernel = model.predict(images, verbose=0)
     assert not np.array_equal(kernel, per_group)  # (the new trace ran: float32 sums in another order)
     assert_f32_close(kernel, per_group, ulps=256)
+    blocks = [f"mone_vit_backbone/block_{i}/norm{n}" for i in (1, 2, 3) for n in (1, 2)]
+    expected = blocks if statistics == "keras" else blocks[:1]  # block_0 runs before the router: dense
+    assert sorted(set(computed)) == sorted(set(expected))
+    computed.clear()
+    assert_f32_close(np.asarray(model(images)), per_group, ulps=256)  # eagerly: the same statistics
+    assert sorted(set(computed)) == sorted(set(expected))
+    gc.collect()
+    assert grouped_block._CARRIED == []
 
 
 def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):

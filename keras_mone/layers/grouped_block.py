@@ -38,6 +38,8 @@ H200 move 98.6 GB against 63.0 per group (BENCHMARKS.md). Gradients of an infere
 (``jax.grad`` outside training) go through those fused kernels and are exact.
 """
 
+import weakref
+
 import keras
 import numpy as np
 from keras import ops
@@ -101,20 +103,18 @@ def kernel_block(block, groups, widths, gates=None, training=False):
 
     heads = (batch, tokens, attention.num_heads, block.hidden_dim // attention.num_heads)
     # q, k and v written apart by the kernel: the fused attention reads them without a split copy
+    carried = None if training else _carried_statistics(groups, block.norm1, stream)  # the previous fc2's sums
     query, key, value = (ops.reshape(t, heads) for t in normalized_projection(block.norm1, attention.qkv, stream,
-                                                                               parts=3))
+                                                                               statistics=carried, parts=3))
     if attention_form() != "explicit":  # fused or flash
         attended = fused_attention(query, key, value)
     else:  # the platform's explicit form (the CPU's)
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     # the second LayerNorm's one-pass statistics from the out-projection's row sums (inference)
-    mid_statistics = None
-    if not training and statistics_form() == "one_pass" and prologue_applies(block.norm2, stream):
-        mid, mid_statistics = project(attention.out, attended, "out", residual=stream,
-                                      statistics_epsilon=float(block.norm2.epsilon))
-    else:
-        mid = project(attention.out, attended, "out", residual=stream)
+    epsilon = _summing_epsilon(block.norm2, stream, training)
+    mid = project(attention.out, attended, "out", residual=stream, statistics_epsilon=epsilon)
+    mid, mid_statistics = (mid, None) if epsilon is None else mid
     scale = _gate_scale(block, groups, gates, training)
     if training:  # fc1 stores its pre-activations and their GELU; fc2's backward pass applies the derivative
         hidden, activated = normalized_projection(block.norm2, mlp.fc1, mid, activation=mlp_gelu,
@@ -123,9 +123,56 @@ def kernel_block(block, groups, widths, gates=None, training=False):
                           activated=activated)
     else:
         hidden = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics, activation=mlp_gelu)
-        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale)
+        # and the next block's first LayerNorm's, where it is this block's (checked there)
+        epsilon = _summing_epsilon(block.norm1, stream, training)
+        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, statistics_epsilon=epsilon)
+    outputs, statistics = (outputs, None) if training or epsilon is None else outputs
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
-    return [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
+    pieces = [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
+    if statistics is not None:
+        _carry(pieces, epsilon, statistics)
+    return pieces
+
+
+def _summing_epsilon(norm, x, training):
+    """``norm``'s epsilon where an out-projection writing the input of ``norm`` (like ``x``)
+    sums its rows for it: inference in the one-pass statistics form (jax's GPU default), a plain
+    LayerNorm with both weights (``layers.layer_norm.prologue_applies``); else ``None``."""
+    if training or statistics_form() != "one_pass" or not prologue_applies(norm, x):
+        return None
+    return float(norm.epsilon)
+
+
+_CARRIED = []
+"""The last kernel block's output statistics, for the next block's first LayerNorm: one entry
+``(weak references to its output groups, epsilon, (mean, rstd))``, dropped when its first group
+is freed (the end of a trace or of an eager call)."""
+
+
+def _carry(pieces, epsilon, statistics):
+    entry = (tuple(weakref.ref(piece) for piece in pieces), epsilon, statistics)
+    _CARRIED[:] = [entry]
+    weakref.finalize(pieces[0], _forget, entry)
+
+
+def _forget(entry):
+    if _CARRIED and _CARRIED[0] is entry:
+        _CARRIED.clear()
+
+
+def _carried_statistics(groups, norm, stream):
+    """``(mean, rstd)`` of ``stream`` (the joined ``groups``) from the previous kernel block's fc2,
+    where ``groups`` are its very outputs (the same objects, in order, so no regrouping or other
+    op came between), in this block's dtype, and ``norm`` takes its statistics from them with the
+    same epsilon (``_summing_epsilon``); else ``None``."""
+    if not _CARRIED:
+        return None
+    references, epsilon, statistics = _CARRIED[0]
+    if len(references) != len(groups) or any(ref() is not group for ref, group in zip(references, groups)):
+        return None
+    if groups[0].dtype != stream.dtype or _summing_epsilon(norm, stream, False) != epsilon:
+        return None
+    return statistics
 
 
 def _epilogue(out, residual, scale, block):
