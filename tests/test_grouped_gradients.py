@@ -220,10 +220,19 @@ def test_fc1_keeping_its_pre_activations_feeds_fc2_with_the_plain_mlps_values_an
         pre = fc1(plain_grouped_projection, x, w1, b1, gamma, beta)
         return (plain_grouped_projection(pre, w2, b2, layout, "out", input_activation=gelu) * weights).sum()
 
+    def plain_kept(x, w1, b1, w2, b2, gamma, beta):  # the plain path in the kept form: the same gradients
+        pre, activated = fc1(plain_grouped_projection, x, w1, b1, gamma, beta, activation=gelu,
+                             keep_pre_activation=True)
+        out = plain_grouped_projection(pre, w2, b2, layout, "out", input_activation=gelu, activated=activated)
+        return (out * weights).sum()
+
     arguments, positions = (x, w1, b1, w2, b2, gamma, beta), tuple(range(7))
     assert_f32_close(np.asarray(kept(*arguments)), np.asarray(plain(*arguments)), ulps=64)
-    for got, expected in zip(jax.grad(kept, positions)(*arguments), jax.grad(plain, positions)(*arguments)):
-        assert_f32_close(np.asarray(got), np.asarray(expected), ulps=256)
+    expected_gradients = jax.grad(plain, positions)(*arguments)
+    for function in (kept, plain_kept):
+        for got, expected in zip(jax.grad(function, positions)(*arguments), expected_gradients):
+            assert np.abs(np.asarray(expected)).max() > 0
+            assert_f32_close(np.asarray(got), np.asarray(expected), ulps=256)
     only_activated = jax.grad(lambda x: fc1(grouped_projection, x, w1, b1, gamma, beta, activation=gelu,
                                             keep_pre_activation=True, **options)[1].sum())(x)
     np.testing.assert_array_equal(np.asarray(only_activated), 0.0)

@@ -101,59 +101,109 @@ def test_the_out_projection_equals_the_numpy_reference_of_eq7(layout, epilogue):
         start += size
 
 
-@pytest.mark.parametrize("tiles", [SMALL_TILES, (32, 64, 16, 4, 2)])
+@pytest.mark.parametrize("tiles,dtype", [(SMALL_TILES, "float32"), ((32, 64, 16, 4, 2), "float32"),
+                                         (SMALL_TILES, "bfloat16")])
 @pytest.mark.parametrize("gated", [False, True])
-def test_the_out_projection_gives_the_next_layer_norms_statistics_from_its_row_sums(tiles, gated):
+def test_the_out_projection_gives_the_next_layer_norms_statistics_from_its_row_sums(tiles, dtype, gated):
     """``statistics_epsilon``: the output is bit for bit the output without; the statistics are
-    the one-pass mean and ``rsqrt(var + eps)`` of the stored rows (a float64 numpy reference
-    of the kernel's own output, and the plain path's), summed over the column tiles; the
-    gradients of both outputs equal the plain path's; one Triton call stores both."""
+    the one-pass mean and ``rsqrt(var + eps)`` of the stored (in bf16: rounded) rows (a float64
+    numpy reference of the kernel's own output, and the plain path's), summed over the column
+    tiles; the gradients of both outputs equal the plain path's; one Triton call stores both."""
     import jax
+    import jax.numpy as jnp
 
-    from keras_mone.kernels.cuda_lowering import lower_for_cuda
+    from keras_mone.kernels.cuda_lowering import TRITON_CALL, lower_for_cuda
     from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
 
     rng = np.random.default_rng(11)
     layout = ((5, 16), (0, 32), (7, 40), (4, 64))
     x, w, b = _normal(rng, 2, 16, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
     residual = 1.5 + _normal(rng, 2, 16, 64)  # rows with a mean, as a residual stream has
-    scale = (rng.random((2, 16)).astype("float32"), np.float32(0.375)) if gated else None
+    x, residual = (jnp.asarray(t, dtype) for t in (x, residual))
+    scale = (jnp.asarray(rng.random((2, 16)), dtype), np.float32(0.375)) if gated else None
 
     def project(function, x, w, b, residual, **options):
         return function(x, w, b, layout, "out", residual=residual, scale=scale, **options)
 
-    out, (mean, rstd) = project(grouped_projection, x, w, b, residual, statistics_epsilon=1e-6, tiles=tiles,
-                                interpret=True)
+    out, sums = project(grouped_projection, x, w, b, residual, statistics_epsilon=1e-6, tiles=tiles, interpret=True)
+    assert sums.sums.shape == sums.squares.shape == (64 // tiles[1], 2, 16) and sums.epsilon == 1e-6
+    mean, rstd = sums.statistics()
     np.testing.assert_array_equal(np.asarray(out), np.asarray(project(grouped_projection, x, w, b, residual,
                                                                       tiles=tiles, interpret=True)))
-    stored = np.asarray(out, np.float64)
+    stored = np.asarray(out.astype(jnp.float32), np.float64)
     expected_mean = stored.mean(-1)
     expected_rstd = 1.0 / np.sqrt(np.maximum((stored ** 2).mean(-1) - expected_mean ** 2, 0.0) + 1e-6)
     assert mean.shape == rstd.shape == (2, 16) and mean.dtype == rstd.dtype == np.float32
     assert_f32_close(np.asarray(mean), expected_mean, ulps=64)
     assert_f32_close(np.asarray(rstd), expected_rstd, ulps=256)  # E[y^2] - E[y]^2: cancellation at mean 1.5
-    _, (plain_mean, plain_rstd) = project(plain_grouped_projection, x, w, b, residual, statistics_epsilon=1e-6)
+    _, plain_sums = project(plain_grouped_projection, x, w, b, residual, statistics_epsilon=1e-6,
+                            statistics_tiles=64 // tiles[1])
+    plain_mean, plain_rstd = plain_sums.statistics()
     assert_f32_close(np.asarray(mean), np.asarray(plain_mean), ulps=64)
     assert_f32_close(np.asarray(rstd), np.asarray(plain_rstd), ulps=256)
     weights = [_normal(rng, 2, 16, 64), _normal(rng, 2, 16), _normal(rng, 2, 16)]
 
     def loss(function, **options):
         def value(x, w, b, residual):
-            out, (mean, rstd) = project(function, x, w, b, residual, statistics_epsilon=1e-6, **options)
+            out, sums = project(function, x, w, b, residual, statistics_epsilon=1e-6, **options)
+            mean, rstd = sums.statistics()
             return (out * weights[0]).sum() + (mean * weights[1]).sum() + (rstd * weights[2]).sum()
         return value
 
     arguments = (x, w, b, residual)
-    got = jax.grad(loss(grouped_projection, tiles=tiles, interpret=True), (0, 1, 2, 3))(*arguments)
-    for got_one, expected_one in zip(got, jax.grad(loss(plain_grouped_projection), (0, 1, 2, 3))(*arguments)):
-        assert_f32_close(np.asarray(got_one), np.asarray(expected_one), ulps=256)
-    text = lower_for_cuda(lambda *a: project(grouped_projection, *a, statistics_epsilon=1e-6, tiles=tiles), *arguments)
-    assert f"_residual{'_scale' * gated}_sums{64 // tiles[1]}_k96_n64" in text and text.count("triton") >= 1
+    if dtype == "float32":  # (bf16's gradients: bf16 products in both, summed in other orders)
+        got = jax.grad(loss(grouped_projection, tiles=tiles, interpret=True), (0, 1, 2, 3))(*arguments)
+        expected = jax.grad(loss(plain_grouped_projection, statistics_tiles=64 // tiles[1]), (0, 1, 2, 3))(*arguments)
+        for got_one, expected_one in zip(got, expected):
+            assert_f32_close(np.asarray(got_one), np.asarray(expected_one), ulps=256)
+    text = lower_for_cuda(lambda *a: project(grouped_projection, *a, statistics_epsilon=np.float32(1e-6),
+                                             tiles=tiles), *arguments)
+    assert f"_residual{'_scale' * gated}_sums{64 // tiles[1]}_k96_n64" in text and text.count(TRITON_CALL) == 1
     for bad in (-1.0, True, "1e-6"):
         with pytest.raises(ValueError, match="`statistics_epsilon` belongs to side 'out' and must be a number"):
             project(grouped_projection, x, w, b, residual, statistics_epsilon=bad, interpret=True)
     with pytest.raises(ValueError, match="`statistics_epsilon` belongs to side 'out'"):
         grouped_projection(x[..., :64], w.T, np.zeros(96, "float32"), layout, "in", statistics_epsilon=1e-6,
+                           interpret=True)
+
+
+def test_the_in_projection_finishes_the_statistics_from_row_sums():
+    """``norm=(RowSums, gamma, beta)``: the prologue sums the partial row sums per row and applies
+    the one-pass statistics itself (no pass of XLA's makes mean and rstd): the same output as the
+    finished statistics given, and as the plain path; gradients through the plain path."""
+    import jax
+
+    from keras_mone.kernels.cuda_lowering import lower_for_cuda
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+    from keras_mone.kernels.row_sums import plain_row_sums
+
+    rng = np.random.default_rng(12)
+    layout = ((5, 16), (0, 32), (7, 40), (4, 64))
+    x, w, b = 1.0 + _normal(rng, 2, 16, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    sums = plain_row_sums(x, 4, 1e-6)
+    finished = (*sums.statistics(), gamma, beta)
+    out = grouped_projection(x, w, b, layout, "in", norm=(sums, gamma, beta), tiles=SMALL_TILES, interpret=True)
+    given = grouped_projection(x, w, b, layout, "in", norm=finished, tiles=SMALL_TILES, interpret=True)
+    assert_f32_close(np.asarray(out), np.asarray(given), ulps=64)
+    assert_f32_close(np.asarray(out), np.asarray(plain_grouped_projection(x, w, b, layout, "in",
+                                                                        norm=(sums, gamma, beta))), ulps=64)
+    weights = _normal(rng, 2, 16, 96)
+
+    def loss(function, **options):
+        def value(x, w, sums_in):
+            norm = (plain_row_sums(sums_in, 4, 1e-6), gamma, beta)
+            return (function(x, w, b, layout, "in", norm=norm, **options) * weights).sum()
+        return value
+
+    got = jax.grad(loss(grouped_projection, tiles=SMALL_TILES, interpret=True), (0, 1, 2))(x, w, x)
+    for got_one, expected_one in zip(got, jax.grad(loss(plain_grouped_projection), (0, 1, 2))(x, w, x)):
+        assert_f32_close(np.asarray(got_one), np.asarray(expected_one), ulps=256)
+    text = lower_for_cuda(lambda x: grouped_projection(x, w, b, layout, "in", norm=(plain_row_sums(x, 4, 1e-6),
+                                                                                    gamma, beta)), x)
+    assert "grouped_in_projection_norm_k64_n96" in text
+    with pytest.raises(ValueError, match="or \\(RowSums of rows of 64, gamma, beta\\)"):
+        grouped_projection(x, w, b, layout, "in", norm=(plain_row_sums(x[..., :32], 4, 1e-6), gamma, beta),
                            interpret=True)
 
 
@@ -394,6 +444,59 @@ def test_a_mone_vit_through_the_kernels_predicts_what_it_predicts_per_group(monk
     assert sorted(set(computed)) == sorted(set(expected))
     gc.collect()
     assert grouped_block._CARRIED == []
+
+
+def test_a_block_takes_carried_statistics_only_from_the_previous_kernel_blocks_very_outputs(monkeypatch):
+    """The one-pass form's statistics carried from fc2 to the next block's first LayerNorm serve
+    only the very output groups, in order, in the block's dtype, for the same epsilon: other
+    groups of the same shapes (while the outputs live), the outputs reordered, another epsilon or
+    another dtype each compute their own statistics, and every call equals the per-group path."""
+    from keras_mone.layers import grouped_block
+    from keras_mone.layers.block import ViTBlock
+
+    monkeypatch.setenv("KERAS_MONE_STATISTICS", "one_pass")
+    rng = np.random.default_rng(13)
+
+    def block(name, **options):
+        made = ViTBlock(32, 4, 64, name=name, **options)
+        made.build((None, None, 32))
+        for weight in made.weights:
+            weight.assign(np.asarray(weight) + 0.1 * rng.normal(size=weight.shape).astype(weight.dtype))
+        return made
+
+    first, second = block("first"), block("second")
+    others = {"epsilon": block("epsilon", layer_norm_epsilon=1e-3), "dtype": block("dtype", dtype="mixed_bfloat16")}
+    groups, widths = [_normal(rng, 2, 4, 32), _normal(rng, 2, 4, 32)], (8, 16)
+    computed = []
+    original = grouped_block.row_statistics
+    monkeypatch.setattr(grouped_block, "row_statistics", lambda *a: computed.append(a[0].name) or original(*a))
+
+    def run(layer, inputs):  # the kernels' outputs, the norms whose statistics they computed, the per-group path's
+        computed.clear()
+        monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+        got = [np.asarray(g, np.float32) for g in layer(inputs, widths=widths)]
+        seen = list(computed)
+        monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "per_group")
+        expected = [np.asarray(g, np.float32) for g in layer(inputs, widths=widths)]
+        for a, b in zip(got, expected):
+            assert_f32_close(a, b, ulps=256) if layer.compute_dtype == "float32" else np.testing.assert_allclose(
+                a, b, atol=0.05 * np.abs(b).max())
+        return seen
+
+    def first_outputs():
+        monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+        return first(groups, widths=widths)
+
+    outputs = first_outputs()
+    assert run(second, outputs) == []  # the very outputs: no statistics of its own
+    outputs = first_outputs()
+    shifted = [g + 1.0 for g in outputs]  # the same shapes, other values, the outputs alive
+    assert run(second, shifted) == ["norm1"]
+    outputs = first_outputs()
+    assert run(second, [outputs[1], outputs[0]]) == ["norm1"]
+    for name, layer in others.items():
+        outputs = first_outputs()
+        assert run(layer, outputs) == ["norm1"], name
 
 
 def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.precision import dot_precision
+from keras_mone.kernels.row_sums import RowSums
 from keras_mone.kernels.tiles import check_projection_tiles as check_tiles
 from keras_mone.kernels.tiles import largest_power_of_2_dividing, shape_tiles
 
@@ -68,10 +69,14 @@ def checked_groups(x, w, b, groups, side, activation=None, residual=None, scale=
         raise ValueError("`activation` and `norm` belong to side 'in' (fc1's epilogue, the LayerNorm before q/k/v "
                          "and fc1).")
     if norm is not None:
-        shapes = [tuple(t.shape) for t in norm] if len(norm) == 4 else None
-        if shapes != [x.shape[:2], x.shape[:2], (x.shape[2],), (x.shape[2],)]:
+        summed = len(norm) == 3 and isinstance(norm[0], RowSums)
+        shapes = [tuple(t.shape) for t in ((norm[0].sums, norm[0].squares, *norm[1:]) if summed else norm)]
+        rows = (norm[0].sums.shape[0],) + x.shape[:2] if summed else x.shape[:2]
+        if (len(norm) != 4 and not summed) or shapes != [rows, rows, (x.shape[2],), (x.shape[2],)] or (
+                summed and norm[0].features != x.shape[2]):
             raise ValueError(f"`norm` must be (mean, rstd, gamma, beta) of shapes {x.shape[:2]}, {x.shape[:2]}, "
-                             f"({x.shape[2]},), ({x.shape[2]},); got {shapes or norm!r}.")
+                             f"({x.shape[2]},), ({x.shape[2]},), or (RowSums of rows of {x.shape[2]}, gamma, beta); "
+                             f"got {shapes or norm!r}.")
     out_shape = x.shape[:2] + (w.shape[1],)
     if residual is not None and residual.shape != out_shape:
         raise ValueError(f"`residual` must have the output's shape {out_shape}, got {residual.shape}.")
@@ -195,15 +200,14 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         operands.append((scale[0] if gated else scale).reshape(1, batch * tokens))
         if gated:
             operands.append(jnp.reshape(scale[1], (1, 1)).astype(jnp.float32))
-    if norm is not None:  # the statistics per row, the LayerNorm's weights per feature: float32
-        operands += [t.astype(jnp.float32).reshape(1, -1) for t in norm]
+    has_norm = _norm_operands(norm, batch * tokens, operands)
     if derivative is not None:
         operands.append(derivative[1].reshape(batch * tokens, columns))
     kernel = functools.partial(
         _projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None,
         has_scale=None if scale is None else ("gate" if gated else "scale"),
-        has_norm=norm is not None, parts=parts, precision=dot_precision(precision), transposed=transposed,
+        has_norm=has_norm, parts=parts, precision=dot_precision(precision), transposed=transposed,
         derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces), keep_pre=keep_pre,
         row_sums=row_sums,
     )
@@ -225,6 +229,20 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     if outputs == 1:
         return out.reshape(batch, tokens, columns)
     return tuple(part.reshape(batch, tokens, columns // parts) for part in out)
+
+
+def _norm_operands(norm, rows, operands):
+    """Appends a prologue's ``norm`` to ``operands``, float32: the statistics per row (or a
+    ``RowSums``' partial sums per column tile and row, which the prologue finishes), the weights
+    per feature. Returns the kernel's ``has_norm``: ``False``, ``True`` or ``(tiles, epsilon)``."""
+    if norm is None:
+        return False
+    if isinstance(norm[0], RowSums):
+        operands += [norm[0].sums.reshape(-1, rows), norm[0].squares.reshape(-1, rows)]
+        operands += [t.astype(jnp.float32).reshape(1, -1) for t in norm[1:]]
+        return norm[0].sums.shape[0], norm[0].epsilon
+    operands += [t.astype(jnp.float32).reshape(1, -1) for t in norm]
+    return True
 
 
 def _row_tile_table(groups, batch, block_rows):
@@ -274,7 +292,7 @@ def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_
         steps, limit = (start < width).astype(jnp.int32) * (part_contraction // block_k), part_contraction
 
     if has_norm:  # the rows' LayerNorm statistics, loaded once per tile
-        mean, rstd = (pl_triton.load(ref.at[0, rows], mask=valid, other=0) for ref in inputs[:2])
+        mean, rstd = _prologue_statistics(inputs, rows, valid, has_norm, part_contraction)
 
     def step(k, accumulator, x_ref, offset):
         inner = k * block_k + jnp.arange(block_k, dtype=jnp.int32)
@@ -328,6 +346,21 @@ def _store(outputs, tile, rows, columns, valid, place, parts, row_sums):
         def _store_part(out_ref=out_ref, part=part):
             inner = columns - part * width_of_part
             pl_triton.store(out_ref.at[rows[:, None], inner[None, :]], tile, mask=valid[:, None])
+
+
+def _prologue_statistics(inputs, rows, valid, has_norm, features):
+    """The tile's rows' ``(mean, rstd)``: loaded, or with ``has_norm`` ``(tiles, epsilon)`` finished
+    from the partial sums of the kernel that wrote the rows (``kernels.row_sums``, one pass)."""
+    from jax.experimental.pallas import triton as pl_triton
+
+    if has_norm is True:
+        return (pl_triton.load(ref.at[0, rows], mask=valid, other=0) for ref in inputs[:2])
+    tiles, epsilon = has_norm
+    sums, squares = (sum(pl_triton.load(ref.at[tile, rows], mask=valid, other=0) for tile in range(tiles))
+                     for ref in inputs[:2])
+    mean = sums / features
+    variance = jnp.maximum(squares / features - mean * mean, 0.0)
+    return mean, jax.lax.rsqrt(variance + epsilon)
 
 
 def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of, has_scale,

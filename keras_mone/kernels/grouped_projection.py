@@ -30,6 +30,7 @@ interpreter (any platform: how CI tests it).
 """
 
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,7 @@ from keras_mone.kernels.grouped_kernel import (
     pallas_projection, shape_fits, tile_override,
 )
 from keras_mone.kernels.precision import precision_context, precision_name
+from keras_mone.kernels.row_sums import RowSums, plain_row_sums, with_statistics
 
 __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV", "check_tiles", "checked_groups",
            "default_tiles", "kernel_label", "labelled_cost", "shape_fits", "tile_override"]
@@ -47,7 +49,8 @@ __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV
 
 
 def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
-                             input_activation=None, keep_pre_activation=False, activated=None, statistics_epsilon=None):
+                             input_activation=None, keep_pre_activation=False, activated=None, statistics_epsilon=None,
+                             statistics_tiles=1):
     """The grouped nested projection with XLA's ops, one GEMM per group (see the module docstring).
 
     Args:
@@ -68,7 +71,9 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         norm: ``side="in"``: ``(mean, rstd, gamma, beta)``, a LayerNorm applied to ``x`` first:
             ``((x - mean) * rstd * gamma + beta)`` in float32, rounded to ``x``'s dtype (as
             ``layers.layer_norm.normalize`` gives it); ``mean`` and ``rstd`` ``(batch, tokens)``,
-            ``gamma`` and ``beta`` ``(K,)``.
+            ``gamma`` and ``beta`` ``(K,)``. Or ``(RowSums, gamma, beta)``: the statistics as
+            partial row sums of the kernel that wrote ``x`` (``kernels.row_sums``), which the
+            prologue finishes per row.
         input_activation: ``side="out"``: an elementwise function (its result in ``x``'s dtype)
             applied to ``x`` first: fc2 of ``GELU(h)`` given ``h`` (the training form; its
             backward pass applies the derivative in the dX kernel's epilogue).
@@ -76,22 +81,27 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
             pre-activations too, ``(pre, activation(pre))`` (fc1 of the training form; see
             ``grouped_projection``).
         activated: with ``input_activation``: ``input_activation(x)`` as computed beforehand
-            (fc1's second output), used in its place; its cotangent is zero.
-        statistics_epsilon: ``side="out"``: also return the output rows' LayerNorm statistics,
-            ``(mean, rsqrt(var + statistics_epsilon))`` of the stored values in float32, one pass
-            (``var = E[y^2] - E[y]^2``, clamped at 0: ``layers.layer_norm``'s "one_pass" form),
-            each ``(batch, tokens)``: the next LayerNorm's, with no pass over the output.
+            (fc1's second output), whose values are used in its place; its cotangent is zero,
+            the gradient reaches ``x`` through the activation's derivative.
+        statistics_epsilon: ``side="out"``: also return the output rows' sums and sums of
+            squares of the stored values, a ``kernels.row_sums.RowSums`` for a LayerNorm of this
+            epsilon (one-pass statistics, ``layers.layer_norm``'s "one_pass" form): the next
+            in-projection's ``norm=(RowSums, gamma, beta)``, with no pass over the output.
+        statistics_tiles: the number of column runs the sums are cut into (the kernel's column
+            tiles: ``grouped_projection`` passes its own).
 
     Returns:
         ``(batch, tokens, N)`` in ``x``'s dtype, or ``parts`` tensors ``(batch, tokens, N / parts)``,
-        or ``(pre, activated)`` with ``keep_pre_activation``, or ``(out, (mean, rstd))`` with
+        or ``(pre, activated)`` with ``keep_pre_activation``, or ``(out, RowSums)`` with
         ``statistics_epsilon``.
     """
     w = w.astype(x.dtype)  # as the kernel casts each weight tile: its products are in x's dtype
-    if input_activation is not None:
-        x = input_activation(x).astype(x.dtype) if activated is None else jax.lax.stop_gradient(activated)
+    if input_activation is not None:  # a given activated: its values, the gradient through x (as the kernel's)
+        recomputed = input_activation(x).astype(x.dtype)
+        x = recomputed if activated is None else (
+            jax.lax.stop_gradient(activated) + (recomputed - jax.lax.stop_gradient(recomputed)))
     if norm is not None:
-        x = normalized(x, *norm)
+        x = normalized(x, *with_statistics(norm))
     pieces, start = [], 0
     for size, width in groups:
         rows = x[:, start:start + size]
@@ -112,16 +122,8 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         out = out + residual.astype(jnp.float32)
     out = out.astype(x.dtype)
     if statistics_epsilon is not None:
-        wide = out.astype(jnp.float32)
-        return out, _one_pass(jnp.sum(wide, -1), jnp.sum(wide * wide, -1), out.shape[-1], statistics_epsilon)
+        return out, plain_row_sums(out, statistics_tiles, statistics_epsilon)
     return out if parts == 1 else tuple(jnp.split(out, parts, axis=-1))
-
-
-def _one_pass(sums, squares, count, epsilon):
-    """``(mean, rsqrt(max(E[y^2] - mean^2, 0) + epsilon))`` from a row's sum and sum of squares."""
-    mean = sums / count
-    variance = jnp.maximum(squares / count - mean * mean, 0.0)
-    return mean, jax.lax.rsqrt(variance + jnp.float32(epsilon))
 
 
 def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
@@ -163,11 +165,11 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
         raise ValueError(f"`activated` must be `input_activation(x)`: it needs `input_activation` and x's shape "
                          f"{x.shape} and dtype {x.dtype}; got {activated.shape} {activated.dtype}.")
     if statistics_epsilon is not None:
-        if side != "out" or isinstance(statistics_epsilon, bool) or not isinstance(statistics_epsilon, (int, float)) \
+        if side != "out" or isinstance(statistics_epsilon, bool) or not isinstance(statistics_epsilon, numbers.Real) \
                 or statistics_epsilon < 0:
             raise ValueError(f"`statistics_epsilon` belongs to side 'out' and must be a number >= 0 (a LayerNorm's "
                              f"epsilon); got {statistics_epsilon!r} on side {side!r}.")
-        statistics_epsilon = float(statistics_epsilon)
+        statistics_epsilon = (float(statistics_epsilon), columns // tiles[1])  # (epsilon, column tiles)
     norm = None if norm is None else tuple(norm)
     scale = tuple(jnp.asarray(t) for t in scale) if isinstance(scale, (tuple, list)) else scale
     out = _jitted(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles,
@@ -184,13 +186,13 @@ def _activated(x, input_activation, activated):
 
 def _launch(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret, keep_pre,
             statistics):
-    """The kernel; with ``statistics`` (an epsilon) its rows' sums become ``(out, (mean, rstd))``."""
+    """The kernel; with ``statistics`` (``(epsilon, column tiles)``) its rows' sums become ``(out, RowSums)``."""
     outputs = pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
                                 interpret, keep_pre=keep_pre, row_sums=statistics is not None)
     if statistics is None:
         return outputs
     out, sums, squares = outputs
-    return out, _one_pass(sums.sum(0), squares.sum(0), out.shape[-1], statistics)
+    return out, RowSums(sums, squares, out.shape[-1], statistics[0])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(7, 17)))
@@ -212,21 +214,24 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
                          statistics, saved, upstream):
     """A projection without an epilogue (the training form, ``layers.grouped_block``; fc1 keeping
     its pre-activations counts as one: only they carry a gradient): dX and dW by grouped
-    kernels (``kernels.grouped_gradients``). With an activation, residual or scale epilogue
-    (the inference form): the plain path's gradients, recomputed from the inputs. Either way
-    nothing but the inputs (and an ``input_activation``'s output, which dW needs) is kept
-    between the passes. A given ``activated`` gets no cotangent (``None``: zero)."""
+    kernels (``kernels.grouped_gradients``). With an activation, residual or scale epilogue,
+    row sums or a ``RowSums`` prologue (the inference form): the plain path's gradients,
+    recomputed from the inputs. Either way nothing but the inputs (and an
+    ``input_activation``'s output, which dW needs) is kept between the passes. A given
+    ``activated`` gets no cotangent (``None``: zero)."""
     *inputs, activated = saved
     x, w, b, residual, scale, norm = inputs
-    if keep_pre:  # the activated output's cotangent is zero: grouped_projection stopped its gradient
-        upstream = upstream[0]
-    if (activation is None or keep_pre) and residual is None and scale is None and statistics is None:
-        return (*projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream,
-                                      input_activation, activated), None)
+    summed = norm is not None and len(norm) == 3  # (RowSums, gamma, beta): inference's form
+    if (activation is None or keep_pre) and residual is None and scale is None and statistics is None and not summed:
+        # with keep_pre only the pre-activations carry a cotangent: grouped_projection stopped the other's
+        return (*projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret,
+                                      upstream[0] if keep_pre else upstream, input_activation, activated), None)
 
     def plain(x, w, b, residual, scale, norm):
+        epsilon, tiles = (None, 1) if statistics is None else statistics
         return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
-                                        input_activation, statistics_epsilon=statistics)
+                                        input_activation, keep_pre_activation=keep_pre, statistics_epsilon=epsilon,
+                                        statistics_tiles=tiles)
 
     with precision_context(precision):
         _, pullback = jax.vjp(plain, *inputs)
@@ -234,5 +239,6 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
 
 
 _projection.defvjp(_projection_forward, _projection_backward)
-# compiled once per (shapes, groups, side, activation, tiles, input activation): eager calls reuse the kernel
+# compiled once per (shapes, groups, side, activation, tiles, input activation, keep_pre, statistics): eager calls
+# reuse the kernel
 _jitted = jax.jit(_projection, static_argnums=tuple(range(7, 17)))

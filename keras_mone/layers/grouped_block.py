@@ -14,9 +14,11 @@ fc1's bias and GELU, both residual adds and the gate are the kernels' epilogues,
 LayerNorms the in-projections' prologues (their row statistics computed beforehand, once over
 all groups: ``layers.layer_norm.row_statistics``): no separate pass over the hidden
 activations, the normalised tokens or the residual stream. In the one-pass statistics form
-(``platform_forms.statistics_form``, jax's GPU default) the second LayerNorm's statistics are
-the attention out-projection's: its programs sum the rows they write (``statistics_epsilon``),
-so no reduction reads the stream between the halves (inference calls). Attention runs in the platform's
+(``platform_forms.statistics_form``, jax's GPU default) each out-projection's programs sum the
+rows they write (``statistics_epsilon``, ``kernels.row_sums``) and the next in-projection's
+prologue finishes the statistics from those sums: the attention's for the second LayerNorm,
+fc2's for the next kernel block's first where that block's groups are fc2's very outputs. No
+reduction reads the stream between the kernels (inference calls). Attention runs in the platform's
 fused form.
 The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover take
 the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
@@ -78,7 +80,8 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     ``(batch, k_j, D)`` each, as the generic path gives them. ``training``: the out-projections'
     epilogues (gate, residual adds) by XLA and fc1 keeping its pre-activations, so that every
     kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``); the LayerNorm
-    prologues and fc1's GELU stay the kernels'."""
+    prologues and fc1's GELU stay the kernels'. Inference in the one-pass statistics form keeps
+    fc2's row sums for the next kernel block (see the module docstring)."""
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     dtype = block.compute_dtype
@@ -111,7 +114,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     else:  # the platform's explicit form (the CPU's)
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
-    # the second LayerNorm's one-pass statistics from the out-projection's row sums (inference)
+    # the second LayerNorm's one-pass statistics from the out-projection's row sums (inference; ``kernels.row_sums``)
     epsilon = _summing_epsilon(block.norm2, stream, training)
     mid = project(attention.out, attended, "out", residual=stream, statistics_epsilon=epsilon)
     mid, mid_statistics = (mid, None) if epsilon is None else mid
@@ -130,7 +133,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     pieces = [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
     if statistics is not None:
-        _carry(pieces, epsilon, statistics)
+        _carry(pieces, statistics)
     return pieces
 
 
@@ -145,32 +148,35 @@ def _summing_epsilon(norm, x, training):
 
 _CARRIED = []
 """The last kernel block's output statistics, for the next block's first LayerNorm: one entry
-``(weak references to its output groups, epsilon, (mean, rstd))``, dropped when its first group
-is freed (the end of a trace or of an eager call)."""
+``[weak references to its output groups, RowSums, finalizer]``, dropped when its first group is
+freed (the end of a trace, or of an eager call whose outputs the caller does not keep) or when
+the next kernel block replaces it."""
 
 
-def _carry(pieces, epsilon, statistics):
-    entry = (tuple(weakref.ref(piece) for piece in pieces), epsilon, statistics)
+def _carry(pieces, statistics):
+    if _CARRIED:  # the entry replaced: its finalizer (which holds nothing of it) goes too
+        _CARRIED[0][2].detach()
+    entry = [tuple(weakref.ref(piece) for piece in pieces), statistics]
+    entry.append(weakref.finalize(pieces[0], _forget, id(entry)))
     _CARRIED[:] = [entry]
-    weakref.finalize(pieces[0], _forget, entry)
 
 
-def _forget(entry):
-    if _CARRIED and _CARRIED[0] is entry:
+def _forget(entry_id):
+    if _CARRIED and id(_CARRIED[0]) == entry_id:
         _CARRIED.clear()
 
 
 def _carried_statistics(groups, norm, stream):
-    """``(mean, rstd)`` of ``stream`` (the joined ``groups``) from the previous kernel block's fc2,
+    """The ``RowSums`` of ``stream`` (the joined ``groups``) from the previous kernel block's fc2,
     where ``groups`` are its very outputs (the same objects, in order, so no regrouping or other
     op came between), in this block's dtype, and ``norm`` takes its statistics from them with the
     same epsilon (``_summing_epsilon``); else ``None``."""
     if not _CARRIED:
         return None
-    references, epsilon, statistics = _CARRIED[0]
+    references, statistics, _ = _CARRIED[0]
     if len(references) != len(groups) or any(ref() is not group for ref, group in zip(references, groups)):
         return None
-    if groups[0].dtype != stream.dtype or _summing_epsilon(norm, stream, False) != epsilon:
+    if groups[0].dtype != stream.dtype or _summing_epsilon(norm, stream, False) != statistics.epsilon:
         return None
     return statistics
 
@@ -191,12 +197,14 @@ def _epilogue(out, residual, scale, block):
 
 def _prologue(norm, x, statistics=None):
     """``(mean, rstd, gamma, beta)`` of the LayerNorm ``norm`` on ``x`` for a kernel's prologue
-    (``statistics`` where given, from the previous kernel's epilogue; else
-    ``layers.layer_norm.row_statistics``: the statistics in the platform's form), or ``None``
-    where ``normalize`` runs it: a LayerNorm without both weights, or one that Keras must call."""
-    if statistics is None and prologue_applies(norm, x):
-        statistics = row_statistics(norm, x)
-    return None if statistics is None else (*statistics, stored(norm.gamma), stored(norm.beta))
+    (``layers.layer_norm.row_statistics``: the statistics in the platform's form), or
+    ``(statistics, gamma, beta)`` for given ``statistics`` (``kernels.row_sums.RowSums`` of the
+    kernel that wrote ``x``, which the prologue finishes), or ``None`` where ``normalize`` runs
+    it: a LayerNorm without both weights, or one that Keras must call."""
+    if statistics is None and not prologue_applies(norm, x):
+        return None
+    weights = (stored(norm.gamma), stored(norm.beta))
+    return (statistics, *weights) if statistics is not None else (*row_statistics(norm, x), *weights)
 
 
 def _gate_scale(block, groups, gates, training):
