@@ -276,8 +276,10 @@ def statistics_form():
     * the training step, batch 128: MoNE 68.01 / 62.96 / 71.27 GB, heap 7316 / 6983 /
       8001 MiB; dense 59.21 / 57.50 / 63.11 GB.
 
-    One pass is the only form that moves fewer bytes in every program, for both models.
-    Not timed on a card: ``$KERAS_MONE_STATISTICS`` when set, else one_pass on jax's GPU
+    One pass is the only form that moves fewer bytes in every program, for both models. With
+    the grouped projection kernels (``projections_form``) it is also the form whose statistics
+    the out-projections give as row sums of what they write (``kernels.row_sums``), so that
+    no reduction runs between the kernels in inference. Not timed on a card: ``$KERAS_MONE_STATISTICS`` when set, else one_pass on jax's GPU
     and keras elsewhere (the CPU's measured form)."""
     chosen = _env_form(STATISTICS_ENV, STATISTICS_FORMS, "one_pass" if _jax_gpu() else "keras")
     if chosen == "kernel" and accelerator() == "tpu":
