@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.precision import dot_precision
-from keras_mone.kernels.row_sums import RowSums
+from keras_mone.kernels.row_sums import RowSums, one_pass
 from keras_mone.kernels.tiles import check_projection_tiles as check_tiles
 from keras_mone.kernels.tiles import largest_power_of_2_dividing, shape_tiles
 
@@ -358,9 +358,7 @@ def _prologue_statistics(inputs, rows, valid, has_norm, features):
     tiles, epsilon = has_norm
     sums, squares = (sum(pl_triton.load(ref.at[tile, rows], mask=valid, other=0) for tile in range(tiles))
                      for ref in inputs[:2])
-    mean = sums / features
-    variance = jnp.maximum(squares / features - mean * mean, 0.0)
-    return mean, jax.lax.rsqrt(variance + epsilon)
+    return one_pass(sums, squares, features, epsilon)
 
 
 def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of, has_scale,

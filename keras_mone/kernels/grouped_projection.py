@@ -179,9 +179,9 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
 
 
 def _activated(x, input_activation, activated):
-    if input_activation is None or activated is not None:
-        return x if activated is None else activated
-    return input_activation(x).astype(x.dtype)
+    if activated is not None:
+        return activated
+    return x if input_activation is None else input_activation(x).astype(x.dtype)
 
 
 def _launch(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret, keep_pre,
@@ -198,8 +198,8 @@ def _launch(x, w, b, residual, scale, norm, groups, side, activation, parts, til
 @functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(7, 17)))
 def _projection(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
                 interpret, input_activation, keep_pre, statistics):
-    return _launch(_activated(x, input_activation, activated), w, b, residual, scale, norm, groups, side, activation,
-                   parts, tiles, precision, interpret, keep_pre, statistics)
+    return _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles,
+                               precision, interpret, input_activation, keep_pre, statistics)[0]
 
 
 def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,

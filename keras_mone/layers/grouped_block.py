@@ -124,12 +124,13 @@ def kernel_block(block, groups, widths, gates=None, training=False):
                                                   keep_pre_activation=True)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu,
                           activated=activated)
+        statistics = None
     else:
         hidden = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics, activation=mlp_gelu)
         # and the next block's first LayerNorm's, where it is this block's (checked there)
         epsilon = _summing_epsilon(block.norm1, stream, training)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, statistics_epsilon=epsilon)
-    outputs, statistics = (outputs, None) if training or epsilon is None else outputs
+        outputs, statistics = (outputs, None) if epsilon is None else outputs
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     pieces = [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
     if statistics is not None:
