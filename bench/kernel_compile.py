@@ -35,23 +35,28 @@ def triton_ir(width, hidden, dim, dtype, block_rows=None, block_hidden=None, whi
     """The Triton IR of one group's kernel (``which``: "mlp", ``fused_nested_mlp``, or
     "residual", ``fused_residual_mlp``), as Pallas lowers it for CUDA, locations removed.
     (It does not depend on num_warps / num_stages: those are compile options.)"""
-    from jax.experimental import pallas as pl
-
     shapes = ((4096, dim), (dim, hidden), (hidden,), (hidden, dim), (dim,))
     if which == "residual":
         shapes = ((4096, dim), (dim,), (dim,)) + shapes[1:] + ((4096,),)
     function = residual_kernel.fused_residual_mlp if which == "residual" else kernel.fused_nested_mlp
-    spec = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape in shapes]
+
+    def mlp(*arguments):
+        return function(*arguments, width, _kernel_gelu(False), block_rows=block_rows, block_hidden=block_hidden)
+
+    return pallas_triton_ir(mlp, *[jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape in shapes])
+
+
+def pallas_triton_ir(function, *spec):
+    """The Triton IR of the (first) Pallas kernel ``function`` launches on ``spec``'s shapes, as
+    Pallas lowers it for CUDA (its ``debug`` dump), locations removed."""
+    from jax.experimental import pallas as pl
+
     original = pl.pallas_call
     pl.pallas_call = functools.partial(original, debug=True)  # prints the jaxpr, then the Triton module
     try:
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            def mlp(*arguments):
-                return function(*arguments, width, _kernel_gelu(False), block_rows=block_rows,
-                                block_hidden=block_hidden)
-
-            lower_for_cuda(mlp, *spec)
+            lower_for_cuda(function, *spec)
     finally:
         pl.pallas_call = original
     module = printed.getvalue().split("The Triton module for pallas_call", 1)[1].split("\n", 1)[1]

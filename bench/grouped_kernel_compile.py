@@ -1,0 +1,94 @@
+"""What an H100/H200's compiler makes of jax's grouped projection kernels, without a GPU (issue 40).
+
+Lowers ``kernels.grouped_projection`` for CUDA (Pallas' Triton lowering, its ``debug`` dump) at a
+MoNE-ViT-B/16 block's projections (batch 256, e_c 0.3's groups), with the prologues and epilogues
+``layers.grouped_block`` runs: the LayerNorm from finished statistics or from the previous
+out-projection's row sums (``kernels.row_sums``), fc1 keeping its pre-activations (training), the
+out-projections with and without row sums. ``ptxas -v`` (``kernel_compile.compile_stats``) gives
+registers per thread, spilled bytes and shared memory per program at the default tiles.
+
+    pip install --target /tmp/tritonpkg triton --no-deps   # the compiler, where it is missing
+    KERAS_BACKEND=jax python bench/grouped_kernel_compile.py
+"""
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+from kernel_compile import compile_stats, pallas_triton_ir
+
+from keras_mone.kernels.grouped_projection import default_tiles, grouped_projection
+from keras_mone.kernels.row_sums import RowSums
+from keras_mone.layers.mlp import _kernel_gelu
+
+GROUPS = ((84, 96), (61, 192), (37, 384), (14, 768))
+"""MoNE-ViT-B/16's token groups at e_c 0.3 (tokens, width), as the capacity solver gives them."""
+
+VARIANTS = [
+    ("q/k/v, LayerNorm from mean/rstd", "in", 3, dict(norm="statistics", parts=3)),
+    ("q/k/v, LayerNorm from row sums", "in", 3, dict(norm="sums", parts=3)),
+    ("fc1 + GELU, LayerNorm from mean/rstd", "in", 4, dict(norm="statistics", activation=True)),
+    ("fc1 + GELU, LayerNorm from row sums", "in", 4, dict(norm="sums", activation=True)),
+    ("fc1 + GELU keeping its pre-activations (training)", "in", 4,
+     dict(norm="statistics", activation=True, keep_pre_activation=True)),
+    ("attention out + residual", "out", 1, dict(residual=True)),
+    ("attention out + residual + row sums", "out", 1, dict(residual=True, statistics_epsilon=1e-6)),
+    ("fc2 + residual + gate", "out", 4, dict(residual=True, gate=True)),
+    ("fc2 + residual + gate + row sums", "out", 4, dict(residual=True, gate=True, statistics_epsilon=1e-6)),
+]
+"""``(label, side, width factor, options)``: ``N = factor * D`` on side "in", ``K = factor * D`` on "out"."""
+
+
+def variant_ir(side, factor, options, dim, batch, dtype):
+    """The Triton IR of one variant's kernel."""
+    options = dict(options)
+    contraction, columns = (dim, factor * dim) if side == "in" else (factor * dim, dim)
+    tokens = sum(size for size, _ in GROUPS)
+    f32 = jnp.float32
+    shapes = [((batch, tokens, contraction), dtype), ((contraction, columns), f32), ((columns,), f32)]
+    norm, residual, gate = options.pop("norm", None), options.pop("residual", False), options.pop("gate", False)
+    if norm:  # the statistics (or one row sum per column tile), gamma, beta
+        rows = (batch, tokens) if norm == "statistics" else (columns // 128, batch, tokens)
+        shapes += [(rows, f32), (rows, f32), ((contraction,), f32), ((contraction,), f32)]
+    if residual:
+        shapes.append(((batch, tokens, columns), dtype))
+    if gate:
+        shapes.append(((batch, tokens), dtype))
+    if options.pop("activation", False):
+        options["activation"] = _kernel_gelu(False)
+
+    def projection(x, w, b, *rest):
+        extra = dict(options)
+        if norm:
+            statistics, rest = rest[:2], rest[2:]
+            first = (RowSums(*statistics, contraction, 1e-6),) if norm == "sums" else statistics
+            extra["norm"], rest = (*first, *rest[:2]), rest[2:]
+        if residual:
+            extra["residual"], rest = rest[0], rest[1:]
+        if gate:
+            extra["scale"] = (rest[0], jnp.float32(0.5))
+        return grouped_projection(x, w, b, GROUPS, side, **extra)
+
+    return pallas_triton_ir(projection, *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    args = parser.parse_args(argv)
+    print("| kernel | rows | tiles | registers | spill bytes | shared KB | mma |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype in args.dtypes.split(","):
+        for label, side, factor, options in VARIANTS:
+            contraction, columns = (args.dim, factor * args.dim) if side == "in" else (factor * args.dim, args.dim)
+            tiles = default_tiles(contraction, columns, dtype)
+            stats = compile_stats(variant_ir(side, factor, options, args.dim, args.batch_size, jnp.dtype(dtype)),
+                                  tiles[3], tiles[4])
+            print(f"| {label} | {dtype} | {tiles} | {stats['registers']} | {stats['spill_bytes']} | "
+                  f"{stats['shared_bytes'] / 1e3:.1f} | {stats['mma']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
