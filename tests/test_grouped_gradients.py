@@ -309,6 +309,46 @@ def test_projections_without_an_epilogue_differentiate_through_the_grouped_kerne
         assert_f32_close(np.asarray(got), np.asarray(expected), ulps=64)
 
 
+def test_an_out_projection_with_a_residual_and_row_sums_differentiates_through_the_grouped_kernels(monkeypatch):
+    """The attention's out-projection of a training call (its residual add and, one-pass, the
+    second LayerNorm's row sums in the kernel): gradients of x, W, b and the residual equal the
+    plain path's, the row sums' cotangents (through the statistics they finish) reaching the
+    output, and the backward pass runs the weight-gradient kernel, not the per-group recompute."""
+    import jax
+
+    from keras_mone.kernels import grouped_gradients
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+
+    calls = []
+    original = grouped_gradients.grouped_weight_gradient
+    monkeypatch.setattr(grouped_gradients, "grouped_weight_gradient",
+                        lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    rng = np.random.default_rng(9)
+    layout = ((5, 16), (0, 32), (7, 48), (2, 64))
+    x, residual = _normal(rng, 2, 14, 64), 1.0 + _normal(rng, 2, 14, 64)
+    w, b = 0.2 * _normal(rng, 64, 64), _normal(rng, 64)
+    weights, mean_weights, rstd_weights = _normal(rng, 2, 14, 64), _normal(rng, 2, 14), _normal(rng, 2, 14)
+
+    def loss(function, **options):
+        def value(x, w, b, residual):
+            out, sums = function(x, w, b, layout, "out", residual=residual, statistics_epsilon=1e-6, **options)
+            mean, rstd = sums.statistics()
+            return (out * weights).sum() + (mean * mean_weights).sum() + (rstd * rstd_weights).sum()
+        return value
+
+    arguments = (x, w, b, residual)
+    wrt = range(len(arguments))
+    kernel = jax.grad(loss(grouped_projection, tiles=(16, 32, 16, 4, 2), interpret=True), argnums=wrt)(*arguments)
+    plain = jax.grad(loss(plain_grouped_projection, statistics_tiles=2), argnums=wrt)(*arguments)
+    assert calls == ["out"]
+    for got, expected in zip(kernel, plain):
+        assert_f32_close(np.asarray(got), np.asarray(expected), ulps=64)
+    # the statistics' share is no zero: without it x's gradient differs
+    bare = jax.grad(lambda x: (grouped_projection(x, w, b, layout, "out", residual=residual, tiles=(16, 32, 16, 4, 2),
+                                                  interpret=True) * weights).sum())(x)
+    assert np.abs(np.asarray(bare) - np.asarray(kernel[0])).max() > 1e-3 * np.abs(np.asarray(bare)).max()
+
+
 def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch):
     """``$KERAS_MONE_WEIGHT_GRADIENT_TILES`` (a card's screen, ``bench/weight_gradient_tiles.py``)
     names tiles per weight shape; q/k/v's entry is keyed by the whole weight, its tiles checked
@@ -401,14 +441,23 @@ def test_each_weight_gradient_of_a_vit_b16_block_lowers_to_one_triton_call(dtype
             assert lower_for_cuda(gradient, *spec).count(TRITON_CALL) == 1
 
 
-def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_forms(monkeypatch):
+@pytest.mark.parametrize("statistics", ["keras", "one_pass"])
+def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_forms(monkeypatch, statistics):
     """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` in a training call (``training=True``): the
     loss's gradients with respect to every weight, the router's included (through MoNE's gate),
-    within float32 rounding of the per-group form's."""
+    within float32 rounding of the per-group form's. Three blocks, two kernel blocks in a row
+    (the second reads the first's joined outputs); one-pass, the second LayerNorms' statistics
+    come from the attention out-projections' row sums."""
     from keras_mone import models
+    from keras_mone.kernels import grouped_projection as kernels
     from keras_mone.layers import platform_forms
 
-    model = models.MoNEViTBackbone(**TINY, capacity=0.3)
+    monkeypatch.setenv(platform_forms.STATISTICS_ENV, statistics)
+    summed = []
+    original = kernels.grouped_projection
+    monkeypatch.setattr(kernels, "grouped_projection",
+                        lambda *a, **k: summed.append(k.get("statistics_epsilon")) or original(*a, **k))
+    model = models.MoNEViTBackbone(**{**TINY, "depth": 3}, capacity=0.3)
     model.build((None, 32, 32, 3))
     randomize_weights(model, seed=4)
     x = images()
@@ -418,6 +467,8 @@ def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_
         results[form] = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables,
                                   training=True)
     assert any("router" in v.path for v in model.trainable_variables)
+    # one-pass: each kernel block's attention out-projection sums its rows for the second LayerNorm
+    assert summed and sum(e is not None for e in summed) == (len(summed) // 4 if statistics == "one_pass" else 0)
     for got, expected in zip(results["grouped_kernel"], results["per_group"]):
         assert (got is None) == (expected is None)
         if got is not None:

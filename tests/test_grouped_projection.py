@@ -499,12 +499,50 @@ def test_a_block_takes_carried_statistics_only_from_the_previous_kernel_blocks_v
         assert run(layer, outputs) == ["norm1"], name
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_a_traced_kernel_block_reads_the_previous_kernel_blocks_joined_outputs(monkeypatch, training):
+    """Under a trace a kernel block given the previous kernel block's very output groups reads
+    their joined tensor: one concatenation of the groups for two blocks (two for groups that are
+    not those outputs), the same values, and nothing kept once the trace is done."""
+    import gc
+
+    import jax
+
+    from keras_mone.layers import grouped_block
+    from keras_mone.layers.block import ViTBlock
+
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    rng = np.random.default_rng(17)
+    first, second = ViTBlock(32, 4, 64, name="first"), ViTBlock(32, 4, 64, name="second")
+    for made in (first, second):
+        made.build((None, None, 32))
+    groups, widths = [_normal(rng, 2, 5, 32), _normal(rng, 2, 3, 32)], (8, 16)
+
+    def chained(groups, copy=False):
+        outputs = first(groups, widths=widths, training=training)
+        outputs = [g + 0.0 for g in outputs] if copy else outputs  # other objects, the same values
+        return second(outputs, widths=widths, training=training)
+
+    def joins(copy):
+        jaxpr = jax.make_jaxpr(lambda g: chained(g, copy))(groups)
+        return str(jaxpr).count("concatenate[")
+
+    assert (joins(False), joins(True)) == (1, 2)
+    gc.collect()
+    assert grouped_block._CARRIED == []
+    traced = jax.jit(chained)(groups)
+    eager = chained(groups)  # eagerly the groups are joined again
+    for a, b in zip(traced, eager):
+        assert_f32_close(np.asarray(a), np.asarray(b), ulps=64)
+
+
 def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):
-    """Training calls take the kernels without the out-projections' epilogues (XLA's gate,
-    stochastic depth and residual adds; fc1 stores its pre-activations beside its GELU, which
-    fc2 reads: the kernels' backward passes are then grouped kernels) and give what an
-    inference call gives; a block with dropout keeps one GEMM
-    per group in training, and one with stochastic depth draws what the generic path draws."""
+    """Training calls take the kernels without fc2's epilogue (XLA's gate, stochastic depth and
+    residual add; fc1 stores its pre-activations beside its GELU, which fc2 reads: the kernels'
+    backward passes are then grouped kernels), the attention's out-projection with its residual
+    add unless the block has stochastic depth, and give what an inference call gives; a block
+    with dropout keeps one GEMM per group in training, and one with stochastic depth draws what
+    the generic path draws."""
     from keras_mone.kernels import grouped_projection as kernels
     from keras_mone.layers.block import ViTBlock
 
@@ -523,8 +561,8 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     block = ViTBlock(32, 4, 64, gate="mone", name="training_block")
     block.build((None, None, 32))
     trained = block(groups, widths=(8, 16), gates=gates, training=True)
-    training_launches = [[], [], ["activation", "keep_pre_activation"], ["activated"]]
-    assert launches == training_launches  # four kernels, no out-projection's epilogue
+    training_launches = [[], ["residual"], ["activation", "keep_pre_activation"], ["activated"]]
+    assert launches == training_launches  # four kernels, fc2 without its epilogue
     inferred = block(groups, widths=(8, 16), gates=gates, training=False)
     assert launches[4:] == [[], ["residual"], ["activation"], ["residual", "scale"]]
     for a, b in zip(trained, inferred):
@@ -549,6 +587,7 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     state = np.asarray(depth.drop_path.seed_generator.state.value)
     launches.clear()
     with_kernels = depth(groups, widths=(8, 16), gates=gates, training=True)
+    training_launches = [[], [], ["activation", "keep_pre_activation"], ["activated"]]  # (both residuals XLA's)
     assert launches == training_launches
     depth.drop_path.seed_generator.state.assign(state)
     monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "per_group")

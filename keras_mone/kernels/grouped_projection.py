@@ -41,7 +41,7 @@ from keras_mone.kernels.grouped_kernel import (
     pallas_projection, shape_fits, tile_override,
 )
 from keras_mone.kernels.precision import precision_context, precision_name
-from keras_mone.kernels.row_sums import RowSums, plain_row_sums, with_statistics
+from keras_mone.kernels.row_sums import RowSums, output_cotangent, plain_row_sums, with_statistics
 
 __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV", "check_tiles", "checked_groups",
            "default_tiles", "kernel_label", "labelled_cost", "shape_fits", "tile_override"]
@@ -207,25 +207,32 @@ def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side,
     activated = _activated(x, input_activation, activated)
     outputs = _launch(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
                       interpret, keep_pre, statistics)
-    return outputs, (x, w, b, residual, scale, norm, None if input_activation is None else activated)
+    summed_output = None if statistics is None else outputs[0]  # (the row sums' cotangents reach it)
+    return outputs, (x, w, b, residual, scale, norm, None if input_activation is None else activated, summed_output)
 
 
 def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, input_activation, keep_pre,
                          statistics, saved, upstream):
-    """A projection without an epilogue (the training form, ``layers.grouped_block``; fc1 keeping
-    its pre-activations counts as one: only they carry a gradient): dX and dW by grouped
-    kernels (``kernels.grouped_gradients``). With an activation, residual or scale epilogue,
-    row sums or a ``RowSums`` prologue (the inference form): the plain path's gradients,
-    recomputed from the inputs. Either way nothing but the inputs (and an
-    ``input_activation``'s output, which dW needs) is kept between the passes. A given
-    ``activated`` gets no cotangent (``None``: zero)."""
-    *inputs, activated = saved
+    """dX and dW by grouped kernels (``kernels.grouped_gradients``) where the epilogue is at most
+    a residual add and row sums (the attention's out-projection of a training call,
+    ``layers.grouped_block``) or fc1 keeping its pre-activations (only they carry a gradient):
+    the residual's cotangent is the output's, and the row sums' cotangents reach the output
+    (``row_sums.output_cotangent``). With an activation or scale epilogue or a ``RowSums``
+    prologue (the inference form): the plain path's gradients, recomputed from the inputs.
+    Either way nothing but the inputs (an ``input_activation``'s output, which dW needs, and
+    an output with row sums) is kept between the passes. A given ``activated`` gets no
+    cotangent (``None``: zero)."""
+    *inputs, activated, summed_output = saved
     x, w, b, residual, scale, norm = inputs
     summed = norm is not None and len(norm) == 3  # (RowSums, gamma, beta): inference's form
-    if (activation is None or keep_pre) and residual is None and scale is None and statistics is None and not summed:
+    if (activation is None or keep_pre) and scale is None and not summed:
         # with keep_pre only the pre-activations carry a cotangent: grouped_projection stopped the other's
-        return (*projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret,
-                                      upstream[0] if keep_pre else upstream, input_activation, activated), None)
+        if statistics is not None:
+            upstream = output_cotangent(summed_output, *upstream)
+        dy = upstream[0] if keep_pre else upstream
+        dx, dw, db, _, _, dnorm = projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, dy,
+                                                       input_activation, activated)
+        return dx, dw, db, None if residual is None else dy.astype(residual.dtype), None, dnorm, None
 
     def plain(x, w, b, residual, scale, norm):
         epsilon, tiles = (None, 1) if statistics is None else statistics

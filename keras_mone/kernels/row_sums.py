@@ -58,3 +58,16 @@ def with_statistics(norm):
     if norm is not None and len(norm) == 3 and isinstance(norm[0], RowSums):
         return (*norm[0].statistics(), norm[1], norm[2])
     return norm
+
+
+def output_cotangent(out, out_cotangent, sums_cotangent):
+    """The cotangent of ``out`` ``(batch, tokens, N)``, whose ``RowSums`` a kernel also gave, from
+    both outputs' cotangents: ``d out + d sums + 2 out d squares``, each row's sum and square
+    cotangent spread over its column tile's run (the vjp of ``plain_row_sums``; a training
+    call's statistics reach the residual stream through it). In ``out_cotangent``'s dtype."""
+    batch, tokens, features = out.shape
+    tiles = sums_cotangent.sums.shape[0]
+    wide = out.astype(jnp.float32).reshape(batch, tokens, tiles, features // tiles)
+    sums, squares = (jnp.moveaxis(t, 0, 2)[..., None] for t in (sums_cotangent.sums, sums_cotangent.squares))
+    spread = (sums + 2.0 * wide * squares).reshape(out.shape)
+    return (out_cotangent.astype(jnp.float32) + spread).astype(out_cotangent.dtype)

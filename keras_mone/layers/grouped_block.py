@@ -20,24 +20,26 @@ prologue finishes the statistics from those sums: the attention's for the second
 fc2's for the next kernel block's first where that block's groups are fc2's very outputs. No
 reduction reads the stream between the kernels (inference calls). Attention runs in the platform's
 fused form.
-The outputs are the groups again, cut from one tensor. Blocks the kernels do not cover take
+The outputs are the groups again, cut from one tensor; a next kernel block given those very
+groups reads that tensor again (under a trace), so no split and join of the stream or of its
+cotangent runs between kernel blocks. Blocks the kernels do not cover take
 the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
 without biases, the "score" gate, attention weights asked for, groups all at full width,
 widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), models under a
-Keras distribution, and training calls of blocks with dropout (stochastic depth is XLA's
-epilogue in training).
+Keras distribution, and training calls of blocks with dropout.
 
-Training calls (``training=True``, without dropout) take the kernels
-without the out-projections' epilogues: fc1's epilogue writes its pre-activations and their
-GELU (``keep_pre_activation``), fc2 reads the GELU's output forward and the pre-activations
-backward (``input_activation``, ``activated``), and XLA applies the gate, stochastic depth and
-the residual adds. Each
-kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``: dX by the
-transposed weights, fc2's with the GELU's derivative in its epilogue; dW and db by one
-weight-gradient launch). With the fused epilogues the backward passes recompute the
-per-group path, which made MoNE-ViT-B/16's training step (bf16, batch 128) compiled for an
-H200 move 98.6 GB against 63.0 per group (BENCHMARKS.md). Gradients of an inference call
-(``jax.grad`` outside training) go through those fused kernels and are exact.
+Training calls (``training=True``, without dropout): fc1's epilogue writes its pre-activations
+and their GELU (``keep_pre_activation``), fc2 reads the GELU's output forward and the
+pre-activations backward (``input_activation``, ``activated``), and XLA applies fc2's gate,
+stochastic depth and residual add. The attention's out-projection keeps its residual add (and,
+one-pass, its row sums for the second LayerNorm, finished by XLA so that autodiff reaches
+them) where the block has no stochastic depth. Each kernel's backward pass is grouped kernels
+too (``kernels.grouped_gradients``: dX by the transposed weights, fc2's with the GELU's
+derivative in its epilogue; dW and db by one weight-gradient launch). With the gate or an
+activation in the epilogue the backward passes recompute the per-group path, which made
+MoNE-ViT-B/16's training step (bf16, batch 128) compiled for an H200 move 98.6 GB against 63.0
+per group (BENCHMARKS.md). Gradients of an inference call (``jax.grad`` outside training) go
+through those fused kernels and are exact.
 """
 
 import weakref
@@ -87,14 +89,18 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     dtype = block.compute_dtype
     interpret = accelerator() != "gpu"
     layout = tuple((g.shape[1], w) for g, w in zip(groups, widths))
-    stream = ops.cast(groups[0] if len(groups) == 1 else ops.concatenate(groups, axis=1), dtype)
+    entry = _carried_entry(groups)  # groups that are the previous kernel block's outputs: its joined stream
+    if entry is not None and entry[1] is not None and entry[1].dtype == dtype:
+        stream = entry[1]  # (no split and join of the stream's cotangent between the blocks in training)
+    else:
+        stream = ops.cast(groups[0] if len(groups) == 1 else ops.concatenate(groups, axis=1), dtype)
     batch, tokens = stream.shape[0], stream.shape[1]
     attention, mlp = block.attention, block.mlp
     mlp_gelu = _kernel_gelu(mlp.gelu_approximate)  # float32 arithmetic, the result in the compute dtype
 
     def project(layer, x, side, residual=None, scale=None, **options):
         kernel, bias, x = stored(layer.kernel), stored(layer.bias), ops.cast(x, dtype)
-        if not training:  # every epilogue in the kernel
+        if _epilogue_in_kernel(block, scale, training):  # (training: a plain residual add, its gradient grouped)
             return grouped_projection(x, kernel, bias, layout, side, residual=residual, scale=scale,
                                       interpret=interpret, **options)
         out = grouped_projection(x, kernel, bias, layout, side, interpret=interpret, **options)
@@ -106,7 +112,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
 
     heads = (batch, tokens, attention.num_heads, block.hidden_dim // attention.num_heads)
     # q, k and v written apart by the kernel: the fused attention reads them without a split copy
-    carried = None if training else _carried_statistics(groups, block.norm1, stream)  # the previous fc2's sums
+    carried = None if training else _carried_statistics(entry, block.norm1, stream)  # the previous fc2's sums
     query, key, value = (ops.reshape(t, heads) for t in normalized_projection(block.norm1, attention.qkv, stream,
                                                                                statistics=carried, parts=3))
     if attention_form() != "explicit":  # fused or flash
@@ -114,52 +120,68 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     else:  # the platform's explicit form (the CPU's)
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
-    # the second LayerNorm's one-pass statistics from the out-projection's row sums (inference; ``kernels.row_sums``)
-    epsilon = _summing_epsilon(block.norm2, stream, training)
+    # the second LayerNorm's one-pass statistics from the out-projection's row sums (``kernels.row_sums``)
+    epsilon = _summing_epsilon(block.norm2, stream, _epilogue_in_kernel(block, None, training))
     mid = project(attention.out, attended, "out", residual=stream, statistics_epsilon=epsilon)
     mid, mid_statistics = (mid, None) if epsilon is None else mid
     scale = _gate_scale(block, groups, gates, training)
     if training:  # fc1 stores its pre-activations and their GELU; fc2's backward pass applies the derivative
-        hidden, activated = normalized_projection(block.norm2, mlp.fc1, mid, activation=mlp_gelu,
-                                                  keep_pre_activation=True)
+        # (the statistics finished by XLA, whose autodiff gives the row sums' cotangents)
+        mid_statistics = None if mid_statistics is None else mid_statistics.statistics()
+        hidden, activated = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics,
+                                                  activation=mlp_gelu, keep_pre_activation=True)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu,
                           activated=activated)
         statistics = None
     else:
         hidden = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics, activation=mlp_gelu)
         # and the next block's first LayerNorm's, where it is this block's (checked there)
-        epsilon = _summing_epsilon(block.norm1, stream, training)
+        epsilon = _summing_epsilon(block.norm1, stream)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, statistics_epsilon=epsilon)
         outputs, statistics = (outputs, None) if epsilon is None else outputs
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     pieces = [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
-    if statistics is not None:
-        _carry(pieces, statistics)
+    _carry(pieces, outputs, statistics)
     return pieces
 
 
-def _summing_epsilon(norm, x, training):
+def _epilogue_in_kernel(block, scale, training):
+    """Whether an out-projection's epilogue (residual add, gate ``scale``) is its kernel's:
+    always in inference; in training only a plain residual add (no gate, no stochastic depth),
+    whose gradient the grouped backward pass gives (``kernels.grouped_projection``)."""
+    return not training or (scale is None and not block.drop_path.rate)
+
+
+def _summing_epsilon(norm, x, in_kernel=True):
     """``norm``'s epsilon where an out-projection writing the input of ``norm`` (like ``x``)
-    sums its rows for it: inference in the one-pass statistics form (jax's GPU default), a plain
-    LayerNorm with both weights (``layers.layer_norm.prologue_applies``); else ``None``."""
-    if training or statistics_form() != "one_pass" or not prologue_applies(norm, x):
+    sums its rows for it: its epilogue in the kernel (``in_kernel``), the one-pass statistics
+    form (jax's GPU default), a plain LayerNorm with both weights
+    (``layers.layer_norm.prologue_applies``); else ``None``."""
+    if not in_kernel or statistics_form() != "one_pass" or not prologue_applies(norm, x):
         return None
     return float(norm.epsilon)
 
 
 _CARRIED = []
-"""The last kernel block's output statistics, for the next block's first LayerNorm: one entry
-``[weak references to its output groups, RowSums, finalizer]``, dropped when its first group is
-freed (the end of a trace, or of an eager call whose outputs the caller does not keep) or when
-the next kernel block replaces it."""
+"""The last kernel block's outputs for the next kernel block: one entry ``[weak references to
+its output groups, their joined stream (while traced) or None, RowSums or None, finalizer]``,
+dropped when its first group is freed (the end of a trace, or of an eager call whose outputs
+the caller does not keep) or when the next kernel block replaces it. The joined stream is held
+only under a trace (a tracer): eagerly it would keep a second copy of the outputs alive."""
 
 
-def _carry(pieces, statistics):
+def _carry(pieces, joined, statistics):
     if _CARRIED:  # the entry replaced: its finalizer (which holds nothing of it) goes too
-        _CARRIED[0][2].detach()
-    entry = [tuple(weakref.ref(piece) for piece in pieces), statistics]
+        _CARRIED[0][3].detach()
+    _CARRIED.clear()
+    import jax  # (kernel blocks run on jax only)
+
+    joined = joined if isinstance(joined, jax.core.Tracer) else None
+    if joined is None and statistics is None:
+        return
+    entry = [tuple(weakref.ref(piece) for piece in pieces), joined, statistics]
     entry.append(weakref.finalize(pieces[0], _forget, id(entry)))
-    _CARRIED[:] = [entry]
+    _CARRIED.append(entry)
 
 
 def _forget(entry_id):
@@ -167,19 +189,25 @@ def _forget(entry_id):
         _CARRIED.clear()
 
 
-def _carried_statistics(groups, norm, stream):
-    """The ``RowSums`` of ``stream`` (the joined ``groups``) from the previous kernel block's fc2,
-    where ``groups`` are its very outputs (the same objects, in order, so no regrouping or other
-    op came between), in this block's dtype, and ``norm`` takes its statistics from them with the
-    same epsilon (``_summing_epsilon``); else ``None``."""
+def _carried_entry(groups):
+    """The previous kernel block's entry (``_CARRIED``) where ``groups`` are its very outputs
+    (the same objects, in order, so no regrouping or other op came between); else ``None``."""
     if not _CARRIED:
         return None
-    references, statistics, _ = _CARRIED[0]
+    references = _CARRIED[0][0]
     if len(references) != len(groups) or any(ref() is not group for ref, group in zip(references, groups)):
         return None
-    if groups[0].dtype != stream.dtype or _summing_epsilon(norm, stream, False) != statistics.epsilon:
+    return _CARRIED[0]
+
+
+def _carried_statistics(entry, norm, stream):
+    """The ``RowSums`` of ``stream`` (the joined groups) from the previous kernel block's fc2
+    (``entry``, ``_carried_entry``), in this block's dtype, where ``norm`` takes its statistics
+    from them with the same epsilon (``_summing_epsilon``); else ``None``."""
+    statistics = None if entry is None else entry[2]
+    if statistics is None or entry[0][0]().dtype != stream.dtype:
         return None
-    return statistics
+    return statistics if _summing_epsilon(norm, stream) == statistics.epsilon else None
 
 
 def _epilogue(out, residual, scale, block):
@@ -198,14 +226,17 @@ def _epilogue(out, residual, scale, block):
 
 def _prologue(norm, x, statistics=None):
     """``(mean, rstd, gamma, beta)`` of the LayerNorm ``norm`` on ``x`` for a kernel's prologue
-    (``layers.layer_norm.row_statistics``: the statistics in the platform's form), or
-    ``(statistics, gamma, beta)`` for given ``statistics`` (``kernels.row_sums.RowSums`` of the
-    kernel that wrote ``x``, which the prologue finishes), or ``None`` where ``normalize`` runs
-    it: a LayerNorm without both weights, or one that Keras must call."""
+    (``layers.layer_norm.row_statistics``: the statistics in the platform's form), or with given
+    ``statistics``: a ``(mean, rstd)`` pair, or ``(statistics, gamma, beta)`` for a
+    ``kernels.row_sums.RowSums`` of the kernel that wrote ``x`` (the prologue finishes it); or
+    ``None`` where ``normalize`` runs it: a LayerNorm without both weights, or one that Keras
+    must call."""
     if statistics is None and not prologue_applies(norm, x):
         return None
     weights = (stored(norm.gamma), stored(norm.beta))
-    return (statistics, *weights) if statistics is not None else (*row_statistics(norm, x), *weights)
+    if statistics is None:
+        return (*row_statistics(norm, x), *weights)
+    return (*statistics, *weights) if isinstance(statistics, tuple) else (statistics, *weights)
 
 
 def _gate_scale(block, groups, gates, training):
