@@ -4,7 +4,8 @@ Lowers ``kernels.grouped_projection`` for CUDA (Pallas' Triton lowering, its ``d
 MoNE-ViT-B/16 block's projections (batch 256, e_c 0.3's groups), with the prologues and epilogues
 ``layers.grouped_block`` runs: the LayerNorm from finished statistics or from the previous
 out-projection's row sums (``kernels.row_sums``), fc1 keeping its pre-activations (training), the
-out-projections with and without row sums. ``ptxas -v`` (``kernel_compile.compile_stats``) gives
+out-projections with and without row sums, fc2 keeping its projection for the gate's gradient
+(training). ``ptxas -v`` (``kernel_compile.compile_stats``) gives
 registers per thread, spilled bytes and shared memory per program at the default tiles.
 
     pip install --target /tmp/tritonpkg triton --no-deps   # the compiler, where it is missing
@@ -35,8 +36,12 @@ VARIANTS = [
     ("attention out + residual + row sums", "out", 1, dict(residual=True, statistics_epsilon=1e-6)),
     ("fc2 + residual + gate", "out", 4, dict(residual=True, gate=True)),
     ("fc2 + residual + gate + row sums", "out", 4, dict(residual=True, gate=True, statistics_epsilon=1e-6)),
+    ("fc2 + residual + gate + row sums, keeping its projection (training)", "out", 4,
+     dict(residual=True, gate=True, statistics_epsilon=1e-6, training=True)),
 ]
-"""``(label, side, width factor, options)``: ``N = factor * D`` on side "in", ``K = factor * D`` on "out"."""
+"""``(label, side, width factor, options)``: ``N = factor * D`` on side "in", ``K = factor * D`` on "out";
+``training``: the kernel a gradient's forward pass launches (fc2's keeps its projection for the
+gate's gradient)."""
 
 
 def variant_ir(side, factor, options, dim, batch, dtype):
@@ -56,6 +61,7 @@ def variant_ir(side, factor, options, dim, batch, dtype):
         shapes.append(((batch, tokens), dtype))
     if options.pop("activation", False):
         options["activation"] = _kernel_gelu(False)
+    training = options.pop("training", False)
 
     def projection(x, w, b, *rest):
         extra = dict(options)
@@ -69,7 +75,12 @@ def variant_ir(side, factor, options, dim, batch, dtype):
             extra["scale"] = (rest[0], jnp.float32(0.5))
         return grouped_projection(x, w, b, GROUPS, side, **extra)
 
-    return pallas_triton_ir(projection, *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
+    def differentiated(x, *rest):  # the forward pass of a gradient: its first kernel
+        first = lambda x: jnp.sum(jax.tree_util.tree_leaves(projection(x, *rest))[0].astype(f32))  # noqa: E731
+        return jax.grad(first)(x)
+
+    return pallas_triton_ir(differentiated if training else projection,
+                            *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
 
 
 def main(argv=None):

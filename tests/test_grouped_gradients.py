@@ -349,6 +349,53 @@ def test_an_out_projection_with_a_residual_and_row_sums_differentiates_through_t
     assert np.abs(np.asarray(bare) - np.asarray(kernel[0])).max() > 1e-3 * np.abs(np.asarray(bare)).max()
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_a_gated_out_projection_differentiates_through_the_grouped_kernels(monkeypatch, gated):
+    """fc2 of a training call: ``residual + (alpha g + 1) * projection`` (or a plain factor per
+    row) with row sums, in the kernel. Gradients of x (through the GELU's derivative), the weights,
+    the residual, the gate and alpha (or the factor) equal the plain path's; the gate's come from
+    the projection the forward pass kept, and the weight-gradient kernel runs."""
+    import jax
+
+    from keras_mone.kernels import grouped_gradients
+    from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+    from keras_mone.layers.mlp import _kernel_gelu
+
+    calls = []
+    original = grouped_gradients.grouped_weight_gradient
+    monkeypatch.setattr(grouped_gradients, "grouped_weight_gradient",
+                        lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    rng = np.random.default_rng(12)
+    layout, gelu = ((5, 16), (0, 32), (7, 48), (2, 64)), _kernel_gelu(False)
+    x, residual = _normal(rng, 2, 14, 96), 1.0 + _normal(rng, 2, 14, 64)
+    w, b = 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
+    gate, alpha = rng.random((2, 14)).astype("float32"), np.float32(0.7)
+    weights, mean_weights = _normal(rng, 2, 14, 64), _normal(rng, 2, 14)
+
+    def loss(function, **options):
+        def value(x, w, b, residual, gate, alpha):
+            scale = (gate, alpha) if gated else gate
+            out, sums = function(x, w, b, layout, "out", residual=residual, scale=scale, input_activation=gelu,
+                                 statistics_epsilon=1e-6, **options)
+            return (out * weights).sum() + (sums.statistics()[0] * mean_weights).sum()
+        return value
+
+    arguments = (x, w, b, residual, gate, alpha)
+    wrt = range(len(arguments))
+    kernel = jax.grad(loss(grouped_projection, tiles=(16, 32, 16, 4, 2), interpret=True), argnums=wrt)(*arguments)
+    plain = jax.grad(loss(plain_grouped_projection, statistics_tiles=2), argnums=wrt)(*arguments)
+    assert calls == ["out"]
+    for index, (got, expected) in enumerate(zip(kernel, plain)):
+        if gated or index < 5:  # (alpha takes no part in a plain factor)
+            assert_f32_close(np.asarray(got), np.asarray(expected), ulps=64)
+    assert np.abs(np.asarray(kernel[4])).max() > 0.1  # the gate's gradient is no zero
+    from keras_mone.kernels.cuda_lowering import lower_for_cuda
+
+    # lowered for CUDA, the forward pass of the gradient stores the projection beside the output
+    text = lower_for_cuda(jax.grad(loss(grouped_projection, tiles=(16, 32, 16, 4, 2))), *arguments)
+    assert "grouped_out_projection_residual_scale_pre_sums2_k96_n64" in text
+
+
 def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch):
     """``$KERAS_MONE_WEIGHT_GRADIENT_TILES`` (a card's screen, ``bench/weight_gradient_tiles.py``)
     names tiles per weight shape; q/k/v's entry is keyed by the whole weight, its tiles checked
@@ -446,8 +493,8 @@ def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_
     """``$KERAS_MONE_PROJECTIONS=grouped_kernel`` in a training call (``training=True``): the
     loss's gradients with respect to every weight, the router's included (through MoNE's gate),
     within float32 rounding of the per-group form's. Three blocks, two kernel blocks in a row
-    (the second reads the first's joined outputs); one-pass, the second LayerNorms' statistics
-    come from the attention out-projections' row sums."""
+    (the second reads the first's joined outputs); one-pass, the LayerNorms' statistics come from
+    the out-projections' row sums (but the router's block's first)."""
     from keras_mone import models
     from keras_mone.kernels import grouped_projection as kernels
     from keras_mone.layers import platform_forms
@@ -467,8 +514,8 @@ def test_a_mone_vits_training_gradients_through_the_kernels_equal_the_per_group_
         results[form] = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables,
                                   training=True)
     assert any("router" in v.path for v in model.trainable_variables)
-    # one-pass: each kernel block's attention out-projection sums its rows for the second LayerNorm
-    assert summed and sum(e is not None for e in summed) == (len(summed) // 4 if statistics == "one_pass" else 0)
+    # one-pass: each kernel block's out-projections sum their rows for the next LayerNorm
+    assert summed and sum(e is not None for e in summed) == (len(summed) // 2 if statistics == "one_pass" else 0)
     for got, expected in zip(results["grouped_kernel"], results["per_group"]):
         assert (got is None) == (expected is None)
         if got is not None:
@@ -541,3 +588,8 @@ def test_the_roofline_counts_a_derivative_epilogues_reads():
     assert kept == plain.replace("projection_", "projection_norm_pre_")
     assert labelled_cost(kept, 2)[1] == labelled_cost(plain.replace("projection_", "projection_norm_"), 2)[1] + (
         2 * 128 * 196 * 3072)
+    # fc2 of a training call keeping its projection (the gate's gradient): one more (rows, N) store
+    gated = kernel_label("out", 3072, 768, 128, groups, residual=True, scale=True, sums=6)
+    gated_kept = kernel_label("out", 3072, 768, 128, groups, residual=True, scale=True, pre=True, sums=6)
+    assert gated_kept == gated.replace("_scale_sums6", "_scale_pre_sums6")
+    assert labelled_cost(gated_kept, 2)[1] == labelled_cost(gated, 2)[1] + 2 * 128 * 196 * 768

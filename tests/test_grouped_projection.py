@@ -207,6 +207,51 @@ def test_the_in_projection_finishes_the_statistics_from_row_sums():
                            interpret=True)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_row_sums_statistics_take_their_gradient_through_the_rows(dtype):
+    """``RowSums.statistics`` with ``rows`` (as a kernel gives them): the gradient of the mean and
+    rstd reaches the rows, ``d sum + 2 rows d square``, and equals autodiff of the one-pass
+    statistics computed from the rows themselves; the sums get none. Without ``rows`` autodiff
+    goes through the sums."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.row_sums import RowSums, one_pass, plain_row_sums
+
+    rng = np.random.default_rng(21)
+    rows = jnp.asarray(0.5 + _normal(rng, 2, 7, 64), dtype)
+    mean_weights, rstd_weights = _normal(rng, 2, 7), _normal(rng, 2, 7)
+
+    def loss(statistics):
+        mean, rstd = statistics
+        return (mean * mean_weights).sum() + (rstd * rstd_weights).sum()
+
+    def from_rows(rows):  # the reference: one pass over the rows, autodiff throughout
+        wide = rows.astype(jnp.float32)
+        return loss(one_pass(wide.sum(-1), (wide * wide).sum(-1), 64, 1e-6))
+
+    def through_rows(rows):
+        summed = plain_row_sums(rows, 4, 1e-6)
+        return loss(RowSums(jax.lax.stop_gradient(summed.sums), jax.lax.stop_gradient(summed.squares), 64, 1e-6,
+                            rows=rows).statistics())
+
+    def through_sums(rows):
+        summed = plain_row_sums(rows, 4, 1e-6)
+        return loss(RowSums(summed.sums, summed.squares, 64, 1e-6).statistics())
+
+    expected = np.asarray(jax.grad(from_rows)(rows), np.float32)
+    for function in (through_rows, through_sums):
+        got = np.asarray(jax.grad(function)(rows), np.float32)
+        if dtype == "float32":
+            assert_f32_close(got, expected, ulps=64)
+        else:  # the cotangent rounded to bf16
+            np.testing.assert_allclose(got, expected, atol=8e-3 * np.abs(expected).max())
+    summed = plain_row_sums(rows, 4, 1e-6)
+    sums_gradient = jax.grad(lambda s: loss(RowSums(s, summed.squares, 64, 1e-6, rows=rows).statistics()))(
+        summed.sums)
+    assert not np.asarray(sums_gradient).any()
+
+
 @pytest.mark.parametrize("tiles", [None, SMALL_TILES, (32, 16, 32, 4, 3)])
 def test_every_tile_setting_equals_the_plain_path(tiles):
     from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
@@ -537,12 +582,11 @@ def test_a_traced_kernel_block_reads_the_previous_kernel_blocks_joined_outputs(m
 
 
 def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):
-    """Training calls take the kernels without fc2's epilogue (XLA's gate, stochastic depth and
-    residual add; fc1 stores its pre-activations beside its GELU, which fc2 reads: the kernels'
-    backward passes are then grouped kernels), the attention's out-projection with its residual
-    add unless the block has stochastic depth, and give what an inference call gives; a block
-    with dropout keeps one GEMM per group in training, and one with stochastic depth draws what
-    the generic path draws."""
+    """Training calls take the kernels with the out-projections' epilogues (residual adds, MoNE's
+    gate) unless the block has stochastic depth (then XLA's); fc1 stores its pre-activations
+    beside its GELU, which fc2 reads (the kernels' backward passes are then grouped kernels); they
+    give what an inference call gives. A block with dropout keeps one GEMM per group in training,
+    and one with stochastic depth draws what the generic path draws."""
     from keras_mone.kernels import grouped_projection as kernels
     from keras_mone.layers.block import ViTBlock
 
@@ -561,8 +605,8 @@ def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops
     block = ViTBlock(32, 4, 64, gate="mone", name="training_block")
     block.build((None, None, 32))
     trained = block(groups, widths=(8, 16), gates=gates, training=True)
-    training_launches = [[], ["residual"], ["activation", "keep_pre_activation"], ["activated"]]
-    assert launches == training_launches  # four kernels, fc2 without its epilogue
+    training_launches = [[], ["residual"], ["activation", "keep_pre_activation"], ["activated", "residual", "scale"]]
+    assert launches == training_launches  # four kernels, both out-projections with their epilogues
     inferred = block(groups, widths=(8, 16), gates=gates, training=False)
     assert launches[4:] == [[], ["residual"], ["activation"], ["residual", "scale"]]
     for a, b in zip(trained, inferred):

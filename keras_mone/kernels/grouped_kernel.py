@@ -139,10 +139,11 @@ def labelled_cost(name, itemsize):
     rows = batch * tokens
     if side == "in":
         flops, elements = 2 * batch * nested * columns, batch * nested + widest * columns + columns
-        elements += rows * columns * (derivative + pre)
+        elements += rows * columns * derivative
     else:
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
         elements += rows * columns * residual + rows * scale
+    elements += rows * columns * pre
     return flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction) + 8 * rows * sums
 
 
@@ -156,9 +157,11 @@ def normalized(x, mean, rstd, gamma, beta):
 def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
                       transposed=False, derivative=None, keep_pre=False, row_sums=False):
     """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). With
-    ``keep_pre`` (side ``"in"``, an ``activation``, one part) it returns ``(pre, activation(pre))``,
-    both stored by the epilogue (fc1 of the training form: fc2's forward pass reads the second,
-    its backward pass the first). With ``row_sums`` (one part) it returns ``(out, sums, squares)``:
+    ``keep_pre`` (one part) it returns ``(pre, out)``, both stored by the epilogue: side ``"in"``
+    with an ``activation``, the pre-activations and their activation (fc1 of the training form:
+    fc2's forward pass reads the second, its backward pass the first); side ``"out"``, the
+    projection before its gate and residual (which the gate's gradient needs). With ``row_sums``
+    (one part) it returns ``(out, sums, squares)`` (``(pre, out, sums, squares)`` with both):
     each program also stores its rows' sums and sums of squares of the values it stored, in
     float32, ``(column tiles, batch, tokens)`` each (the next LayerNorm's one-pass statistics,
     without a pass over ``out``). Three more forms serve the backward passes
@@ -188,10 +191,9 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     outputs = 2 if keep_pre else parts
     if not table:  # every group empty: no tokens
         empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
-        if row_sums:
-            nothing = jnp.zeros((columns // block_cols,) + x.shape[:2], jnp.float32)
-            return empty, nothing, nothing
-        return empty if outputs == 1 else (empty,) * outputs
+        nothing = jnp.zeros((columns // block_cols,) + x.shape[:2], jnp.float32)
+        results = (empty,) * outputs + (nothing,) * (2 * row_sums)
+        return results[0] if len(results) == 1 else results
     operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
     if residual is not None:
         operands.append(residual.reshape(batch * tokens, columns))
@@ -223,12 +225,10 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
                           norm is not None, derivative is not None, keep_pre, row_sums and columns // block_cols),
     )(*operands)
-    if row_sums:
-        out, *sums = out
-        return (out.reshape(batch, tokens, columns), *(t.reshape(-1, batch, tokens) for t in sums))
-    if outputs == 1:
-        return out.reshape(batch, tokens, columns)
-    return tuple(part.reshape(batch, tokens, columns // parts) for part in out)
+    results = list(out) if len(shapes) > 1 else [out]
+    results = [t.reshape(batch, tokens, columns // parts) for t in results[:outputs]] + [
+        t.reshape(-1, batch, tokens) for t in results[outputs:]]  # (the row sums per column tile)
+    return results[0] if len(results) == 1 else tuple(results)
 
 
 def _norm_operands(norm, rows, operands):
@@ -315,10 +315,10 @@ def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_
         part_step = functools.partial(step, x_ref=x_ref, offset=part * part_contraction)
         accumulator = jax.lax.fori_loop(0, steps, part_step, accumulator)
     accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)
-    if keep_pre:  # the pre-activations first, then the activation (one part)
+    if keep_pre:  # the pre-activations (an out-projection's zeros past the width) first, then the output
         pre_ref, *outputs = outputs
-        pl_triton.store(pre_ref.at[rows[:, None], columns[None, :]], accumulator.astype(pre_ref.dtype),
-                        mask=valid[:, None])
+        kept = accumulator if side == "in" else jnp.where((columns < width)[None, :], accumulator, 0.0)
+        pl_triton.store(pre_ref.at[rows[:, None], columns[None, :]], kept.astype(pre_ref.dtype), mask=valid[:, None])
     accumulator = _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of,
                             has_scale, has_residual).astype(outputs[0].dtype)
     _store(outputs, accumulator, rows, columns, valid, (start, column_tile), parts, row_sums)

@@ -41,7 +41,7 @@ from keras_mone.kernels.grouped_kernel import (
     pallas_projection, shape_fits, tile_override,
 )
 from keras_mone.kernels.precision import precision_context, precision_name
-from keras_mone.kernels.row_sums import RowSums, output_cotangent, plain_row_sums, with_statistics
+from keras_mone.kernels.row_sums import RowSums, plain_row_sums, with_statistics
 
 __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV", "check_tiles", "checked_groups",
            "default_tiles", "kernel_label", "labelled_cost", "shape_fits", "tile_override"]
@@ -175,7 +175,13 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
     out = _jitted(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles,
                   precision_name(), bool(interpret), input_activation, keep_pre_activation, statistics_epsilon)
     # the activated output carries no gradient: fc2 gives its pre-activations' (see the docstring)
-    return (out[0], jax.lax.stop_gradient(out[1])) if keep_pre_activation else out
+    if keep_pre_activation:
+        return out[0], jax.lax.stop_gradient(out[1])
+    if statistics_epsilon is not None:  # the sums' gradient goes through the rows (RowSums.statistics)
+        out, sums, squares = out
+        sums, squares = jax.lax.stop_gradient(sums), jax.lax.stop_gradient(squares)
+        return out, RowSums(sums, squares, out.shape[-1], statistics_epsilon[0], rows=out)
+    return out
 
 
 def _activated(x, input_activation, activated):
@@ -185,64 +191,83 @@ def _activated(x, input_activation, activated):
 
 
 def _launch(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret, keep_pre,
-            statistics):
-    """The kernel; with ``statistics`` (``(epsilon, column tiles)``) its rows' sums become ``(out, RowSums)``."""
+            statistics, keep_projection=False):
+    """``(outputs, projection)``: the kernel's outputs (with ``statistics``, ``(epsilon, column
+    tiles)``, ``(out, sums, squares)``) and, with ``keep_projection``, the projection before its
+    gate and residual, which the gate's gradient needs (else ``None``)."""
     outputs = pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                                interpret, keep_pre=keep_pre, row_sums=statistics is not None)
-    if statistics is None:
-        return outputs
-    out, sums, squares = outputs
-    return out, RowSums(sums, squares, out.shape[-1], statistics[0])
+                                interpret, keep_pre=keep_pre or keep_projection, row_sums=statistics is not None)
+    projection = None
+    if keep_projection:
+        projection, *outputs = outputs
+        outputs = outputs[0] if len(outputs) == 1 else tuple(outputs)
+    return outputs, projection
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(7, 17)))
 def _projection(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
                 interpret, input_activation, keep_pre, statistics):
-    return _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles,
-                               precision, interpret, input_activation, keep_pre, statistics)[0]
+    return _launch(_activated(x, input_activation, activated), w, b, residual, scale, norm, groups, side, activation,
+                   parts, tiles, precision, interpret, keep_pre, statistics)[0]
 
 
 def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
                         interpret, input_activation, keep_pre, statistics):
     activated = _activated(x, input_activation, activated)
-    outputs = _launch(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                      interpret, keep_pre, statistics)
-    summed_output = None if statistics is None else outputs[0]  # (the row sums' cotangents reach it)
-    return outputs, (x, w, b, residual, scale, norm, None if input_activation is None else activated, summed_output)
+    outputs, projection = _launch(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles,
+                                  precision, interpret, keep_pre, statistics, keep_projection=scale is not None)
+    saved_activated = None if input_activation is None else activated
+    return outputs, (x, w, b, residual, scale, norm, saved_activated, projection)
 
 
 def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, input_activation, keep_pre,
                          statistics, saved, upstream):
-    """dX and dW by grouped kernels (``kernels.grouped_gradients``) where the epilogue is at most
-    a residual add and row sums (the attention's out-projection of a training call,
-    ``layers.grouped_block``) or fc1 keeping its pre-activations (only they carry a gradient):
-    the residual's cotangent is the output's, and the row sums' cotangents reach the output
-    (``row_sums.output_cotangent``). With an activation or scale epilogue or a ``RowSums``
-    prologue (the inference form): the plain path's gradients, recomputed from the inputs.
-    Either way nothing but the inputs (an ``input_activation``'s output, which dW needs, and
-    an output with row sums) is kept between the passes. A given ``activated`` gets no
-    cotangent (``None``: zero)."""
-    *inputs, activated, summed_output = saved
+    """dX and dW by grouped kernels (``kernels.grouped_gradients``) unless the epilogue applies an
+    activation or the prologue finishes a ``RowSums`` (the inference forms; then the plain path's
+    gradients, recomputed from the inputs). fc1 keeping its pre-activations: only they carry a
+    gradient. An out-projection's residual gets the output's cotangent, its gate (``scale``)
+    ``sum_D(d out * projection)`` from the projection its forward pass kept
+    (``_scaled_cotangent``). Row sums get no cotangent (``grouped_projection`` stops it: their
+    statistics' gradient reaches the output through ``RowSums.rows``). Nothing but the inputs,
+    an ``input_activation``'s output (which dW needs) and a gated projection is kept between
+    the passes. A given ``activated`` gets no cotangent (``None``: zero)."""
+    *inputs, activated, projection = saved
     x, w, b, residual, scale, norm = inputs
     summed = norm is not None and len(norm) == 3  # (RowSums, gamma, beta): inference's form
-    if (activation is None or keep_pre) and scale is None and not summed:
+    if (activation is None or keep_pre) and not summed:
         # with keep_pre only the pre-activations carry a cotangent: grouped_projection stopped the other's
-        if statistics is not None:
-            upstream = output_cotangent(summed_output, *upstream)
-        dy = upstream[0] if keep_pre else upstream
+        # with statistics only the output carries a cotangent: grouped_projection stopped the sums'
+        dy = upstream[0] if keep_pre or statistics is not None else upstream
+        d_residual = None if residual is None else dy.astype(residual.dtype)
+        dy, d_scale = (dy, None) if scale is None else _scaled_cotangent(dy, projection, scale)
         dx, dw, db, _, _, dnorm = projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, dy,
                                                        input_activation, activated)
-        return dx, dw, db, None if residual is None else dy.astype(residual.dtype), None, dnorm, None
+        return dx, dw, db, d_residual, d_scale, dnorm, None
 
     def plain(x, w, b, residual, scale, norm):
         epsilon, tiles = (None, 1) if statistics is None else statistics
-        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
-                                        input_activation, keep_pre_activation=keep_pre, statistics_epsilon=epsilon,
-                                        statistics_tiles=tiles)
+        out = plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
+                                       input_activation, keep_pre_activation=keep_pre, statistics_epsilon=epsilon,
+                                       statistics_tiles=tiles)
+        return out if statistics is None else (out[0], out[1].sums, out[1].squares)
 
     with precision_context(precision):
         _, pullback = jax.vjp(plain, *inputs)
         return (*pullback(upstream), None)
+
+
+def _scaled_cotangent(dy, projection, scale):
+    """``(factor * dy, d scale)`` for ``out = residual + factor * projection``: the projection's
+    cotangent and the scale's, ``sum_D(dy * projection)`` per row, through MoNE's ``alpha g + 1``
+    for a ``(gate, alpha)`` pair (Eq. 1), in float32, each cast to its input's dtype."""
+    wide = dy.astype(jnp.float32)
+    product = jnp.sum(wide * projection.astype(jnp.float32), axis=-1)
+    scaled = (wide * gated_scale(scale)[..., None]).astype(dy.dtype)
+    if not isinstance(scale, tuple):
+        return scaled, product.astype(scale.dtype)
+    gate, alpha = scale
+    return scaled, ((alpha.astype(jnp.float32) * product).astype(gate.dtype),
+                    jnp.sum(gate.astype(jnp.float32) * product).astype(alpha.dtype))
 
 
 _projection.defvjp(_projection_forward, _projection_backward)

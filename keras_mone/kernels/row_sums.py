@@ -11,6 +11,8 @@ The statistics are the one-pass form's (``layers.layer_norm``'s "one_pass", jax'
 float32.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -19,22 +21,30 @@ import jax.numpy as jnp
 class RowSums:
     """Rows' partial sums and sums of squares, ``(tiles, batch, tokens)`` float32 each (one entry
     per column tile of the kernel that stored the rows), of rows of ``features`` values, for a
-    LayerNorm of ``epsilon``. A pytree: the arrays are its leaves, ``features`` and ``epsilon``
-    static."""
+    LayerNorm of ``epsilon``; ``rows``, the ``(batch, tokens, features)`` values summed (or
+    ``None``), through which the statistics' gradient flows (``statistics``). A pytree: the arrays
+    are its leaves, ``features`` and ``epsilon`` static."""
 
-    def __init__(self, sums, squares, features, epsilon):
+    def __init__(self, sums, squares, features, epsilon, rows=None):
         self.sums, self.squares, self.features, self.epsilon = sums, squares, int(features), float(epsilon)
+        self.rows = rows
 
     def tree_flatten(self):
-        return (self.sums, self.squares), (self.features, self.epsilon)
+        return (self.sums, self.squares, self.rows), (self.features, self.epsilon)
 
     @classmethod
     def tree_unflatten(cls, static, leaves):
-        return cls(*leaves, *static)
+        sums, squares, rows = leaves
+        return cls(sums, squares, *static, rows=rows)
 
     def statistics(self):
-        """``(mean, rstd)``, each ``(batch, tokens)`` float32 (``one_pass``)."""
-        return one_pass(jnp.sum(self.sums, axis=0), jnp.sum(self.squares, axis=0), self.features, self.epsilon)
+        """``(mean, rstd)``, each ``(batch, tokens)`` float32 (``one_pass``). With ``rows`` their
+        gradient reaches the rows (``d rows = d sum + 2 rows d square``, the sums' vjp) and not
+        the sums: a kernel's sums need no backward pass of their own, and XLA fuses this one into
+        the LayerNorm's other elementwise cotangent work on the same rows."""
+        if self.rows is None:
+            return _finish(self.sums, self.squares, self.features, self.epsilon)
+        return _finished_through_rows(self.sums, self.squares, self.rows, self.features, self.epsilon)
 
 
 def one_pass(sums, squares, features, epsilon):
@@ -44,12 +54,37 @@ def one_pass(sums, squares, features, epsilon):
     return mean, jax.lax.rsqrt(variance + jnp.float32(epsilon))
 
 
+def _finish(sums, squares, features, epsilon):
+    return one_pass(jnp.sum(sums, axis=0), jnp.sum(squares, axis=0), features, epsilon)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _finished_through_rows(sums, squares, rows, features, epsilon):
+    return _finish(sums, squares, features, epsilon)
+
+
+def _finish_forward(sums, squares, rows, features, epsilon):
+    totals = (jnp.sum(sums, axis=0), jnp.sum(squares, axis=0))
+    return one_pass(*totals, features, epsilon), (totals, rows, sums, squares)
+
+
+def _finish_backward(features, epsilon, saved, cotangent):
+    (total, total_squares), rows, sums, squares = saved
+    _, pullback = jax.vjp(lambda s, q: one_pass(s, q, features, epsilon), total, total_squares)
+    d_sum, d_square = pullback(cotangent)
+    d_rows = d_sum[..., None] + 2.0 * rows.astype(jnp.float32) * d_square[..., None]
+    return jnp.zeros_like(sums), jnp.zeros_like(squares), d_rows.astype(rows.dtype)
+
+
+_finished_through_rows.defvjp(_finish_forward, _finish_backward)
+
+
 def plain_row_sums(out, tiles, epsilon):
     """``RowSums`` of ``out`` ``(batch, tokens, N)`` with XLA's ops: its columns cut into ``tiles``
     equal runs, as the kernel's column tiles sum them (the reference the kernel equals)."""
     batch, tokens, features = out.shape
     wide = jnp.moveaxis(out.astype(jnp.float32).reshape(batch, tokens, tiles, features // tiles), 2, 0)
-    return RowSums(jnp.sum(wide, axis=-1), jnp.sum(wide * wide, axis=-1), features, epsilon)
+    return RowSums(jnp.sum(wide, axis=-1), jnp.sum(wide * wide, axis=-1), features, epsilon, rows=out)
 
 
 def with_statistics(norm):
@@ -58,16 +93,3 @@ def with_statistics(norm):
     if norm is not None and len(norm) == 3 and isinstance(norm[0], RowSums):
         return (*norm[0].statistics(), norm[1], norm[2])
     return norm
-
-
-def output_cotangent(out, out_cotangent, sums_cotangent):
-    """The cotangent of ``out`` ``(batch, tokens, N)``, whose ``RowSums`` a kernel also gave, from
-    both outputs' cotangents: ``d out + d sums + 2 out d squares``, each row's sum and square
-    cotangent spread over its column tile's run (the vjp of ``plain_row_sums``; a training
-    call's statistics reach the residual stream through it). In ``out_cotangent``'s dtype."""
-    batch, tokens, features = out.shape
-    tiles = sums_cotangent.sums.shape[0]
-    wide = out.astype(jnp.float32).reshape(batch, tokens, tiles, features // tiles)
-    sums, squares = (jnp.moveaxis(t, 0, 2)[..., None] for t in (sums_cotangent.sums, sums_cotangent.squares))
-    spread = (sums + 2.0 * wide * squares).reshape(out.shape)
-    return (out_cotangent.astype(jnp.float32) + spread).astype(out_cotangent.dtype)

@@ -30,16 +30,14 @@ Keras distribution, and training calls of blocks with dropout.
 
 Training calls (``training=True``, without dropout): fc1's epilogue writes its pre-activations
 and their GELU (``keep_pre_activation``), fc2 reads the GELU's output forward and the
-pre-activations backward (``input_activation``, ``activated``), and XLA applies fc2's gate,
-stochastic depth and residual add. The attention's out-projection keeps its residual add (and,
-one-pass, its row sums for the second LayerNorm, finished by XLA so that autodiff reaches
-them) where the block has no stochastic depth. Each kernel's backward pass is grouped kernels
-too (``kernels.grouped_gradients``: dX by the transposed weights, fc2's with the GELU's
-derivative in its epilogue; dW and db by one weight-gradient launch). With the gate or an
-activation in the epilogue the backward passes recompute the per-group path, which made
-MoNE-ViT-B/16's training step (bf16, batch 128) compiled for an H200 move 98.6 GB against 63.0
-per group (BENCHMARKS.md). Gradients of an inference call (``jax.grad`` outside training) go
-through those fused kernels and are exact.
+pre-activations backward (``input_activation``, ``activated``). The out-projections keep their
+epilogues (residual adds, MoNE's gate, and one-pass the next LayerNorms' row sums, finished by
+XLA so that autodiff reaches them) unless the block has stochastic depth, where XLA applies
+them. Each kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``: dX by
+the transposed weights, fc2's with the GELU's derivative in its epilogue; dW and db by one
+weight-gradient launch; the gate's gradient from the projection fc2's forward pass kept). Only
+an inference call's fc1 (its GELU in the epilogue) or a prologue finishing row sums make the
+backward pass recompute the per-group path (``jax.grad`` outside training; exact).
 """
 
 import weakref
@@ -79,11 +77,11 @@ def kernel_block_applies(block, groups, widths, gates, training=None, return_rec
 def kernel_block(block, groups, widths, gates=None, training=False):
     """``block``'s outputs for token ``groups`` (``(batch, k_j, D)`` each) at ``widths``,
     gated by ``gates`` (``None`` or one ``(batch, k_j)`` tensor or ``None`` per group):
-    ``(batch, k_j, D)`` each, as the generic path gives them. ``training``: the out-projections'
-    epilogues (gate, residual adds) by XLA and fc1 keeping its pre-activations, so that every
-    kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``); the LayerNorm
-    prologues and fc1's GELU stay the kernels'. Inference in the one-pass statistics form keeps
-    fc2's row sums for the next kernel block (see the module docstring)."""
+    ``(batch, k_j, D)`` each, as the generic path gives them. ``training``: fc1 keeping its
+    pre-activations, so that every kernel's backward pass is grouped kernels too
+    (``kernels.grouped_gradients``), and the out-projections' epilogues by XLA where the block has
+    stochastic depth. In the one-pass statistics form fc2's row sums go to the next kernel block
+    (see the module docstring)."""
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     dtype = block.compute_dtype
@@ -97,10 +95,11 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     batch, tokens = stream.shape[0], stream.shape[1]
     attention, mlp = block.attention, block.mlp
     mlp_gelu = _kernel_gelu(mlp.gelu_approximate)  # float32 arithmetic, the result in the compute dtype
+    in_kernel = _epilogue_in_kernel(block, training)
 
     def project(layer, x, side, residual=None, scale=None, **options):
         kernel, bias, x = stored(layer.kernel), stored(layer.bias), ops.cast(x, dtype)
-        if _epilogue_in_kernel(block, scale, training):  # (training: a plain residual add, its gradient grouped)
+        if in_kernel:  # (training: its gradients grouped too, kernels.grouped_projection)
             return grouped_projection(x, kernel, bias, layout, side, residual=residual, scale=scale,
                                       interpret=interpret, **options)
         out = grouped_projection(x, kernel, bias, layout, side, interpret=interpret, **options)
@@ -112,7 +111,9 @@ def kernel_block(block, groups, widths, gates=None, training=False):
 
     heads = (batch, tokens, attention.num_heads, block.hidden_dim // attention.num_heads)
     # q, k and v written apart by the kernel: the fused attention reads them without a split copy
-    carried = None if training else _carried_statistics(entry, block.norm1, stream)  # the previous fc2's sums
+    carried = _carried_statistics(entry, block.norm1, stream)  # the previous fc2's sums
+    # (training: finished by XLA, so that autodiff reaches the sums; inference: in the kernel's prologue)
+    carried = carried.statistics() if training and carried is not None else carried
     query, key, value = (ops.reshape(t, heads) for t in normalized_projection(block.norm1, attention.qkv, stream,
                                                                                statistics=carried, parts=3))
     if attention_form() != "explicit":  # fused or flash
@@ -121,35 +122,34 @@ def kernel_block(block, groups, widths, gates=None, training=False):
         attended = multi_head_attention(ops.stack([query, key, value], axis=2))
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     # the second LayerNorm's one-pass statistics from the out-projection's row sums (``kernels.row_sums``)
-    epsilon = _summing_epsilon(block.norm2, stream, _epilogue_in_kernel(block, None, training))
+    epsilon = _summing_epsilon(block.norm2, stream, in_kernel)
     mid = project(attention.out, attended, "out", residual=stream, statistics_epsilon=epsilon)
     mid, mid_statistics = (mid, None) if epsilon is None else mid
-    scale = _gate_scale(block, groups, gates, training)
+    scale = _gate_scale(block, groups, gates, in_kernel)
+    # the next block's first LayerNorm's sums, where it is this block's (checked there)
+    epsilon = _summing_epsilon(block.norm1, stream, in_kernel)
     if training:  # fc1 stores its pre-activations and their GELU; fc2's backward pass applies the derivative
         # (the statistics finished by XLA, whose autodiff gives the row sums' cotangents)
         mid_statistics = None if mid_statistics is None else mid_statistics.statistics()
         hidden, activated = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics,
                                                   activation=mlp_gelu, keep_pre_activation=True)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, input_activation=mlp_gelu,
-                          activated=activated)
-        statistics = None
+                          activated=activated, statistics_epsilon=epsilon)
     else:
         hidden = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics, activation=mlp_gelu)
-        # and the next block's first LayerNorm's, where it is this block's (checked there)
-        epsilon = _summing_epsilon(block.norm1, stream)
         outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, statistics_epsilon=epsilon)
-        outputs, statistics = (outputs, None) if epsilon is None else outputs
+    outputs, statistics = (outputs, None) if epsilon is None else outputs
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     pieces = [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
     _carry(pieces, outputs, statistics)
     return pieces
 
 
-def _epilogue_in_kernel(block, scale, training):
-    """Whether an out-projection's epilogue (residual add, gate ``scale``) is its kernel's:
-    always in inference; in training only a plain residual add (no gate, no stochastic depth),
-    whose gradient the grouped backward pass gives (``kernels.grouped_projection``)."""
-    return not training or (scale is None and not block.drop_path.rate)
+def _epilogue_in_kernel(block, training):
+    """Whether the out-projections' epilogues (residual adds, MoNE's gate) are their kernels':
+    always in inference; in training unless the block has stochastic depth (then XLA applies
+    them, ``_epilogue``). Their gradients are grouped kernels too (``kernels.grouped_projection``)."""
+    return not training or not block.drop_path.rate
 
 
 def _summing_epsilon(norm, x, in_kernel=True):
@@ -239,18 +239,19 @@ def _prologue(norm, x, statistics=None):
     return (*statistics, *weights) if isinstance(statistics, tuple) else (statistics, *weights)
 
 
-def _gate_scale(block, groups, gates, training):
+def _gate_scale(block, groups, gates, in_kernel):
     """MoNE's gate per token for the out-projection's epilogue, ``(gate, alpha)``: the gates of all
     groups joined, ``(batch, tokens)`` (0 for an ungated group: a factor of 1), and the block's
-    alpha; ``None`` where no group is gated or the block has no MoNE gate. The inference kernels compute ``alpha g + 1``
-    themselves (``kernels.grouped_kernel.gated_scale``): the joined gates are the same for
-    every block after a router, so XLA computes them once, not a factor per block. Alpha as
-    stored (float32; no cast per block under mixed precision, as the kernels read their weights)
-    at inference; in ``training`` as the generic path reads it (``_epilogue``). Under mixed
-    precision the two therefore differ by bf16 rounding of alpha and of the factor."""
+    alpha; ``None`` where no group is gated or the block has no MoNE gate. The kernels compute
+    ``alpha g + 1`` themselves (``kernels.grouped_kernel.gated_scale``): the joined gates are the
+    same for every block after a router, so XLA computes them once, not a factor per block. Alpha
+    as stored (float32; no cast per block under mixed precision, as the kernels read their
+    weights) for the kernel's epilogue (``in_kernel``); else as the generic path reads it
+    (``_epilogue``). Under mixed precision the two therefore differ by bf16 rounding of alpha
+    and of the factor."""
     if block.gate != "mone" or gates is None or all(g is None for g in gates):
         return None
     dtype = next(g for g in gates if g is not None).dtype
     parts = [ops.zeros(group.shape[:2], dtype) if gate is None else gate for group, gate in zip(groups, gates)]
-    alpha = block.alpha if training else stored(block.alpha)
+    alpha = stored(block.alpha) if in_kernel else block.alpha
     return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1), alpha
