@@ -581,7 +581,43 @@ def test_a_traced_kernel_block_reads_the_previous_kernel_blocks_joined_outputs(m
         assert_f32_close(np.asarray(a), np.asarray(b), ulps=64)
 
 
-def test_training_calls_run_the_kernels_without_epilogues_unless_the_block_drops(monkeypatch):
+@pytest.mark.parametrize("statistics", ["keras", "one_pass"])
+def test_a_single_group_blocks_carried_entry_holds_nothing_of_its_outputs(monkeypatch, statistics):
+    """One group (MatViT's blocks; a group holding every token) is the joined stream itself: the
+    carried entry keeps neither it nor its rows, so it goes with the outputs, traced (no leaked
+    tracer, ``jax.checking_leaks``) or eager, training or not; the values are the per-group path's."""
+    import gc
+
+    import jax
+
+    from keras_mone.layers import grouped_block
+    from keras_mone.layers.block import ViTBlock
+
+    monkeypatch.setenv("KERAS_MONE_STATISTICS", statistics)
+    rng = np.random.default_rng(23)
+    first, second = ViTBlock(32, 4, 64, name="first"), ViTBlock(32, 4, 64, name="second")
+    for made in (first, second):
+        made.build((None, None, 32))
+    x = _normal(rng, 2, 8, 32)
+
+    def chained(x, training):
+        return second(first(x, widths=(16,), training=training), widths=(16,), training=training)
+
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "grouped_kernel")
+    for training in (False, True):
+        with jax.checking_leaks():
+            traced = jax.jit(chained, static_argnums=1)(x, training)
+        gc.collect()
+        assert grouped_block._CARRIED == [], training
+        eager = chained(x, training)
+        del eager
+        gc.collect()
+        assert grouped_block._CARRIED == [], training
+    monkeypatch.setenv("KERAS_MONE_PROJECTIONS", "per_group")
+    assert_f32_close(np.asarray(traced), np.asarray(chained(x, True)), ulps=64)
+
+
+def test_training_calls_run_the_kernels_with_their_epilogues_unless_the_block_drops(monkeypatch):
     """Training calls take the kernels with the out-projections' epilogues (residual adds, MoNE's
     gate) unless the block has stochastic depth (then XLA's); fc1 stores its pre-activations
     beside its GELU, which fc2 reads (the kernels' backward passes are then grouped kernels); they

@@ -23,12 +23,11 @@ in one launch (MoNE App. A.1 Eq. 5-7). Its gradients are grouped nested products
   both kernels, never joined.
 * The LayerNorm prologue's vjp is XLA's.
 
-``projection_gradients`` is the backward pass of a projection without an epilogue
-(``grouped_projection`` with no activation or scale, or fc1 keeping its pre-activations beside
-its activation; with or without the LayerNorm prologue, ``parts`` and ``input_activation``; a
-residual add's cotangent is the output's, which ``grouped_projection`` passes on): the form
-``layers.grouped_block`` takes in training, where XLA applies the gate and fc2's residual add.
-``plain_weight_gradient`` and
+``projection_gradients`` is the backward pass of a projection from its output's cotangent (no
+activation epilogue, or fc1 keeping its pre-activations beside its activation; with or without
+the LayerNorm prologue, ``parts`` and ``input_activation``): the form ``layers.grouped_block``
+takes in training. ``grouped_projection``'s vjp gives an out-projection's residual and gate their
+cotangents and passes the gated one on (``factor * d out``). ``plain_weight_gradient`` and
 ``plain_bias_gradient`` are ``dW`` and ``db`` with XLA's ops: the references the kernel equals.
 """
 

@@ -86,7 +86,10 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
         statistics_epsilon: ``side="out"``: also return the output rows' sums and sums of
             squares of the stored values, a ``kernels.row_sums.RowSums`` for a LayerNorm of this
             epsilon (one-pass statistics, ``layers.layer_norm``'s "one_pass" form): the next
-            in-projection's ``norm=(RowSums, gamma, beta)``, with no pass over the output.
+            in-projection's ``norm=(RowSums, gamma, beta)``, with no pass over the output. The
+            statistics' gradient (``RowSums.statistics``) reaches the output through
+            ``RowSums.rows``; the kernel's sums themselves carry none (the plain path's are
+            differentiable functions of the output: the same gradient for the statistics).
         statistics_tiles: the number of column runs the sums are cut into (the kernel's column
             tiles: ``grouped_projection`` passes its own).
 
@@ -244,12 +247,9 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
                                                        input_activation, activated)
         return dx, dw, db, d_residual, d_scale, dnorm, None
 
-    def plain(x, w, b, residual, scale, norm):
-        epsilon, tiles = (None, 1) if statistics is None else statistics
-        out = plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
-                                       input_activation, keep_pre_activation=keep_pre, statistics_epsilon=epsilon,
-                                       statistics_tiles=tiles)
-        return out if statistics is None else (out[0], out[1].sums, out[1].squares)
+    def plain(x, w, b, residual, scale, norm):  # (side "in": an activation epilogue or a RowSums prologue)
+        return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
+                                        input_activation, keep_pre_activation=keep_pre)
 
     with precision_context(precision):
         _, pullback = jax.vjp(plain, *inputs)

@@ -37,6 +37,10 @@ class RowSums:
         sums, squares, rows = leaves
         return cls(sums, squares, *static, rows=rows)
 
+    def with_rows(self, rows):
+        """The same sums, their gradient through ``rows`` (or none: ``None``)."""
+        return RowSums(self.sums, self.squares, self.features, self.epsilon, rows=rows)
+
     def statistics(self):
         """``(mean, rstd)``, each ``(batch, tokens)`` float32 (``one_pass``). With ``rows`` their
         gradient reaches the rows (``d rows = d sum + 2 rows d square``, the sums' vjp) and not

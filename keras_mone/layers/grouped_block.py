@@ -164,10 +164,12 @@ def _summing_epsilon(norm, x, in_kernel=True):
 
 _CARRIED = []
 """The last kernel block's outputs for the next kernel block: one entry ``[weak references to
-its output groups, their joined stream (while traced) or None, RowSums or None, finalizer]``,
-dropped when its first group is freed (the end of a trace, or of an eager call whose outputs
-the caller does not keep) or when the next kernel block replaces it. The joined stream is held
-only under a trace (a tracer): eagerly it would keep a second copy of the outputs alive."""
+its output groups, their joined stream (while traced) or None, RowSums (without their rows) or
+None, finalizer]``, dropped when its first group is freed (the end of a trace, or of an eager
+call whose outputs the caller does not keep) or when the next kernel block replaces it. It
+holds nothing an output group is, or that holds one: eagerly the joined stream would be a
+second copy of the outputs, and an entry holding its first group would never be dropped (a
+single group is the joined stream itself)."""
 
 
 def _carry(pieces, joined, statistics):
@@ -176,7 +178,10 @@ def _carry(pieces, joined, statistics):
     _CARRIED.clear()
     import jax  # (kernel blocks run on jax only)
 
-    joined = joined if isinstance(joined, jax.core.Tracer) else None
+    if not isinstance(joined, jax.core.Tracer) or any(piece is joined for piece in pieces):
+        joined = None  # (a single group is the stream already)
+    if statistics is not None:  # the rows go: the next block gives its stream (_carried_statistics)
+        statistics = statistics.with_rows(None)
     if joined is None and statistics is None:
         return
     entry = [tuple(weakref.ref(piece) for piece in pieces), joined, statistics]
@@ -201,17 +206,18 @@ def _carried_entry(groups):
 
 
 def _carried_statistics(entry, norm, stream):
-    """The ``RowSums`` of ``stream`` (the joined groups) from the previous kernel block's fc2
-    (``entry``, ``_carried_entry``), in this block's dtype, where ``norm`` takes its statistics
-    from them with the same epsilon (``_summing_epsilon``); else ``None``."""
+    """The ``RowSums`` of ``stream`` (the joined groups, their ``rows``) from the previous kernel
+    block's fc2 (``entry``, ``_carried_entry``), in this block's dtype, where ``norm`` takes its
+    statistics from them with the same epsilon (``_summing_epsilon``); else ``None``."""
     statistics = None if entry is None else entry[2]
-    if statistics is None or entry[0][0]().dtype != stream.dtype:
+    if statistics is None or entry[0][0]().dtype != stream.dtype or _summing_epsilon(norm, stream) != statistics.epsilon:
         return None
-    return statistics if _summing_epsilon(norm, stream) == statistics.epsilon else None
+    # the rows the sums were taken of: the stream (the same values), whose cotangent reaches the groups
+    return statistics.with_rows(stream)
 
 
 def _epilogue(out, residual, scale, block):
-    """The out-projections' epilogue by XLA (training): ``residual + drop_path(factor * out)`` in
+    """The out-projections' epilogue by XLA (training with stochastic depth): ``residual + drop_path(factor * out)`` in
     the compute dtype, the factor from ``scale``'s ``(gate, alpha)`` by the block's gate
     (``gates.NestedExpertGate.mlp_scale``), as the generic path computes it, so that autodiff
     reaches the gate. ``block.drop_path``: the block's stochastic depth, one draw per example

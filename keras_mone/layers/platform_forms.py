@@ -182,10 +182,9 @@ def projections_form():
     torch's forward issues 279 ops and launches per image against 435 per group (dense: 151;
     ``bench/torch_op_count.py``). Compiled on a GPU, interpreted elsewhere (exact and slow: for
     tests). On jax training calls take the kernels with their epilogues too (XLA's where a block
-    has stochastic depth), and their backward passes are grouped kernels too
-    (``kernels.grouped_gradients``: the bf16 training step at batch 128 compiled for an H200,
-    bound 2.26x dense; BENCHMARKS.md, "The training step's epilogues in the kernels"); torch's
-    backward passes recompute the per-group path. Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    has stochastic depth), their backward passes grouped kernels (``kernels.grouped_gradients``:
+    the bf16 training step at batch 128 compiled for an H200, bound 2.26x dense; BENCHMARKS.md,
+    "The training step's epilogues in the kernels"); torch's recompute the per-group path. Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
     chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
     backend = keras.backend.backend()
     if chosen != "per_group" and backend not in ("jax", "torch"):
