@@ -19,6 +19,17 @@ def _normal(rng, *shape):
     return rng.normal(size=shape).astype("float32")
 
 
+def _weight_gradient_sides(monkeypatch):
+    """The ``side`` of every weight-gradient launch from here on (the grouped backward pass ran,
+    not the per-group recompute)."""
+    from keras_mone.kernels import grouped_gradients
+
+    calls, original = [], grouped_gradients.grouped_weight_gradient
+    monkeypatch.setattr(grouped_gradients, "grouped_weight_gradient",
+                        lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    return calls
+
+
 def _numpy_weight_gradient(x, dy, layout, side):
     """sum over groups of x_g[:, :d]^T dy_g (in) or x_g^T dy_g[:, :d] (out), float64."""
     out, start = np.zeros((x.shape[-1], dy.shape[-1])), 0
@@ -277,13 +288,9 @@ def test_projections_without_an_epilogue_differentiate_through_the_grouped_kerne
     the weight-gradient kernel (not the per-group recompute)."""
     import jax
 
-    from keras_mone.kernels import grouped_gradients
     from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
 
-    calls = []
-    original = grouped_gradients.grouped_weight_gradient
-    monkeypatch.setattr(grouped_gradients, "grouped_weight_gradient",
-                        lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    calls = _weight_gradient_sides(monkeypatch)
     rng = np.random.default_rng(3)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
     x = 2.0 + _normal(rng, 2, 14, 64)
@@ -320,17 +327,14 @@ def _statistics(sums, function):
 def test_an_out_projection_with_a_residual_and_row_sums_differentiates_through_the_grouped_kernels(monkeypatch):
     """The attention's out-projection of a training call (its residual add and, one-pass, the
     second LayerNorm's row sums in the kernel): gradients of x, W, b and the residual equal the
-    plain path's, the row sums' cotangents (through the statistics they finish) reaching the
-    output, and the backward pass runs the weight-gradient kernel, not the per-group recompute."""
+    plain path's (its statistics' by autodiff of its sums), the statistics' gradient reaching the
+    output through the rows, and the backward pass runs the weight-gradient kernel, not the
+    per-group recompute."""
     import jax
 
-    from keras_mone.kernels import grouped_gradients
     from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
 
-    calls = []
-    original = grouped_gradients.grouped_weight_gradient
-    monkeypatch.setattr(grouped_gradients, "grouped_weight_gradient",
-                        lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    calls = _weight_gradient_sides(monkeypatch)
     rng = np.random.default_rng(9)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
     x, residual = _normal(rng, 2, 14, 64), 1.0 + _normal(rng, 2, 14, 64)
@@ -365,14 +369,10 @@ def test_a_gated_out_projection_differentiates_through_the_grouped_kernels(monke
     the projection the forward pass kept, and the weight-gradient kernel runs."""
     import jax
 
-    from keras_mone.kernels import grouped_gradients
     from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
     from keras_mone.layers.mlp import _kernel_gelu
 
-    calls = []
-    original = grouped_gradients.grouped_weight_gradient
-    monkeypatch.setattr(grouped_gradients, "grouped_weight_gradient",
-                        lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    calls = _weight_gradient_sides(monkeypatch)
     rng = np.random.default_rng(12)
     layout, gelu = ((5, 16), (0, 32), (7, 48), (2, 64)), _kernel_gelu(False)
     x, residual = _normal(rng, 2, 14, 96), 1.0 + _normal(rng, 2, 14, 64)
