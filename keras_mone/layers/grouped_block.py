@@ -112,7 +112,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     heads = (batch, tokens, attention.num_heads, block.hidden_dim // attention.num_heads)
     # q, k and v written apart by the kernel: the fused attention reads them without a split copy
     carried = _carried_statistics(entry, block.norm1, stream)  # the previous fc2's sums
-    # (training: finished by XLA, so that autodiff reaches the sums; inference: in the kernel's prologue)
+    # (training: finished by XLA, so that autodiff reaches the stream as their rows; inference: in the prologue)
     carried = carried.statistics() if training and carried is not None else carried
     query, key, value = (ops.reshape(t, heads) for t in normalized_projection(block.norm1, attention.qkv, stream,
                                                                                statistics=carried, parts=3))
@@ -129,7 +129,7 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     # the next block's first LayerNorm's sums, where it is this block's (checked there)
     epsilon = _summing_epsilon(block.norm1, stream, in_kernel)
     if training:  # fc1 stores its pre-activations and their GELU; fc2's backward pass applies the derivative
-        # (the statistics finished by XLA, whose autodiff gives the row sums' cotangents)
+        # (the statistics finished by XLA, whose autodiff reaches mid as their rows: RowSums.statistics)
         mid_statistics = None if mid_statistics is None else mid_statistics.statistics()
         hidden, activated = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics,
                                                   activation=mlp_gelu, keep_pre_activation=True)
@@ -210,19 +210,21 @@ def _carried_statistics(entry, norm, stream):
     block's fc2 (``entry``, ``_carried_entry``), in this block's dtype, where ``norm`` takes its
     statistics from them with the same epsilon (``_summing_epsilon``); else ``None``."""
     statistics = None if entry is None else entry[2]
-    if statistics is None or entry[0][0]().dtype != stream.dtype or _summing_epsilon(norm, stream) != statistics.epsilon:
+    if statistics is None or entry[0][0]().dtype != stream.dtype:
+        return None
+    if _summing_epsilon(norm, stream) != statistics.epsilon:
         return None
     # the rows the sums were taken of: the stream (the same values), whose cotangent reaches the groups
     return statistics.with_rows(stream)
 
 
 def _epilogue(out, residual, scale, block):
-    """The out-projections' epilogue by XLA (training with stochastic depth): ``residual + drop_path(factor * out)`` in
-    the compute dtype, the factor from ``scale``'s ``(gate, alpha)`` by the block's gate
-    (``gates.NestedExpertGate.mlp_scale``), as the generic path computes it, so that autodiff
-    reaches the gate. ``block.drop_path``: the block's stochastic depth, one draw per example
-    for all its tokens (the generic path's draw over its groups: the same shape, so the same
-    draws)."""
+    """The out-projections' epilogue by XLA (training with stochastic depth): ``residual +
+    drop_path(factor * out)`` in the compute dtype, the factor from ``scale``'s ``(gate, alpha)``
+    by the block's gate (``gates.NestedExpertGate.mlp_scale``), as the generic path computes it,
+    so that autodiff reaches the gate. ``block.drop_path``: the block's stochastic depth, one draw
+    per example for all its tokens (the generic path's draw over its groups: the same shape, so
+    the same draws)."""
     if residual is None:
         return out
     if scale is not None:

@@ -177,14 +177,14 @@ def projections_form():
     it needs Triton). On an H200 MoNE-ViT-B/16's forward launched 1039 kernels against dense's
     350, and at batch 64 and for ViViT at batch 1 the launches and the small per-group GEMMs
     outweighed the FLOPs saved (BENCHMARKS.md, "MoNE on an H200, measured again"). Compiled for
-    an H200 without one, jax's bf16 forward at batch 256 has 161 kernels (per group: 797) and a
-    roofline bound of 3.07x dense (1.66x; BENCHMARKS.md, "One kernel per nested projection");
-    torch's forward issues 279 ops and launches per image against 435 per group (dense: 151;
-    ``bench/torch_op_count.py``). Compiled on a GPU, interpreted elsewhere (exact and slow: for
-    tests). On jax training calls take the kernels with their epilogues too (XLA's where a block
-    has stochastic depth), their backward passes grouped kernels (``kernels.grouped_gradients``:
-    the bf16 training step at batch 128 compiled for an H200, bound 2.26x dense; BENCHMARKS.md,
-    "The training step's epilogues in the kernels"); torch's recompute the per-group path. Not timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    an H200 without one, jax's bf16 forward at batch 256 has 104 kernels (per group: 797), bound
+    3.33x dense (1.66x; BENCHMARKS.md); torch's forward issues 220-233 ops and launches per image
+    (per group 424; dense: 151 in float32; ``bench/torch_op_count.py``). Compiled on a GPU,
+    interpreted elsewhere (exact and slow: for tests). On jax training calls take the kernels
+    with their epilogues too (XLA's where a block has stochastic depth), their backward passes
+    grouped kernels (``kernels.grouped_gradients``: the bf16 training step at batch 128 compiled
+    for an H200, bound 2.26x dense); torch's recompute the per-group path. Not timed on a card:
+    ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
     chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
     backend = keras.backend.backend()
     if chosen != "per_group" and backend not in ("jax", "torch"):
