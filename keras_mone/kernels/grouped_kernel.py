@@ -315,11 +315,13 @@ def _projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_
         part_step = functools.partial(step, x_ref=x_ref, offset=part * part_contraction)
         accumulator = jax.lax.fori_loop(0, steps, part_step, accumulator)
     accumulator = accumulator + b_ref[:, pl.ds(start, block_cols)].astype(jnp.float32)
-    if keep_pre:  # the pre-activations (an out-projection's zeros past the width) first, then the output
+    if side == "out":  # Eq. 7's Pad: zeros past the group's width, in the output and in what keep_pre stores
+        accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
+    if keep_pre:  # the pre-activations (an out-projection's before its gate and residual) first, then the output
         pre_ref, *outputs = outputs
-        kept = accumulator if side == "in" else jnp.where((columns < width)[None, :], accumulator, 0.0)
-        pl_triton.store(pre_ref.at[rows[:, None], columns[None, :]], kept.astype(pre_ref.dtype), mask=valid[:, None])
-    accumulator = _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of,
+        pl_triton.store(pre_ref.at[rows[:, None], columns[None, :]], accumulator.astype(pre_ref.dtype),
+                        mask=valid[:, None])
+    accumulator = _epilogue(accumulator, inputs, rows, columns, valid, side, activation, derivative_of,
                             has_scale, has_residual).astype(outputs[0].dtype)
     _store(outputs, accumulator, rows, columns, valid, (start, column_tile), parts, row_sums)
 
@@ -361,10 +363,9 @@ def _prologue_statistics(inputs, rows, valid, has_norm, features):
     return one_pass(sums, squares, features, epsilon)
 
 
-def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation, derivative_of, has_scale,
-              has_residual):
-    """A program's float32 tile after its bias: an in-projection's activation or derivative, an
-    out-projection's zeros past the group's width, gate and residual."""
+def _epilogue(accumulator, inputs, rows, columns, valid, side, activation, derivative_of, has_scale, has_residual):
+    """A program's float32 tile after its bias (an out-projection's already zero past the group's
+    width): an in-projection's activation or derivative, an out-projection's gate and residual."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
@@ -376,7 +377,6 @@ def _epilogue(accumulator, inputs, rows, columns, valid, width, side, activation
             pre = pre.astype(jnp.float32)
             accumulator = accumulator * jax.jvp(derivative_of, (pre,), (jnp.ones_like(pre),))[1]
         return accumulator
-    accumulator = jnp.where((columns < width)[None, :], accumulator, 0.0)
     if has_scale:  # "scale": the factor per row; "gate": alpha g + 1 from the gate per row and alpha
         factor_ref = inputs[-2] if has_scale == "gate" else inputs[-1]
         scale = pl_triton.load(factor_ref.at[0, rows], mask=valid, other=0).astype(jnp.float32)

@@ -88,8 +88,8 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     interpret = accelerator() != "gpu"
     layout = tuple((g.shape[1], w) for g, w in zip(groups, widths))
     entry = _carried_entry(groups)  # groups that are the previous kernel block's outputs: its joined stream
-    if entry is not None and entry[1] is not None and entry[1].dtype == dtype:
-        stream = entry[1]  # (no split and join of the stream's cotangent between the blocks in training)
+    if entry is not None and entry.joined is not None and entry.joined.dtype == dtype:
+        stream = entry.joined  # (no split and join of the stream's cotangent between the blocks in training)
     else:
         stream = ops.cast(groups[0] if len(groups) == 1 else ops.concatenate(groups, axis=1), dtype)
     batch, tokens = stream.shape[0], stream.shape[1]
@@ -163,18 +163,27 @@ def _summing_epsilon(norm, x, in_kernel=True):
 
 
 _CARRIED = []
-"""The last kernel block's outputs for the next kernel block: one entry ``[weak references to
-its output groups, their joined stream (while traced) or None, RowSums (without their rows) or
-None, finalizer]``, dropped when its first group is freed (the end of a trace, or of an eager
-call whose outputs the caller does not keep) or when the next kernel block replaces it. It
-holds nothing an output group is, or that holds one: eagerly the joined stream would be a
-second copy of the outputs, and an entry holding its first group would never be dropped (a
-single group is the joined stream itself)."""
+"""The last kernel block's outputs for the next kernel block: at most one ``_Carried``, dropped
+when its first group is freed (the end of a trace, or of an eager call whose outputs the caller
+does not keep) or when the next kernel block replaces it."""
+
+
+class _Carried:
+    """Weak references to a kernel block's output groups (``references``), their joined stream
+    (``joined``, while traced; else ``None``) and fc2's ``RowSums`` without their rows
+    (``statistics``, or ``None``). It holds nothing an output group is, or that holds one:
+    eagerly the joined stream would be a second copy of the outputs, and an entry holding its
+    first group would never be dropped (a single group is the joined stream itself)."""
+
+    def __init__(self, pieces, joined, statistics):
+        self.references = tuple(weakref.ref(piece) for piece in pieces)
+        self.joined, self.statistics = joined, statistics
+        self.finalizer = weakref.finalize(pieces[0], _forget, id(self))
 
 
 def _carry(pieces, joined, statistics):
     if _CARRIED:  # the entry replaced: its finalizer (which holds nothing of it) goes too
-        _CARRIED[0][3].detach()
+        _CARRIED[0].finalizer.detach()
     _CARRIED.clear()
     import jax  # (kernel blocks run on jax only)
 
@@ -182,11 +191,8 @@ def _carry(pieces, joined, statistics):
         joined = None  # (a single group is the stream already)
     if statistics is not None:  # the rows go: the next block gives its stream (_carried_statistics)
         statistics = statistics.with_rows(None)
-    if joined is None and statistics is None:
-        return
-    entry = [tuple(weakref.ref(piece) for piece in pieces), joined, statistics]
-    entry.append(weakref.finalize(pieces[0], _forget, id(entry)))
-    _CARRIED.append(entry)
+    if joined is not None or statistics is not None:
+        _CARRIED.append(_Carried(pieces, joined, statistics))
 
 
 def _forget(entry_id):
@@ -195,11 +201,11 @@ def _forget(entry_id):
 
 
 def _carried_entry(groups):
-    """The previous kernel block's entry (``_CARRIED``) where ``groups`` are its very outputs
-    (the same objects, in order, so no regrouping or other op came between); else ``None``."""
+    """The previous kernel block's ``_Carried`` where ``groups`` are its very outputs (the same
+    objects, in order, so no regrouping or other op came between); else ``None``."""
     if not _CARRIED:
         return None
-    references = _CARRIED[0][0]
+    references = _CARRIED[0].references
     if len(references) != len(groups) or any(ref() is not group for ref, group in zip(references, groups)):
         return None
     return _CARRIED[0]
@@ -209,8 +215,8 @@ def _carried_statistics(entry, norm, stream):
     """The ``RowSums`` of ``stream`` (the joined groups, their ``rows``) from the previous kernel
     block's fc2 (``entry``, ``_carried_entry``), in this block's dtype, where ``norm`` takes its
     statistics from them with the same epsilon (``_summing_epsilon``); else ``None``."""
-    statistics = None if entry is None else entry[2]
-    if statistics is None or entry[0][0]().dtype != stream.dtype:
+    statistics = None if entry is None else entry.statistics
+    if statistics is None or entry.references[0]().dtype != stream.dtype:
         return None
     if _summing_epsilon(norm, stream) != statistics.epsilon:
         return None
