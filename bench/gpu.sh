@@ -43,7 +43,9 @@
 #      (KERAS_MONE_PROJECTIONS=grouped_kernel): triton_grouped_tiles (bench/triton_grouped_tiles.py: its tiles
 #      against torch's per-group ops, each checked), then vit_b16_b256_torch_grouped (eager, bf16, batch 256,
 #      the screen's winners), vit_b16_b64_torch_grouped (eager, float32, batch 64) and
-#      vit_b16_b256_torch_compiled_grouped (torch.compile's default mode, bf16, batch 256)
+#      vit_b16_b256_torch_compiled_grouped (torch.compile's default mode, bf16, batch 256); the two eager runs
+#      again with a statistics kernel per LayerNorm (*_row_kernel, KERAS_MONE_STATISTICS=kernel) in place
+#      of the out-projections' partial statistics
 #   5. jax   ViViT-FE-B/16 32x256x256, e_c 0.4, batch 1, float32, device input
 #   6. jax   ViViT-FE-B/16 32x256x256, e_c 0.3, batch 8, float32 + mixed_bfloat16, device input
 #   7. jax   run 1 at e_c 0.3, mixed_bfloat16, device input, with the CPU's explicit attention
@@ -333,6 +335,12 @@ KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$torch_grouped_tiles
     --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
 PROJECTIONS=grouped_kernel bench vit_b16_b64_torch_grouped torch "${B16[@]}" --capacities 0.3 --batch-size 64 \
     --precision float32 --no-train-step --no-host-input --no-timm
+# the same two with each LayerNorm's statistics by a kernel of their own (the form before the partials)
+KERAS_MONE_STATISTICS=kernel KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$torch_grouped_tiles}" \
+    PROJECTIONS=grouped_kernel bench vit_b16_b256_torch_grouped_row_kernel torch "${B16[@]}" --capacities 0.3 \
+    --batch-size 256 --precision mixed_bfloat16 --no-train-step --no-host-input --no-timm
+KERAS_MONE_STATISTICS=kernel PROJECTIONS=grouped_kernel bench vit_b16_b64_torch_grouped_row_kernel torch "${B16[@]}" \
+    --capacities 0.3 --batch-size 64 --precision float32 --no-train-step --no-host-input --no-timm
 TIMEOUT_vit_b16_b256_torch_compiled_grouped="${TIMEOUT_vit_b16_b256_torch_compiled_grouped:-300}" \
     KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$torch_grouped_tiles}" PROJECTIONS=grouped_kernel \
     bench vit_b16_b256_torch_compiled_grouped torch "${B16[@]}" --capacities 0.3 --batch-size 256 \

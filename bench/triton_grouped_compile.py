@@ -25,8 +25,18 @@ PROJECTIONS = [("LN + q/k/v", "in", 1, 3, dict(norm=True)), ("attention out + re
                ("attention out + residual, batch-major rows (SDPA's)", "out", 1, 1,
                 dict(residual=True, split_rows=True)),
                ("LN + fc1 + GELU", "in", 1, 4, dict(norm=True, activation="gelu")),
-               ("fc2 + gate + residual", "out", 4, 1, dict(residual=True, scale="gate"))]
-"""``(label, side, K / D, N / D, options)`` of a ViT block's four nested projections."""
+               ("fc2 + gate + residual", "out", 4, 1, dict(residual=True, scale="gate")),
+               ("LN (partials) + q/k/v", "in", 1, 3, dict(norm=True, norm_tiles="fc2")),
+               ("attention out + residual + partials", "out", 1, 1, dict(residual=True, statistics=True)),
+               ("attention out + residual + partials, batch-major rows", "out", 1, 1,
+                dict(residual=True, split_rows=True, statistics=True)),
+               ("LN (partials) + fc1 + GELU", "in", 1, 4, dict(norm=True, activation="gelu", norm_tiles="out")),
+               ("fc2 + gate + residual + partials", "out", 4, 1, dict(residual=True, scale="gate", statistics=True))]
+"""``(label, side, K / D, N / D, options)`` of a ViT block's four nested projections: with each
+LayerNorm's statistics from a kernel of their own (with autograd, under ``torch.compile``, with
+``$KERAS_MONE_STATISTICS=kernel``), then as ``layers.packed_kernels`` runs them eagerly without
+autograd, the LayerNorms' statistics from the partials of the out-projection before (``norm_tiles``
+names the one whose default column tiles they are; the first block's LN1 takes the kernel's)."""
 
 
 def main(argv=None):
@@ -49,6 +59,10 @@ def main(argv=None):
     for dtype, precision in settings:
         for label, side, k, n, options in PROJECTIONS:
             contraction, columns = k * args.dim, n * args.dim
+            source = {"fc2": 4, "out": 1}.get(options.get("norm_tiles"))
+            if source:  # partials over the default column tiles of the out-projection before
+                options = dict(options, norm_tiles=args.dim // triton_grouped_tile.default_tiles(source * args.dim,
+                                                                                                 args.dim)[1])
             for tiles in dict.fromkeys([triton_grouped_tile.default_tiles(contraction, columns), *extra]):
                 compiled = triton_grouped_tile.compile_for_cuda(contraction, columns, side, dtype, tiles,
                                                                 precision=precision, row_align=args.row_align,

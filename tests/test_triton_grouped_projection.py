@@ -459,7 +459,8 @@ def test_a_mone_vit_on_eager_torch_runs_four_launches_per_block_and_agrees(monke
     both forms are compared with the float32 model of the same weights: the kernel's error
     within twice the per-group path's plus one bf16 rounding of the largest logit (it rounds
     each epilogue once where the per-group path rounds after each op, but Triton's interpreter
-    casts to bf16 by truncation where a card rounds to nearest)."""
+    casts to bf16 by truncation where a card rounds to nearest). One statistics kernel runs, for
+    the first LayerNorm: the others take the out-projections' partials (``TilePartials``)."""
     import torch
     from conftest import assert_f32_close, images
 
@@ -481,7 +482,7 @@ def test_a_mone_vit_on_eager_torch_runs_four_launches_per_block_and_agrees(monke
             logits[form] = model(images()).float().cpu().numpy()
     compute = torch.bfloat16 if dtype == "mixed_bfloat16" else torch.float32
     assert launches == [(side, compute) for side in ("in", "out", "in", "out")] * 2
-    assert len(statistics) == 4  # both LayerNorms of both blocks as prologues
+    assert len(statistics) == 1  # the first block's LN1; LN2 and the next LN1 from the out-projections' partials
     assert np.abs(logits["per_group"]).max() > 0.1
     if dtype == "float32":
         assert_f32_close(logits["grouped_kernel"], logits["per_group"], ulps=64)
@@ -634,9 +635,12 @@ def test_compiles_for_an_h100_with_warpgroup_mma():
         "fc2 = kernel.compile_for_cuda(3072, 768, 'out', residual=True, scale='gate', groups=groups)\n"
         "out = kernel.compile_for_cuda(768, 768, 'out', residual=True, split_rows=True)\n"
         "rows = statistics.compile_for_cuda(768)\n"
-        "print(*('wgmma' in k.asm['ptx'] for k in (fc1, fc2, out)), 'ld.global' in rows.asm['ptx'])\n"
+        "fc1_partials = kernel.compile_for_cuda(768, 3072, 'in', activation='gelu', norm=True, norm_tiles=6)\n"
+        "fc2_partials = kernel.compile_for_cuda(3072, 768, 'out', residual=True, scale='gate', statistics=True)\n"
+        "kernels = (fc1, fc2, out, fc1_partials, fc2_partials)\n"
+        "print(*('wgmma' in k.asm['ptx'] for k in kernels), 'ld.global' in rows.asm['ptx'])\n"
     )
-    assert fresh_python_output(script) == "True True True True"
+    assert fresh_python_output(script) == "True True True True True True"
 
 
 def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
@@ -665,7 +669,8 @@ def test_the_gpu_tile_screen_runs_and_checks_every_setting(monkeypatch):
 
 def test_the_compile_report_runs():
     """``bench/triton_grouped_compile.py`` at a small width and rows aligned to 16: every
-    projection (the attention's out-projection also on batch-major rows) compiled for sm_90 (a
+    projection (the attention's out-projection also on batch-major rows), with the LayerNorms'
+    statistics per row and from the out-projections' partials, compiled for sm_90 (a
     fresh process: the interpreter of the tests above leaves ``triton.language`` patched)."""
     import pathlib
 
@@ -678,7 +683,8 @@ def test_the_compile_report_runs():
               "text = report.main(['--dim', '64', '--row-align', '16', '--dtypes', 'bf16'])\n"
               "rows = [line for line in text.splitlines() if line.startswith('| bf16 |')]\n"
               "print(len(rows), all('| wgmma |' in row for row in rows), 'Row statistics (D = 64' in text)\n")
-    assert fresh_python_output(script) == "5 True True"  # the four projections, the out-projection twice
+    # the four projections and the out-projection on batch-major rows, with statistics per row and with partials
+    assert fresh_python_output(script) == "10 True True"
 
 
 def test_the_launch_host_time_bench_runs(monkeypatch):

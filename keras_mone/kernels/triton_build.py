@@ -5,18 +5,33 @@ interpreter (any device: how CI tests them), and compiled for a CUDA card withou
 """
 
 import functools
+import types
 
 
 @functools.cache
 def jitted(function, interpret):
-    """The Triton kernel of ``function``: ``triton.jit``, or Triton's interpreter."""
+    """The Triton kernel of ``function``: ``triton.jit``, or Triton's interpreter (which runs the
+    ``@triton.jit`` helpers of ``function``'s module as Python: ``python_helpers``)."""
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(function)
+        return InterpretedFunction(python_helpers(function))
     import triton
 
     return triton.jit(function)
+
+
+def python_helpers(function):
+    """``function`` with the ``@triton.jit`` helpers of its module's globals read as their Python
+    functions: a ``JITFunction`` refuses calls outside a compiled kernel, and Triton's interpreter
+    chosen after Triton was imported (``InterpretedFunction``) runs a kernel as Python."""
+    from triton.runtime.jit import JITFunction
+
+    namespace = dict(function.__globals__)
+    for name, value in function.__globals__.items():
+        if isinstance(value, JITFunction):
+            namespace[name] = types.FunctionType(value.fn.__code__, namespace, value.fn.__name__, value.fn.__defaults__)
+    return types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
 
 
 def compile_for_cuda(function, signature, constants, options, capability=90):

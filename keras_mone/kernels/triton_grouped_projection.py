@@ -17,7 +17,10 @@ one launch covers them all here: a program takes ``block_rows`` rows of one grou
 * ``side="out"``: ``out[g, :d_g] = x[g] @ W[:, :d_g] + b[:d_g]``, zeros past ``d_g`` (Eq. 7's
   ``Pad``; the attention's out-projection, fc2); column tiles past ``d_g`` skip the loop.
   Epilogue: ``residual + scale * out`` (the block's residual and MoNE's gate ``alpha g + 1``,
-  Eq. 1), so the block's stream is written once per half.
+  Eq. 1), so the block's stream is written once per half; with ``statistics=True`` each
+  program also writes its rows' partial statistics over its columns
+  (``triton_row_statistics.TilePartials``), which the next in-projection's LayerNorm prologue
+  combines: the stream is not read again for them.
 
 ``x`` may also be ``(tokens, batch, K)`` with strides of its own, token-major row ``n * batch + b``:
 the attention's output as torch's memory-efficient CUDA SDPA writes it (what SDPA runs for float32,
@@ -41,6 +44,8 @@ import os
 
 from keras_mone.kernels import triton_grouped_tile as _tile
 from keras_mone.kernels.tiles import shape_tiles
+from keras_mone.kernels.triton_row_statistics import TilePartials, check_partials, combined_statistics
+from keras_mone.kernels.triton_row_statistics import plain_tile_partials
 from keras_mone.kernels.triton_grouped_tile import ACTIVATIONS, check_tiles, default_tiles
 
 __all__ = ["grouped_projection", "plain_grouped_projection", "available", "shape_fits", "check_tiles",
@@ -139,30 +144,46 @@ def _gate_pair(scale):
 
 
 def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=None, scale=None, norm=None,
-                       tiles=None, interpret=None):
+                       tiles=None, interpret=None, statistics=False):
     """``plain_grouped_projection`` as one Triton launch (see the module docstring).
 
     Args: those of ``plain_grouped_projection``, and
+        norm: also ``(partials, epsilon, gamma, beta)``: the statistics as an out-projection's
+            ``TilePartials`` of ``x`` (``statistics=True``) and the LayerNorm's epsilon.
         tiles: ``(block_rows, block_cols, block_k, num_warps, num_stages)``; where ``None``, those
             ``$KERAS_MONE_PROJECTION_TILES`` names for ``(K, N)``, else ``default_tiles``.
         interpret: run through Triton's interpreter; default: unless ``x`` is on CUDA.
+        statistics: side "out": return ``(out, TilePartials of out)`` over the kernel's
+            ``block_cols``-column tiles, for the next LayerNorm.
 
     Differentiable (the plain path's gradients, recomputed). Under ``torch.compile`` or with
-    autograd recording it runs as the custom op, else it launches directly (less host time).
+    autograd recording it runs as the custom op (partials by torch's ops), else it launches
+    directly (less host time).
     """
     import torch
 
     scale, alpha = _gate_pair(scale)
-    spans, widths, tiles = _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, norm, tiles)
+    if statistics and side != "out":
+        raise ValueError(f"`statistics` belongs to side 'out' (the stream the next LayerNorm reads); got side {side!r}.")
+    partials, epsilon = (norm[0], norm[1]) if norm is not None and isinstance(norm[0], TilePartials) else (None, 0.0)
+    if partials is not None:
+        check_partials(partials, epsilon, _rows(x), x.shape[-1], x.device)
+    plain_norm = norm if partials is None else (None, None, *norm[2:])
+    spans, widths, tiles = _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, plain_norm,
+                                    tiles)
     interpret = x.device.type != "cuda" if interpret is None else bool(interpret)
-    tensors = (x, w, b, residual, scale, *(norm or (None,) * 4), alpha)
+    statistic_pair = tuple(partials) if partials is not None else (norm or (None, None))[:2]
+    tensors = (x, w, b, residual, scale, *statistic_pair, *(norm or (None,) * 4)[2:], alpha)
     recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     if not recording and not torch.compiler.is_compiling():
-        return _launch(*tensors, spans, widths, side, activation, tiles, interpret)
+        return _launch(*tensors, spans, widths, side, activation, tiles, interpret, False, statistics, float(epsilon))
+    if partials is not None:  # the prologue's statistics with torch's ops (differentiable)
+        tensors = (*tensors[:5], *combined_statistics(partials, epsilon, x.shape[-1]), *tensors[7:])
     flat_spans = [bound for span in spans for bound in span]
     # inside torch.compile the layout is compiled into the kernel (CUDA graphs keep no table alive)
-    return _OP(*tensors, flat_spans, list(widths), side, activation or "", list(tiles), interpret,
-               torch.compiler.is_compiling())
+    out = _OP(*tensors, flat_spans, list(widths), side, activation or "", list(tiles), interpret,
+              torch.compiler.is_compiling())
+    return (out, plain_tile_partials(out, w.shape[1] // tiles[1])) if statistics else out
 
 
 def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, norm, tiles):
@@ -244,32 +265,40 @@ def _tiles(tiles, variable_value, contraction, columns):
 
 
 def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, widths, side, activation, tiles,
-            interpret, static_table=False):
-    """The kernel launch on checked arguments: ``(rows, N)`` in ``x``'s dtype. ``static_table``
-    (inside ``torch.compile``): the layout compiled into the kernel, so that no device memory
-    outlives the call (CUDA graphs replay what they captured); else (eager) the tile table, one
-    compile per alignment of the groups' rows for every batch size."""
+            interpret, static_table=False, stats_out=False, epsilon=0.0):
+    """The kernel launch on checked arguments: ``(rows, N)`` in ``x``'s dtype (with ``stats_out``,
+    and its ``TilePartials``). ``static_table`` (inside ``torch.compile``): the layout compiled
+    into the kernel, so that no device memory outlives the call (CUDA graphs replay what they
+    captured); else (eager) the tile table, one compile per alignment of the groups' rows for
+    every batch size. ``mean`` and ``rstd`` ``(tiles, rows)``: partials (``epsilon`` the LayerNorm's)."""
     import torch
 
     x, w, widths = _kernel_rows(x), w.contiguous(), tuple(widths)
     split = x.dim() == 3  # (tokens, batch, K) strided: row n * batch + b at n * stride(0) + b * stride(1)
     rows, contraction, columns = _rows(x), x.shape[-1], w.shape[1]
     out = x.new_empty((rows, columns))
+    result = out
+    if stats_out:  # one allocation: the tiles' means and sums of squared deviations
+        stats = torch.empty((2, columns // tiles[1], rows), device=x.device, dtype=torch.float32)
+        mean, rstd = stats[0], stats[1]  # views (unpacking would be an unbind op of its own)
+        result = (out, TilePartials(mean, rstd))
     sizes = tuple(stop - start for start, stop in spans)
     table, row_tiles, row_align = _tile_table(sizes, widths, tiles[0], None if static_table else x.device)
     if not row_tiles:
-        return out
+        return result
     exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
     groups = _tile.group_table(sizes, widths, tiles[0], row_align) if static_table else None
     compiled = _tile.constants(contraction, columns, side, activation, tiles, b is not None, residual is not None,
-                               scale is not None, mean is not None, "ieee" if exact else "tf32", interpret, row_align,
-                               alpha is not None, groups, split)
+                               scale is not None, mean is not None and not stats_out, "ieee" if exact else "tf32", interpret, row_align,
+                               alpha is not None, groups, split, stats_out,
+                               mean.shape[0] if mean is not None and mean.dim() == 2 else 0)
     options = {} if interpret else {"num_warps": tiles[3], "num_stages": tiles[4]}
     pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta, alpha)]
     _tile.kernel(interpret)[(columns // tiles[1], row_tiles)](
         x, w, *pointers, out, out if table is None else table, x.stride(1) if split else x.stride(0),
-        x.stride(0) if split else 0, x.shape[1] if split else 1, w.stride(0), columns, **compiled, **options)
-    return out
+        x.stride(0) if split else 0, x.shape[1] if split else 1, w.stride(0), columns, rows, epsilon, **compiled,
+        **options)
+    return result
 
 
 def _largest_offset(x):

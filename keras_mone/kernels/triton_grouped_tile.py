@@ -23,12 +23,18 @@ block pointer's shape masks them; 32-bit offsets, which the caller guarantees: 6
 doubled the float32 out-projection's spills on sm_90): the attention's output as torch's memory-efficient CUDA SDPA
 writes it, batch-major, read in place by the out-projection instead of copied to token-major rows.
 
-The program uses Triton's builtins only (as ``triton_nested_mlp``: Triton's ``@jit`` helpers do
-not run under an interpreter chosen after Triton was imported). ``UPCAST`` (the interpreter):
+The program's helpers are ``@triton.jit`` functions of this module, which Triton's interpreter
+runs as Python (``triton_build.python_helpers``); inside them, Triton's builtins only (Triton's own
+``@jit`` helpers, such as ``tl.sum``, do not run under an interpreter chosen after Triton was
+imported). ``UPCAST`` (the interpreter):
 16-bit operands go to ``tl.dot`` as float32, exact products as on tensor cores. ``HAS_NORM``
 (in-projections): each loaded tile is the LayerNorm's ``(x - mean) * (rstd * gamma) + beta`` in
 float32, rounded to the rows' dtype, zeros past the group's width; the statistics come per
-row, computed beforehand.
+row, computed beforehand, or (``NORM_TILES``) as the previous out-projection's per-tile partials,
+combined per row here (``triton_row_statistics.combined_statistics``'s update; ``mean_ptr`` and
+``rstd_ptr`` then hold ``(NORM_TILES, rows)`` means and sums of squared deviations). ``STATS_OUT``
+(out-projections): each program writes its rows' partials over its ``BLOCK_COLS`` columns, as
+stored (rounded to the output's dtype), for the next LayerNorm (``TilePartials``).
 """
 
 import functools
@@ -90,22 +96,27 @@ def group_table(sizes, widths, block_rows, row_align):
 
 @functools.lru_cache(maxsize=1024)
 def constants(contraction, columns, side, activation, tiles, has_bias, has_residual, has_scale, has_norm, precision,
-              upcast, row_align, has_alpha=False, static_table=None, split_rows=False):
+              upcast, row_align, has_alpha=False, static_table=None, split_rows=False, stats_out=False, norm_tiles=0):
     """The kernel's compile-time arguments: of the layout of the groups, only ``row_align``, or
     with ``static_table`` (``group_table``) all of it. ``split_rows``: x read as ``(tokens, batch,
-    K)`` with strides of its own (row ``n * batch + b``; the batch size is not compiled in). Made
-    once per set of arguments (a launch's host time): the dict returned is shared, read it only."""
+    K)`` with strides of its own (row ``n * batch + b``; the batch size is not compiled in).
+    ``stats_out``: write the output's per-tile partials; ``norm_tiles``: the LayerNorm's statistics
+    come as that many tiles' partials (0: per row). Made once per set of arguments (a launch's
+    host time): the dict returned is shared, read it only."""
     firsts, starts, ends, widths = static_table or ((0,), (0,), (0,), (0,))
+    norm_tiles = norm_tiles if has_norm else 0
     return dict(SPLIT_ROWS=split_rows, STATIC_TABLE=bool(static_table), FIRSTS=firsts, STARTS=starts, ENDS=ends,
                 WIDTHS=widths, GROUPS=len(firsts), ROW_ALIGN=row_align, K=contraction, K_STEPS=contraction // tiles[2],
                 N=columns, SIDE_IN=side == "in", ACTIVATION=ACTIVATIONS.index(activation), HAS_BIAS=has_bias,
                 HAS_RESIDUAL=has_residual, HAS_SCALE=has_scale, HAS_ALPHA=has_alpha, HAS_NORM=has_norm,
-                BLOCK_ROWS=tiles[0], BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast)
+                BLOCK_ROWS=tiles[0], BLOCK_COLS=tiles[1], BLOCK_K=tiles[2], PRECISION=precision, UPCAST=upcast,
+                STATS_OUT=stats_out and side == "out", NORM_TILES=norm_tiles,
+                NORM_TILES_P2=1 << max(norm_tiles - 1, 0).bit_length(), STATS_COLS=contraction // max(norm_tiles, 1))
 
 
 def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activation=None,
                      residual=False, scale=False, norm=False, capability=90, weight_dtype=None, precision="tf32",
-                     row_align=None, groups=None, split_rows=False):
+                     row_align=None, groups=None, split_rows=False, statistics=False, norm_tiles=0):
     """The kernel for a ``(K, N)`` projection (any layout of token groups) compiled by Triton for
     a CUDA card of compute ``capability`` (90: H100/H200), without one: Triton's
     ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``; ``bench/kernel_compile.py`` reads
@@ -119,19 +130,23 @@ def compile_for_cuda(contraction, columns, side, dtype="bf16", tiles=None, activ
     or ``"gate"`` (MoNE's ``alpha g + 1`` from a gate per row). ``groups``: ``((rows, width), ...)``
     for the compile-time table (``STATIC_TABLE``, what ``torch.compile`` runs), else the tile
     table read at run time (eager). ``split_rows``: rows read as ``(tokens, batch, K)`` with
-    strides (the attention's output as torch's memory-efficient CUDA SDPA writes it, batch-major)."""
+    strides (the attention's output as torch's memory-efficient CUDA SDPA writes it, batch-major).
+    ``statistics``: an out-projection that writes its output's per-tile partials; ``norm_tiles``: an
+    in-projection whose LayerNorm combines that many tiles' partials (0: statistics per row)."""
     tiles = tuple(tiles or default_tiles(contraction, columns))
     check_tiles(tiles, contraction, columns)
     row_align = row_align or tiles[0]
     table = None if groups is None else group_table(tuple(r for r, _ in groups), tuple(w for _, w in groups), tiles[0],
                                                       row_align)
     compiled = constants(contraction, columns, side, activation, tiles, True, residual, bool(scale), norm, precision,
-                         False, row_align, scale == "gate", table, split_rows)
+                         False, row_align, scale == "gate", table, split_rows, statistics, norm_tiles)
     weights = weight_dtype or dtype
     signature = {"x_ptr": f"*{dtype}", "w_ptr": f"*{weights}", "b_ptr": f"*{weights}", "residual_ptr": f"*{dtype}",
                  "scale_ptr": f"*{dtype}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "gamma_ptr": "*fp32",
                  "beta_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": f"*{dtype}", "table_ptr": "*i32"}
-    signature.update({name: "i32" for name in ("x_stride", "x_outer", "x_batch", "w_stride", "out_stride")})
+    signature.update({name: "i32" for name in ("x_stride", "x_outer", "x_batch", "w_stride", "out_stride",
+                                                "stats_stride")})
+    signature["epsilon"] = "fp32"
     return triton_build.compile_for_cuda(_grouped_tile, signature, compiled,
                                          {"num_warps": tiles[3], "num_stages": tiles[4]}, capability)
 
@@ -150,31 +165,23 @@ except ImportError:  # pragma: no cover - the plain path runs
 if tl is not None:
 
     def _grouped_tile(x_ptr, w_ptr, b_ptr, residual_ptr, scale_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, alpha_ptr,
-                      out_ptr, table_ptr, x_stride, x_outer, x_batch, w_stride, out_stride, SPLIT_ROWS: tl.constexpr,
+                      out_ptr, table_ptr, x_stride, x_outer, x_batch, w_stride, out_stride, stats_stride, epsilon,
+                      SPLIT_ROWS: tl.constexpr,
                       STATIC_TABLE: tl.constexpr, FIRSTS: tl.constexpr, STARTS: tl.constexpr, ENDS: tl.constexpr,
                       WIDTHS: tl.constexpr, GROUPS: tl.constexpr, ROW_ALIGN: tl.constexpr, K: tl.constexpr,
                       K_STEPS: tl.constexpr, N: tl.constexpr, SIDE_IN: tl.constexpr, ACTIVATION: tl.constexpr,
                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr,
                       HAS_ALPHA: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                      BLOCK_COLS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                      BLOCK_COLS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                      STATS_OUT: tl.constexpr, NORM_TILES: tl.constexpr, NORM_TILES_P2: tl.constexpr,
+                      STATS_COLS: tl.constexpr):
         """One program (the module docstring says what its flags do)."""
         first_column, row_tile, inner = tl.program_id(0) * BLOCK_COLS, tl.program_id(1), tl.arange(0, BLOCK_K)
         columns = first_column + tl.arange(0, BLOCK_COLS)
         row_type = x_ptr.dtype.element_ty
         dot_type = tl.float32 if UPCAST else row_type
-        # the tile's first row, its group's end row (in ROW_ALIGN rows: 300-600 spilled bytes fewer) and width
-        if STATIC_TABLE:
-            first, start, end, width = row_tile * 0, row_tile * 0, row_tile * 0, row_tile * 0
-            for group in tl.static_range(GROUPS):
-                here = row_tile >= FIRSTS[group]
-                first, start = tl.where(here, FIRSTS[group], first), tl.where(here, STARTS[group], start)
-                end, width = tl.where(here, ENDS[group], end), tl.where(here, WIDTHS[group], width)
-            first_row = start * ROW_ALIGN + (row_tile - first) * BLOCK_ROWS
-            end_row = end * ROW_ALIGN
-        else:
-            first_row = tl.load(table_ptr + 3 * row_tile) * ROW_ALIGN
-            end_row = tl.load(table_ptr + 3 * row_tile + 1) * ROW_ALIGN
-            width = tl.load(table_ptr + 3 * row_tile + 2)
+        first_row, end_row, width = _row_tile(table_ptr, row_tile, STATIC_TABLE, FIRSTS, STARTS, ENDS, WIDTHS, GROUPS,
+                                              ROW_ALIGN, BLOCK_ROWS)
         rows = first_row + tl.arange(0, BLOCK_ROWS)
         live = rows < end_row
         if SIDE_IN:  # the contraction stops at the group's width
@@ -186,7 +193,10 @@ if tl is not None:
         else:
             tiles = tl.make_block_ptr(x_ptr, x_shape, (x_stride, 1), (first_row, 0), (BLOCK_ROWS, BLOCK_K), (1, 0))
         weights = tl.make_block_ptr(w_ptr, w_shape, (w_stride, 1), (0, first_column), (BLOCK_K, BLOCK_COLS), (1, 0))
-        if HAS_NORM:  # the rows' statistics, loaded once per tile
+        if HAS_NORM and NORM_TILES > 0:  # the previous out-projection's per-tile partials, combined per row
+            mean, rstd = _combined_partials(mean_ptr, rstd_ptr, rows, live, stats_stride, epsilon, K, NORM_TILES,
+                                            NORM_TILES_P2, STATS_COLS)
+        elif HAS_NORM:  # the rows' statistics, loaded once per tile
             mean = tl.load(mean_ptr + rows, mask=live, other=0.0)[:, None]
             rstd = tl.load(rstd_ptr + rows, mask=live, other=0.0)[:, None]
         accumulator = tl.full((BLOCK_ROWS, BLOCK_COLS), 0.0, tl.float32)
@@ -227,4 +237,48 @@ if tl is not None:
             accumulator += tl.load(residual, boundary_check=(0,), padding_option="zero").to(tl.float32)
         out = tl.make_block_ptr(out_ptr, (end_row, N), (out_stride, 1), (first_row, first_column),
                                 (BLOCK_ROWS, BLOCK_COLS), (1, 0))
-        tl.store(out, accumulator.to(out_ptr.dtype.element_ty), boundary_check=(0,))
+        stored = accumulator.to(out_ptr.dtype.element_ty)
+        tl.store(out, stored, boundary_check=(0,))
+        if STATS_OUT:  # this tile's partials of the stored rows, for the next LayerNorm
+            _store_partials(stored.to(tl.float32), mean_ptr + tl.program_id(0) * stats_stride + rows,
+                            rstd_ptr + tl.program_id(0) * stats_stride + rows, live, BLOCK_COLS)
+
+    @triton.jit
+    def _row_tile(table_ptr, row_tile, STATIC_TABLE: tl.constexpr, FIRSTS: tl.constexpr, STARTS: tl.constexpr,
+                  ENDS: tl.constexpr, WIDTHS: tl.constexpr, GROUPS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                  BLOCK_ROWS: tl.constexpr):
+        """The row tile's first row, its group's end row and width: from the tile table, or compared
+        with the compile-time group table (stored in ROW_ALIGN rows: 300-600 spilled bytes fewer)."""
+        if STATIC_TABLE:
+            first, start, end, width = row_tile * 0, row_tile * 0, row_tile * 0, row_tile * 0
+            for group in tl.static_range(GROUPS):
+                here = row_tile >= FIRSTS[group]
+                first, start = tl.where(here, FIRSTS[group], first), tl.where(here, STARTS[group], start)
+                end, width = tl.where(here, ENDS[group], end), tl.where(here, WIDTHS[group], width)
+            return start * ROW_ALIGN + (row_tile - first) * BLOCK_ROWS, end * ROW_ALIGN, width
+        first_row = tl.load(table_ptr + 3 * row_tile) * ROW_ALIGN
+        return first_row, tl.load(table_ptr + 3 * row_tile + 1) * ROW_ALIGN, tl.load(table_ptr + 3 * row_tile + 2)
+
+    @triton.jit
+    def _combined_partials(means_ptr, squares_ptr, rows, live, stats_stride, epsilon, K: tl.constexpr,
+                           NORM_TILES: tl.constexpr, NORM_TILES_P2: tl.constexpr, STATS_COLS: tl.constexpr):
+        """Each row's ``(mean, rstd)``, as ``(rows, 1)`` columns, from ``NORM_TILES`` tiles' partials of
+        ``STATS_COLS`` features each (``triton_row_statistics.combined_statistics``' update)."""
+        part = tl.arange(0, NORM_TILES_P2)
+        present = live[:, None] & (part < NORM_TILES)[None, :]
+        offsets = part[None, :] * stats_stride + rows[:, None]
+        means = tl.load(means_ptr + offsets, mask=present, other=0.0)
+        within = tl.reduce(tl.load(squares_ptr + offsets, mask=present, other=0.0), 1, tl.standard._sum_combine)
+        mean = tl.reduce(means, 1, tl.standard._sum_combine) / NORM_TILES
+        spread = tl.where(present, means - mean[:, None], 0.0)
+        variance = (within + STATS_COLS * tl.reduce(spread * spread, 1, tl.standard._sum_combine)) / K
+        return mean[:, None], (1.0 / tl.sqrt(variance + epsilon))[:, None]
+
+    @triton.jit
+    def _store_partials(values, means_ptrs, squares_ptrs, live, BLOCK_COLS: tl.constexpr):
+        """Each row's mean and sum of squared deviations over the tile's ``BLOCK_COLS`` float32
+        ``values`` (two passes over registers), stored where ``live``."""
+        tile_mean = tl.reduce(values, 1, tl.standard._sum_combine) / BLOCK_COLS
+        centered = values - tile_mean[:, None]
+        tl.store(means_ptrs, tile_mean, mask=live)
+        tl.store(squares_ptrs, tl.reduce(centered * centered, 1, tl.standard._sum_combine), mask=live)

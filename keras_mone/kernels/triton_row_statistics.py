@@ -10,9 +10,66 @@ biased variance, two passes over the row held on chip: ``sum((x - mean)^2) / D``
 ``torch.nn.functional.layer_norm`` takes it). With autograd, under ``torch.compile`` and off
 Triton, ``plain_row_statistics`` (torch's ops; inductor fuses its cast into the reduction).
 Off CUDA (or ``interpret=True``) the kernel runs through Triton's interpreter: for tests.
+
+Where the rows are an out-projection's output (``kernels.triton_grouped_projection``,
+``statistics=True``), no pass of their own is needed: each program of the out-projection writes,
+per row, the mean and the sum of squared deviations of its tile of columns (``TilePartials``), and
+the next in-projection's prologue combines the tiles (Chan et al.'s pairwise update for equal
+tiles, ``combined_statistics``): a two-pass-quality variance, no launch, no read of the rows.
 """
 
+from typing import NamedTuple
+
 from keras_mone.kernels import triton_build
+
+
+class TilePartials(NamedTuple):
+    """Each row's statistics over ``tiles`` equal tiles of its ``D`` features: ``means`` and
+    ``squares`` (the sum of squared deviations from the tile's mean), ``(tiles, rows)`` float32
+    each, as an out-projection's epilogue writes them (``plain_tile_partials`` with torch's ops)."""
+
+    means: object
+    squares: object
+
+
+def plain_tile_partials(x, tiles):
+    """``TilePartials`` of ``x`` ``(rows, D)`` over ``tiles`` equal tiles of its features, with
+    torch's ops (in float32)."""
+    pieces = x.float().reshape(x.shape[0], tiles, x.shape[1] // tiles)
+    means = pieces.mean(-1)
+    squares = (pieces - means[..., None]).square().sum(-1)
+    return TilePartials(means.t().contiguous(), squares.t().contiguous())
+
+
+def check_partials(partials, epsilon, rows, dim, device):
+    """Raise ``ValueError`` naming ``norm`` unless ``partials`` are ``TilePartials`` of ``rows`` rows
+    over tiles that divide ``dim`` (float32 on ``device``) and ``epsilon`` a non-negative number."""
+    import torch
+
+    tensors = tuple(partials)
+    shape = tuple(tensors[0].shape)
+    fits = len(shape) == 2 and shape[1] == rows and 0 < shape[0] <= dim and dim % shape[0] == 0
+    if not fits or any(tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != device for t in tensors):
+        raise ValueError(f"`norm`'s TilePartials must be two float32 (tiles, {rows}) tensors on {device}, tiles "
+                         f"dividing {dim}; got {[(tuple(t.shape), t.dtype, str(t.device)) for t in tensors]}.")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0:
+        raise ValueError(f"`norm` with TilePartials takes the LayerNorm's epsilon second, a number >= 0; got "
+                         f"{epsilon!r}.")
+
+
+def combined_statistics(partials, epsilon, dim):
+    """``(mean, rstd)`` of rows of ``dim`` features from their ``TilePartials``, with torch's ops:
+    for ``T`` tiles of ``n = dim / T`` features, ``mean = sum_t m_t / T`` and
+    ``M2 = sum_t M2_t + n sum_t (m_t - mean)^2`` (Chan, Golub and LeVeque's update), the biased
+    variance ``M2 / dim`` as ``torch.nn.functional.layer_norm`` takes it. The prologue of
+    ``kernels.triton_grouped_tile`` computes the same."""
+    import torch
+
+    tiles = partials.means.shape[0]
+    mean = partials.means.mean(0)
+    spread = (partials.means - mean).square().sum(0)
+    variance = (partials.squares.sum(0) + (dim // tiles) * spread) / dim
+    return mean, torch.rsqrt(variance + epsilon)
 
 
 def plain_row_statistics(x, epsilon):

@@ -11,15 +11,18 @@ group and projection (MoNE App. A.1 Eq. 5-7)::
     x'  = z + (alpha g + 1) Proj_out(GELU(Proj_in(LN2(z))))     (Eq. 1; the gate "mone")
 
 fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues and both
-LayerNorms the in-projections' prologues (each row's statistics in one pass beforehand,
-``kernels.triton_row_statistics``): no pass of its own over the hidden activations, the
-normalised tokens or the residual stream, no zero padding, no concatenation (q, k and v are
-strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them), and no copy of the
-attention's output (the out-projection reads it as SDPA wrote it: batch-major from CUDA's
-memory-efficient kernel, float32's). The weights are read
-as stored (``layers.stored_weights``): under mixed precision the kernel casts each float32
-weight tile to the rows' dtype as it loads it, the values Keras' autocast would give, without
-a cast copy of every weight per call. Attention is torch's.
+LayerNorms the in-projections' prologues. Their statistics: eagerly without autograd, the
+partials the out-projection before wrote beside its output (``TilePartials``: the attention's
+for LN2; for LN1 the previous kernel block's fc2's, where this block's rows are that very
+output, unchanged); elsewhere (and with ``$KERAS_MONE_STATISTICS=kernel``) each row's in one
+pass beforehand (``kernels.triton_row_statistics``). No pass of its own over the hidden
+activations, the normalised tokens or the residual stream, no zero padding, no concatenation
+(q, k and v are strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them), and no
+copy of the attention's output (the out-projection reads it as SDPA wrote it: batch-major from
+CUDA's memory-efficient kernel, float32's). The weights are read as stored
+(``layers.stored_weights``): under mixed precision the kernel casts each float32 weight tile to
+the rows' dtype as it loads it, the values Keras' autocast would give, without a cast copy of
+every weight per call. Attention is torch's.
 
 Blocks the kernel does not cover keep the per-group path: all groups at full width (dense's
 GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16, rows that are not float16, bfloat16 or
@@ -27,9 +30,11 @@ float32, torch's autocast, TorchScript tracing and ``torch.func`` transforms
 (``torch_eager.eager``). Gradients are the per-group path's, recomputed (the kernel's custom op). Not timed on a card.
 """
 
+import weakref
+
 import keras
 
-from keras_mone.layers.platform_forms import fused_attention, projections_form
+from keras_mone.layers.platform_forms import fused_attention, projections_form, statistics_form
 from keras_mone.layers.stored_weights import stored
 from keras_mone.layers.torch_eager import direct_layer_norm, eager, plain_layer_norm
 
@@ -65,33 +70,78 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
         kernel, bias = (None if v is None else stored(v) for v in (layer.kernel, layer.bias))
         return grouped_projection(x, kernel, bias, spans, widths, side, interpret=interpret, **epilogue)
 
-    def normalized_projection(norm, layer, x, **epilogue):  # the LayerNorm as the prologue where it can
-        prologue = _prologue(norm, x, interpret)
+    def normalized_projection(norm, layer, x, partials, **epilogue):  # the LayerNorm as the prologue where it can
+        prologue = _prologue(norm, x, interpret, partials)
         return project(layer, x if prologue else direct_layer_norm(norm, x), "in", norm=prologue, **epilogue)
 
+    import torch
+
     dim, heads = block.hidden_dim, attention.num_heads
-    qkv = normalized_projection(block.norm1, attention.qkv, rows)
+    # partials only where the kernel launches directly (the op's would be torch's ops, a pass of their own)
+    carry = not torch.is_grad_enabled() and not torch.compiler.is_compiling() and statistics_form() != "kernel"
+    qkv = normalized_projection(block.norm1, attention.qkv, rows, _carried_partials(rows) if carry else None)
     # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
     qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
     # (batch, heads, tokens, head_dim) -> (tokens, batch, D), a view: token-major memory (flash, cuDNN, the CPU) or
     # batch-major (CUDA's memory-efficient SDPA, float32's), which the kernel reads through its strides
     attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3).flatten(2)
-    z = project(attention.out, attended, "out", residual=rows)
+    z, partials = _with_statistics(project(attention.out, attended, "out", residual=rows, statistics=carry))
     activation = "gelu_tanh" if mlp.gelu_approximate else "gelu"
-    hidden = normalized_projection(block.norm2, mlp.fc1, z, activation=activation)
+    hidden = normalized_projection(block.norm2, mlp.fc1, z, partials, activation=activation)
     scale = None
     if gate_rows is not None:  # MoNE's alpha g + 1 by the kernel (no ops of its own per block), else the gate's
         mone = block.gate == "mone"
         scale = (gate_rows, stored(block.alpha)) if mone else block._gate.mlp_scale(gate_rows, block.alpha)
-    return project(mlp.fc2, hidden, "out", residual=z, scale=scale)
+    outputs, partials = _with_statistics(project(mlp.fc2, hidden, "out", residual=z, scale=scale, statistics=carry))
+    if partials is not None:
+        _remember(outputs, partials)
+    return outputs
 
 
-def _prologue(layer, rows, interpret):
-    """``(mean, rstd, gamma, beta)`` for a kernel's LayerNorm prologue, or ``None`` where the
-    layer runs itself (``torch_eager.direct_layer_norm``): a plain LayerNorm
-    (``torch_eager.plain_layer_norm``) with both weights. Statistics: ``kernels.triton_row_statistics``."""
+def _prologue(layer, rows, interpret, partials=None):
+    """``(mean, rstd, gamma, beta)`` for a kernel's LayerNorm prologue (``(partials, epsilon, gamma,
+    beta)`` given ``partials``, the rows' ``TilePartials``), or ``None`` where the layer runs itself
+    (``torch_eager.direct_layer_norm``): a plain LayerNorm (``torch_eager.plain_layer_norm``) with
+    both weights. Statistics: ``kernels.triton_row_statistics``."""
     if not plain_layer_norm(layer, rows.dim()) or layer.gamma is None or layer.beta is None:
         return None
+    if partials is not None:
+        return (partials, float(layer.epsilon), stored(layer.gamma), stored(layer.beta))
     from keras_mone.kernels.triton_row_statistics import row_statistics
 
     return (*row_statistics(rows, layer.epsilon, interpret), stored(layer.gamma), stored(layer.beta))
+
+
+def _with_statistics(result):
+    """``(out, partials or None)`` of a projection called with or without ``statistics``."""
+    return result if isinstance(result, tuple) else (result, None)
+
+
+class _Carried:
+    """The last kernel block's output (a weak reference), its version counter then and its
+    ``TilePartials``: the next block's LN1 takes them where its rows are that tensor, unchanged."""
+
+    output, version, partials = None, -1, None
+
+
+def _remember(output, partials):
+    """Keep ``partials`` for the next block while ``output`` lives (an inference tensor keeps no
+    version counter: nothing is kept)."""
+    def forget(reference):
+        if _Carried.output is reference:
+            _Carried.output = _Carried.partials = None
+
+    if output.is_inference():
+        return
+    _Carried.output, _Carried.version, _Carried.partials = weakref.ref(output, forget), output._version, partials
+
+
+def _carried_partials(rows):
+    """The remembered ``TilePartials`` if ``rows`` is the remembered output (the same storage,
+    shape and strides, or a view of it that is all of it) and unchanged since (its version
+    counter), else ``None``."""
+    output = None if _Carried.output is None else _Carried.output()
+    if output is None or (rows if rows._base is None else rows._base) is not output:
+        return None
+    same = rows.data_ptr() == output.data_ptr() and rows.shape == output.shape and rows.stride() == output.stride()
+    return _Carried.partials if same and output._version == _Carried.version else None

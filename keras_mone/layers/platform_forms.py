@@ -268,19 +268,19 @@ def statistics_form():
     from one read), where the other forms give the grouped projection kernels' prologues a
     reduction and an rsqrt pass (BENCHMARKS.md, "Row statistics in one kernel"). Compiled for
     an H200 (BENCHMARKS.md, "LayerNorm statistics in the GPU programs"), keras / one_pass /
-    fused:
-
-    * MoNE-ViT-B/16 forward, batch 256, bf16: 893 / 797 / 653 kernels, 40.89 / 38.83 /
-      39.81 GB, roofline 9.19 / 8.76 / 8.97 ms; dense 240 / 215 / 155 kernels, 43.56 /
-      43.48 / 40.75 GB, its heap 514.5 / 514.5 / 588.0 MiB;
-    * the training step, batch 128: MoNE 68.01 / 62.96 / 71.27 GB, heap 7316 / 6983 /
-      8001 MiB; dense 59.21 / 57.50 / 63.11 GB.
+    fused: MoNE-ViT-B/16's bf16 forward at batch 256 893 / 797 / 653 kernels, 40.89 / 38.83 /
+    39.81 GB, roofline 9.19 / 8.76 / 8.97 ms (dense 240 / 215 / 155 kernels, 43.56 / 43.48 /
+    40.75 GB, heap 514.5 / 514.5 / 588.0 MiB); its training step at batch 128 68.01 / 62.96 /
+    71.27 GB, heap 7316 / 6983 / 8001 MiB (dense 59.21 / 57.50 / 63.11 GB).
 
     One pass is the only form that moves fewer bytes in every program, for both models. With
-    the grouped projection kernels (``projections_form``) it is also the form whose statistics
-    the out-projections give as row sums of what they write (``kernels.row_sums``), so that
-    no reduction runs between the kernels in inference. Not timed on a card: ``$KERAS_MONE_STATISTICS`` when set, else one_pass on jax's GPU
-    and keras elsewhere (the CPU's measured form)."""
+    the grouped projection kernels (``projections_form``) its statistics are the out-projections'
+    row sums of what they write (``kernels.row_sums``): no reduction runs between the kernels in
+    inference. Torch's grouped kernels (``layers.packed_kernels``) take each LayerNorm's
+    statistics, eagerly without autograd, from the out-projection before (per-tile partials,
+    two-pass numerics) in every form but "kernel": there one Triton kernel per LayerNorm. Not
+    timed on a card: ``$KERAS_MONE_STATISTICS`` when set, else one_pass on jax's GPU and keras
+    elsewhere (the CPU's measured form)."""
     chosen = _env_form(STATISTICS_ENV, STATISTICS_FORMS, "one_pass" if _jax_gpu() else "keras")
     if chosen == "kernel" and accelerator() == "tpu":
         raise ValueError(f"${STATISTICS_ENV}='kernel' is written for GPUs (Pallas' Triton lowering); on a TPU "
