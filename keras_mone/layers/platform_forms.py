@@ -178,7 +178,7 @@ def projections_form():
     350, and at batch 64 and for ViViT at batch 1 the launches and the small per-group GEMMs
     outweighed the FLOPs saved (BENCHMARKS.md, "MoNE on an H200, measured again"). Compiled for
     an H200 without one, jax's bf16 forward at batch 256 has 104 kernels (per group: 797), bound
-    3.33x dense (1.66x; BENCHMARKS.md); torch's forward issues 220-233 ops and launches per image
+    3.33x dense (1.66x; BENCHMARKS.md); torch's forward issues 198-211 ops and launches per image
     (per group 424; dense: 151 in float32; ``bench/torch_op_count.py``). Compiled on a GPU,
     interpreted elsewhere (exact and slow: for tests). On jax training calls take the kernels
     with their epilogues too (XLA's where a block has stochastic depth), their backward passes
