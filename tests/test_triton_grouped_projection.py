@@ -25,6 +25,12 @@ def _kernel():
     return triton_grouped_projection
 
 
+def _launcher():
+    from keras_mone.kernels import triton_grouped_launch
+
+    return triton_grouped_launch
+
+
 def _arrays(rows, contraction, columns, seed=0):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((rows, contraction)), rng.standard_normal((contraction, columns)) / math.sqrt(contraction),
@@ -141,10 +147,10 @@ def test_one_compile_serves_every_layout_of_the_same_alignment(monkeypatch):
     (grid_1, constants_1), (grid_2, constants_2) = launches
     assert grid_1 != grid_2 and constants_1 == constants_2 and constants_1["ROW_ALIGN"] == 16
     assert not constants_1["STATIC_TABLE"]
-    made = dict(kernel._TABLES)
+    made = dict(_launcher().TABLES)
     kernel.grouped_projection(*_torch(x[:64], w, b), ((0, 32), (32, 48), (48, 64)), widths, "in", "gelu",
                               tiles=(32, 32, 32, 4, 2))
-    assert kernel._TABLES == made and all(kernel._TABLES[k][0] is made[k][0] for k in made)  # reused, not remade
+    assert _launcher().TABLES == made and all(_launcher().TABLES[k][0] is made[k][0] for k in made)  # reused, not remade
 
 
 def test_under_torch_compile_the_layout_is_compiled_in_and_gives_the_same_values(monkeypatch):
@@ -334,7 +340,7 @@ def test_token_major_rows_of_a_batch_major_tensor_are_read_in_place(monkeypatch,
     expected = kernel.grouped_projection(contiguous, *_torch(w, b), spans, widths, side, norm=norm(contiguous),
                                          **options)
     assert received[0] is view and received[1].dim() == 2
-    assert kernel._kernel_rows(view) is view  # read in place, not copied inside the launch
+    assert _launcher().kernel_rows(view) is view  # read in place, not copied inside the launch
     assert torch.equal(got, expected)
     exact = _numpy_reference(x2, w, b, spans, widths, side, **reference)
     np.testing.assert_allclose(got.numpy(), exact, rtol=0, atol=4e-6 * np.abs(exact).max())
@@ -520,7 +526,7 @@ def test_a_batch_major_attention_output_reaches_the_out_projection_uncopied(monk
     received = []
     original = triton_grouped_projection._launch
     monkeypatch.setattr(triton_grouped_projection, "_launch", lambda *a: received.append(  # the rows it reads
-        (_argument(original, a, "side"), triton_grouped_projection._kernel_rows(a[0]).dim())) or original(*a))
+        (_argument(original, a, "side"), _launcher().kernel_rows(a[0]).dim())) or original(*a))
     with torch.no_grad():
         logits = model(images())
     assert received == [("in", 2), ("out", 3), ("in", 2), ("out", 2)] * 2
@@ -536,7 +542,7 @@ def test_which_cuda_attention_outputs_the_kernel_reads_in_place(kernel_name, spl
     in place (``_kernel_rows`` keeps it 3-D: no copy)."""
     import torch
 
-    from keras_mone.kernels.triton_grouped_projection import _kernel_rows
+    from keras_mone.kernels.triton_grouped_launch import kernel_rows as _kernel_rows
 
     tokens, batch, heads, head_dim = 17, 4, 3, 16
     qkv = torch.empty(tokens * batch, 3 * heads * head_dim, device="meta", dtype=torch.bfloat16)
@@ -556,7 +562,7 @@ def test_batch_major_rows_past_32_bit_offsets_are_copied_to_2d():
     2-D rows take the block pointers' 64-bit offsets); one just below is read in place."""
     import torch
 
-    from keras_mone.kernels.triton_grouped_projection import _kernel_rows
+    from keras_mone.kernels.triton_grouped_launch import kernel_rows as _kernel_rows
 
     for batch, split in ((700, False), (600, True)):
         view = torch.empty(batch, 3136, 1024, device="meta", dtype=torch.bfloat16).transpose(0, 1)

@@ -232,3 +232,64 @@ def test_a_mone_vit_runs_one_statistics_kernel_and_agrees_with_the_kernel_form(m
     calls.clear()
     model(images())  # autograd recording: the op's path, statistics per LayerNorm
     assert len(calls) == 6
+
+
+def test_under_torch_compile_the_kernel_writes_the_partials_in_one_graph():
+    """At inference inside ``torch.compile`` (``fullgraph=True``) an out-projection with
+    ``statistics=True`` is the op ``keras_mone::grouped_projection_statistics``, which writes the
+    partials in the kernel; the in-projection after it combines them with torch's ops. Values:
+    the eager direct launches' within float32 rounding."""
+    import torch
+
+    kernel, _ = _modules()
+    x, w, b, residual, gate = (torch.as_tensor(a, dtype=torch.float32) for a in _out_projection_inputs(seed=9))
+    w2 = torch.as_tensor(np.random.default_rng(10).standard_normal((64, 96)) / 8, dtype=torch.float32)
+    gamma, beta = torch.linspace(0.5, 1.5, 64), torch.linspace(-1, 1, 64)
+
+    def block_half(x):
+        out, partials = kernel.grouped_projection(x, w, b, SPANS, WIDTHS, "out", residual=residual,
+                                                  scale=(gate, 0.5), tiles=(32, 16, 16, 4, 2), statistics=True)
+        hidden = kernel.grouped_projection(out, w2, None, SPANS, (16, 16, 64, 48, 32), "in", "gelu",
+                                           norm=(partials, 1e-6, gamma, beta))
+        return out, partials.means, partials.squares, hidden
+
+    graphs = []
+
+    def recording_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    with torch.no_grad():
+        eager = block_half(x)
+        compiled = torch.compile(block_half, backend=recording_backend, fullgraph=True)(x)
+    targets = [str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert sum("grouped_projection_statistics" in t for t in targets) == 1
+    assert sum(t.endswith("keras_mone.grouped_projection") or "grouped_projection.default" in t
+               for t in targets if "statistics" not in t) == 1
+    assert torch.equal(compiled[0], eager[0])
+    for got, want in zip(compiled[1:], eager[1:]):
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6 * float(want.abs().max()))
+
+
+def test_a_compiled_mone_vit_takes_each_ln2_from_the_attentions_partials(monkeypatch):
+    """Under ``torch.compile`` at inference each block's LN2 takes the attention's out-projection's
+    partials (the statistics are traced once per LN1 only: three of six); nothing is carried from
+    one block to the next there. The logits equal the eager call's within float32 rounding."""
+    import torch
+    from conftest import assert_f32_close, images
+
+    _, statistics = _modules()
+    from keras_mone.layers import platform_forms
+
+    model = _mone_model(depth=3)
+    calls = []
+    original = statistics.row_statistics
+    monkeypatch.setattr(statistics, "row_statistics", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
+    x = torch.as_tensor(images())
+    with torch.no_grad():
+        compiled = torch.compile(lambda images: model(images), backend="aot_eager", fullgraph=True)(x)
+        traced = len(calls)
+        eager = model(x)
+    assert traced == 3
+    assert_f32_close(compiled.numpy(), eager.numpy(), ulps=64)

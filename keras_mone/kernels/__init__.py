@@ -12,9 +12,11 @@
 * ``row_statistics``: a LayerNorm's row mean and rstd as one Pallas kernel (jax;
   ``$KERAS_MONE_STATISTICS=kernel``), for the grouped kernels' LayerNorm prologues;
 * ``triton_nested_mlp``: a nested group's MLP as one Triton kernel (torch);
-* ``triton_grouped_projection`` (program: ``triton_grouped_tile``) and
-  ``triton_row_statistics``: torch's twins of ``grouped_projection`` and ``row_statistics``
-  (``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on torch, ``layers.packed_kernels``);
+* ``triton_grouped_projection`` (launch: ``triton_grouped_launch``; program:
+  ``triton_grouped_tile``) and ``triton_row_statistics``: torch's twins of
+  ``grouped_projection`` and ``row_statistics`` (``$KERAS_MONE_PROJECTIONS=grouped_kernel`` on
+  torch, ``layers.packed_kernels``), the LayerNorms' statistics mostly from the out-projections'
+  per-tile partials (``TilePartials``);
 * ``precision``: the Pallas kernels' products at jax's ``default_matmul_precision``;
   ``tiles``: the fused MLP kernels' tile defaults.
 

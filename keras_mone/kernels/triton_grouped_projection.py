@@ -44,6 +44,8 @@ import os
 
 from keras_mone.kernels import triton_grouped_tile as _tile
 from keras_mone.kernels.tiles import shape_tiles
+from keras_mone.kernels.triton_grouped_launch import launch as _launch
+from keras_mone.kernels.triton_grouped_launch import rows_of as _rows
 from keras_mone.kernels.triton_row_statistics import TilePartials, check_partials, combined_statistics
 from keras_mone.kernels.triton_row_statistics import plain_tile_partials
 from keras_mone.kernels.triton_grouped_tile import ACTIVATIONS, check_tiles, default_tiles
@@ -157,8 +159,8 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
             ``block_cols``-column tiles, for the next LayerNorm.
 
     Differentiable (the plain path's gradients, recomputed). Under ``torch.compile`` or with
-    autograd recording it runs as the custom op (partials by torch's ops), else it launches
-    directly (less host time).
+    autograd recording it runs as a custom op (with autograd, partials by torch's ops), else it
+    launches directly (less host time).
     """
     import torch
 
@@ -175,14 +177,18 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
     statistic_pair = tuple(partials) if partials is not None else (norm or (None, None))[:2]
     tensors = (x, w, b, residual, scale, *statistic_pair, *(norm or (None,) * 4)[2:], alpha)
     recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    if not recording and not torch.compiler.is_compiling():
-        return _launch(*tensors, spans, widths, side, activation, tiles, interpret, False, statistics, float(epsilon))
-    if partials is not None:  # the prologue's statistics with torch's ops (differentiable)
+    compiling = torch.compiler.is_compiling()
+    if not recording and not compiling:
+        out = _launch(*tensors, spans, widths, side, activation, tiles, interpret, False, statistics, float(epsilon))
+        return (out[0], TilePartials(out[1][0], out[1][1])) if statistics else out
+    if partials is not None:  # the prologue's statistics with torch's ops (differentiable; inductor fuses them)
         tensors = (*tensors[:5], *combined_statistics(partials, epsilon, x.shape[-1]), *tensors[7:])
     flat_spans = [bound for span in spans for bound in span]
     # inside torch.compile the layout is compiled into the kernel (CUDA graphs keep no table alive)
-    out = _OP(*tensors, flat_spans, list(widths), side, activation or "", list(tiles), interpret,
-              torch.compiler.is_compiling())
+    if statistics and not recording:  # torch.compile at inference: the kernel writes the partials
+        out, stats = _OP_STATISTICS(*tensors[:5], alpha, flat_spans, list(widths), list(tiles), interpret, compiling)
+        return out, TilePartials(stats[0], stats[1])
+    out = _OP(*tensors, flat_spans, list(widths), side, activation or "", list(tiles), interpret, compiling)
     return (out, plain_tile_partials(out, w.shape[1] // tiles[1])) if statistics else out
 
 
@@ -264,87 +270,12 @@ def _tiles(tiles, variable_value, contraction, columns):
     return tiles
 
 
-def _launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, widths, side, activation, tiles,
-            interpret, static_table=False, stats_out=False, epsilon=0.0):
-    """The kernel launch on checked arguments: ``(rows, N)`` in ``x``'s dtype (with ``stats_out``,
-    and its ``TilePartials``). ``static_table`` (inside ``torch.compile``): the layout compiled
-    into the kernel, so that no device memory outlives the call (CUDA graphs replay what they
-    captured); else (eager) the tile table, one compile per alignment of the groups' rows for
-    every batch size. ``mean`` and ``rstd`` ``(tiles, rows)``: partials (``epsilon`` the LayerNorm's)."""
-    import torch
-
-    x, w, widths = _kernel_rows(x), w.contiguous(), tuple(widths)
-    split = x.dim() == 3  # (tokens, batch, K) strided: row n * batch + b at n * stride(0) + b * stride(1)
-    rows, contraction, columns = _rows(x), x.shape[-1], w.shape[1]
-    out = x.new_empty((rows, columns))
-    result = out
-    if stats_out:  # one allocation: the tiles' means and sums of squared deviations
-        stats = torch.empty((2, columns // tiles[1], rows), device=x.device, dtype=torch.float32)
-        mean, rstd = stats[0], stats[1]  # views (unpacking would be an unbind op of its own)
-        result = (out, TilePartials(mean, rstd))
-    sizes = tuple(stop - start for start, stop in spans)
-    table, row_tiles, row_align = _tile_table(sizes, widths, tiles[0], None if static_table else x.device)
-    if not row_tiles:
-        return result
-    exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
-    groups = _tile.group_table(sizes, widths, tiles[0], row_align) if static_table else None
-    compiled = _tile.constants(contraction, columns, side, activation, tiles, b is not None, residual is not None,
-                               scale is not None, mean is not None and not stats_out, "ieee" if exact else "tf32", interpret, row_align,
-                               alpha is not None, groups, split, stats_out,
-                               mean.shape[0] if mean is not None and mean.dim() == 2 else 0)
-    options = {} if interpret else {"num_warps": tiles[3], "num_stages": tiles[4]}
-    pointers = [out if t is None else t.contiguous() for t in (b, residual, scale, mean, rstd, gamma, beta, alpha)]
-    _tile.kernel(interpret)[(columns // tiles[1], row_tiles)](
-        x, w, *pointers, out, out if table is None else table, x.stride(1) if split else x.stride(0),
-        x.stride(0) if split else 0, x.shape[1] if split else 1, w.stride(0), columns, rows, epsilon, **compiled,
-        **options)
-    return result
-
-
-def _largest_offset(x):
-    """The largest element offset a view ``x`` reaches (non-negative strides)."""
-    return sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
-
-
-def _rows(x):
-    """The number of token rows of ``x``: ``(rows, K)`` or ``(tokens, batch, K)``."""
-    return x.shape[0] if x.dim() == 2 else x.shape[0] * x.shape[1]
-
-
-def _kernel_rows(x):
-    """``x`` as the kernel reads it: ``(rows, K)`` contiguous, or ``(tokens, batch, K)`` with unit
-    feature stride where its first two axes do not merge into one and every offset fits 32 bits
-    (the kernel's two-level row offsets are int32); else viewed or copied as 2-D."""
-    if x.dim() == 2:
-        return x.contiguous()
-    split = x.dim() == 3 and x.stride(2) == 1 and x.shape[0] > 1 and x.shape[1] > 1
-    if split and x.stride(0) != x.shape[1] * x.stride(1) and _largest_offset(x) < 2**31:
-        return x
-    return x.reshape(-1, x.shape[-1]).contiguous()
-
-
-_TABLES = {}
-"""Eager launches' tile tables by layout and device, each made once (a host-to-device copy on
-first use) and kept: a layout's table is a few kilobytes, and a batch size has one layout."""
-
-
-def _tile_table(sizes, widths, block_rows, device):
-    """``(table on device or None, row tiles, row_align)`` of a layout (``triton_grouped_tile.tile_table``);
-    ``device`` ``None``: no table (the compile-time form)."""
-    import torch
-
-    key = (sizes, widths, block_rows, device)
-    if key not in _TABLES:
-        table, row_tiles, row_align = _tile.tile_table(sizes, widths, block_rows)
-        tensor = None if device is None else torch.tensor(table or (0,), dtype=torch.int32, device=device)
-        _TABLES[key] = (tensor, row_tiles, row_align)
-    return _TABLES[key]
-
-
-def _define_custom_op():
+def _define_custom_ops():
     """``keras_mone::grouped_projection``: the kernel as a torch custom op (its shape for
-    ``torch.compile``'s fake tensors, its gradients the plain path's). Defined once, when the
-    module is imported (``_OP``): dynamo would trace a definition made inside a compiled call."""
+    ``torch.compile``'s fake tensors, its gradients the plain path's); and
+    ``keras_mone::grouped_projection_statistics``: an out-projection that also returns its
+    ``(2, tiles, rows)`` partials, without gradients (``torch.compile`` at inference). Defined
+    once, when the module is imported: dynamo would trace a definition made inside a compiled call."""
     import torch
 
     Tensor, Optional = torch.Tensor, torch.Tensor | None
@@ -378,7 +309,21 @@ def _define_custom_op():
         return (*(next(grads) if t is not None and need else None for t, need in zip(inputs, needs)),) + (None,) * 7
 
     op.register_autograd(backward, setup_context=setup_context)
-    return op
+
+    @torch.library.custom_op("keras_mone::grouped_projection_statistics", mutates_args=())
+    def statistics_op(x: Tensor, w: Tensor, b: Optional, residual: Optional, scale: Optional, alpha: Optional,
+                      spans: list[int], widths: list[int], tiles: list[int], interpret: bool,
+                      static_table: bool) -> tuple[Tensor, Tensor]:
+        return _launch(x, w, b, residual, scale, None, None, None, None, alpha, _pairs(spans), tuple(widths), "out",
+                       None, tuple(tiles), interpret, static_table, True)
+
+    @statistics_op.register_fake
+    def _(x, w, *rest):
+        tiles = rest[6]
+        stats = x.new_empty((2, w.shape[1] // tiles[1], _rows(x)), dtype=torch.float32)
+        return x.new_empty((_rows(x), w.shape[1])), stats
+
+    return op, statistics_op
 
 
 def _pairs(flat):
@@ -389,4 +334,4 @@ try:  # the custom op exists where torch and Triton are installed
     import torch as _torch_module  # noqa: F401
 except ImportError:  # pragma: no cover - jax or tensorflow alone
     _torch_module = None
-_OP = _define_custom_op() if _torch_module is not None and available() else None
+_OP, _OP_STATISTICS = _define_custom_ops() if _torch_module is not None and available() else (None, None)

@@ -1,6 +1,7 @@
 """The Triton program of torch's grouped nested projection: one launch over all of a block's
 token groups (``kernels.triton_grouped_projection`` holds the function users call, its checks,
-its plain twin and its custom op; its module docstring gives the equations).
+its plain twin and its custom ops, ``kernels.triton_grouped_launch`` the launch; the former's
+module docstring gives the equations).
 
 A program takes ``BLOCK_ROWS`` rows of one group by ``BLOCK_COLS`` output columns. Which rows
 and which width is data: the tile table (``tile_table``: each row tile's first row, its group's

@@ -77,9 +77,11 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
     import torch
 
     dim, heads = block.hidden_dim, attention.num_heads
-    # partials only where the kernel launches directly (the op's would be torch's ops, a pass of their own)
-    carry = not torch.is_grad_enabled() and not torch.compiler.is_compiling() and statistics_form() != "kernel"
-    qkv = normalized_projection(block.norm1, attention.qkv, rows, _carried_partials(rows) if carry else None)
+    # partials at inference (with autograd the op's would be torch's ops, a pass of their own); from one block
+    # to the next only eagerly (the carry reads tensor identities, which torch.compile's tracing does not keep)
+    carry = not torch.is_grad_enabled() and statistics_form() != "kernel"
+    between_blocks = carry and not torch.compiler.is_compiling()
+    qkv = normalized_projection(block.norm1, attention.qkv, rows, _carried_partials(rows) if between_blocks else None)
     # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
     qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
     # (batch, heads, tokens, head_dim) -> (tokens, batch, D), a view: token-major memory (flash, cuDNN, the CPU) or
@@ -93,7 +95,7 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
         mone = block.gate == "mone"
         scale = (gate_rows, stored(block.alpha)) if mone else block._gate.mlp_scale(gate_rows, block.alpha)
     outputs, partials = _with_statistics(project(mlp.fc2, hidden, "out", residual=z, scale=scale, statistics=carry))
-    if partials is not None:
+    if between_blocks and partials is not None:
         _remember(outputs, partials)
     return outputs
 
