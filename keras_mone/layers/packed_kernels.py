@@ -11,11 +11,11 @@ group and projection (MoNE App. A.1 Eq. 5-7)::
     x'  = z + (alpha g + 1) Proj_out(GELU(Proj_in(LN2(z))))     (Eq. 1; the gate "mone")
 
 fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues and both
-LayerNorms the in-projections' prologues. Their statistics: eagerly without autograd, the
-partials the out-projection before wrote beside its output (``TilePartials``: the attention's
-for LN2; for LN1 the previous kernel block's fc2's, where this block's rows are that very
-output, unchanged); elsewhere (and with ``$KERAS_MONE_STATISTICS=kernel``) each row's in one
-pass beforehand (``kernels.triton_row_statistics``). No pass of its own over the hidden
+LayerNorms the in-projections' prologues. Their statistics, at inference: the partials the
+out-projection before wrote beside its output (``TilePartials``: the attention's for LN2; for
+LN1, eagerly, the previous kernel block's fc2's, where this block's rows are that very output,
+unchanged); elsewhere (with autograd, and with ``$KERAS_MONE_STATISTICS=kernel``) each row's in
+one pass beforehand (``kernels.triton_row_statistics``; torch's ops under ``torch.compile``). No pass of its own over the hidden
 activations, the normalised tokens or the residual stream, no zero padding, no concatenation
 (q, k and v are strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them), and no
 copy of the attention's output (the out-projection reads it as SDPA wrote it: batch-major from

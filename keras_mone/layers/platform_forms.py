@@ -276,9 +276,9 @@ def statistics_form():
     One pass is the only form that moves fewer bytes in every program, for both models. With
     the grouped projection kernels (``projections_form``) its statistics are the out-projections'
     row sums of what they write (``kernels.row_sums``): no reduction runs between the kernels in
-    inference. Torch's grouped kernels (``layers.packed_kernels``) take each LayerNorm's
-    statistics, eagerly without autograd, from the out-projection before (per-tile partials,
-    two-pass numerics) in every form but "kernel": there one Triton kernel per LayerNorm. Not
+    inference. Torch's grouped kernels (``layers.packed_kernels``) take a LayerNorm's statistics
+    at inference from the out-projection before (per-tile partials, two-pass numerics) in every
+    form but "kernel": there one Triton kernel per LayerNorm. Not
     timed on a card: ``$KERAS_MONE_STATISTICS`` when set, else one_pass on jax's GPU and keras
     elsewhere (the CPU's measured form)."""
     chosen = _env_form(STATISTICS_ENV, STATISTICS_FORMS, "one_pass" if _jax_gpu() else "keras")
