@@ -14,7 +14,7 @@ fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues a
 LayerNorms the in-projections' prologues. Their statistics, at inference: the partials the
 out-projection before wrote beside its output (``TilePartials``: the attention's for LN2; for
 LN1, eagerly, the previous kernel block's fc2's, where this block's rows are that very output,
-unchanged); elsewhere (with autograd, and with ``$KERAS_MONE_STATISTICS=kernel``) each row's in
+unchanged; in float32 at torch's "highest" precision LN1 only); elsewhere (with autograd, and with ``$KERAS_MONE_STATISTICS=kernel``) each row's in
 one pass beforehand (``kernels.triton_row_statistics``; torch's ops under ``torch.compile``). No pass of its own over the hidden
 activations, the normalised tokens or the residual stream, no zero padding, no concatenation
 (q, k and v are strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them), and no
@@ -81,13 +81,16 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
     # to the next only eagerly (the carry reads tensor identities, which torch.compile's tracing does not keep)
     carry = not torch.is_grad_enabled() and statistics_form() != "kernel"
     between_blocks = carry and not torch.compiler.is_compiling()
+    # float32 at torch's "highest" precision (no tensor cores): fc1 from partials spills in its loop on sm_90
+    # (BENCHMARKS.md, "torch: each LayerNorm's statistics ..."), so LN2 keeps the statistics kernel there
+    exact = rows.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32  # (traced without a break)
     qkv = normalized_projection(block.norm1, attention.qkv, rows, _carried_partials(rows) if between_blocks else None)
     # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
     qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
     # (batch, heads, tokens, head_dim) -> (tokens, batch, D), a view: token-major memory (flash, cuDNN, the CPU) or
     # batch-major (CUDA's memory-efficient SDPA, float32's), which the kernel reads through its strides
     attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3).flatten(2)
-    z, partials = _with_statistics(project(attention.out, attended, "out", residual=rows, statistics=carry))
+    z, partials = _with_statistics(project(attention.out, attended, "out", residual=rows, statistics=carry and not exact))
     activation = "gelu_tanh" if mlp.gelu_approximate else "gelu"
     hidden = normalized_projection(block.norm2, mlp.fc1, z, partials, activation=activation)
     scale = None
