@@ -114,12 +114,27 @@ def loop_work(opcodes, width, block_rows, block_hidden, num_warps):
             "float_per_element": floats * threads / elements}
 
 
+def loop_spills(sass):
+    """How many spill instructions (``STL``, ``LDL``: local memory) of ``nvdisasm``'s SASS lie
+    inside a loop (between a label and a branch back to it): those run every iteration, where
+    spills before or after the main loop run once per program."""
+    lines = sass.splitlines()
+    labels = {line.strip().rstrip(":"): i for i, line in enumerate(lines) if re.match(r"\s*\.L_x_\d+:", line)}
+    inside = set()
+    for i, line in enumerate(lines):
+        target = re.search(r"\bBRA\b.*?\((\.L_x_\d+)\)", line)
+        if target and labels.get(target.group(1), i) < i:
+            inside.update(k for k in range(labels[target.group(1)], i + 1) if re.search(r"\b(STL|LDL)\b", lines[k]))
+    return len(inside)
+
+
 def compile_stats(ir_text, num_warps, num_stages, capability=90, tile=None):
-    """``{registers, spill_bytes, shared_bytes, mma}`` of the IR compiled for ``sm_<capability>``;
-    ``mma``: the tensor-core instructions its dots became, ``"wgmma"`` (Hopper's warpgroup
-    MMA, which Triton takes for tiles of at least 64 rows) or ``"mma.sync"`` (the older
-    per-warp form), or ``"none"``. With ``tile`` = ``(width, block_rows, block_hidden)``,
-    also ``loop_work`` of the hidden-block loop."""
+    """``{registers, spill_bytes, shared_bytes, mma, loop_spills}`` of the IR compiled for
+    ``sm_<capability>``; ``mma``: the tensor-core instructions its dots became, ``"wgmma"``
+    (Hopper's warpgroup MMA, which Triton takes for tiles of at least 64 rows) or ``"mma.sync"``
+    (the older per-warp form), or ``"none"``; ``loop_spills``: spill instructions inside loops
+    (``loop_spills``). With ``tile`` = ``(width, block_rows, block_hidden)``, also ``loop_work``
+    of the hidden-block loop."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -135,13 +150,16 @@ def compile_stats(ir_text, num_warps, num_stages, capability=90, tile=None):
         command = [ptxas, f"-arch=sm_{capability}a", "-v", os.path.join(folder, "kernel.ptx"),
                    "-o", os.path.join(folder, "kernel.cubin")]
         report = subprocess.run(command, capture_output=True, text=True, check=True)
+        nvdisasm = os.path.join(os.path.dirname(ptxas), "nvdisasm")
+        sass = subprocess.run([nvdisasm, "-c", os.path.join(folder, "kernel.cubin")], capture_output=True, text=True,
+                              check=True).stdout
     text = report.stdout + report.stderr
     spills = re.search(r"(\d+) bytes spill stores", text)
     ptx = compiled.asm["ptx"]
     mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
     stats = {"registers": int(re.search(r"Used (\d+) registers", text).group(1)),
              "spill_bytes": int(spills.group(1)) if spills else 0, "shared_bytes": compiled.metadata.shared,
-             "mma": mma}
+             "mma": mma, "loop_spills": loop_spills(sass)}
     if tile is not None:
         stats.update(loop_work(inner_loop(ptx), *tile, num_warps))
     return stats

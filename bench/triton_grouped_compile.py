@@ -4,7 +4,8 @@ Compiles ``kernels.triton_grouped_tile`` (each nested projection of a packed MoN
 Triton launch over all token groups) for sm_90 at a ViT-B/16 block's four projections, with
 their prologues and epilogues as ``layers.packed_kernels`` runs them, for the default tiles and
 any given, and ``kernels.triton_row_statistics``; ``ptxas -v`` (``kernel_compile.compile_stats``)
-gives registers per thread, spilled bytes and shared memory per program. Rows in ``--dtypes``,
+gives registers per thread, spilled bytes and shared memory per program, and ``nvdisasm`` the
+spill instructions inside loops (each iteration's). Rows in ``--dtypes``,
 weights in the rows' dtype (what a model's call passes: Keras' autocast casts them under mixed
 precision), float32 rows at TF32 (torch's ``float32_matmul_precision`` "high") and at torch's
 default "highest" (no tensor cores).
@@ -53,7 +54,8 @@ def main(argv=None):
     lines += [f"Grouped projections (Triton) compiled for sm_90: D = {args.dim}, rows aligned to "
               f"{args.row_align or 'block_rows'} (one program for every layout of the token groups so aligned: the "
               "tile table is data), weights in the rows' dtype\n",
-              "| rows | projection | tiles | mma | registers | spill bytes | shared KB |", "|---|---|---|---|---|---|---|"]
+              "| rows | projection | tiles | mma | registers | spill bytes | spill instructions in loops | shared KB |",
+              "|---|---|---|---|---|---|---|---|"]
     settings = [(dtype, precision) for dtype in args.dtypes.split(",")
                 for precision in (("tf32", "ieee") if dtype == "fp32" else ("tf32",))]
     for dtype, precision in settings:
@@ -70,7 +72,7 @@ def main(argv=None):
                 stats = compile_stats(compiled.asm["ttir"], tiles[3], tiles[4])
                 rows = dtype if dtype != "fp32" else f"fp32 ({'TF32' if precision == 'tf32' else 'highest'})"
                 lines.append(f"| {rows} | {label} | {tiles} | {stats['mma']} | {stats['registers']} | "
-                             f"{stats['spill_bytes']} | {stats['shared_bytes'] / 1024:.1f} |")
+                             f"{stats['spill_bytes']} | {stats['loop_spills']} | {stats['shared_bytes'] / 1024:.1f} |")
     statistics = compile_stats(triton_row_statistics.compile_for_cuda(args.dim).asm["ttir"], 4, 1)
     lines.append(f"\nRow statistics (D = {args.dim}, bf16 rows): {statistics['registers']} registers, "
                  f"{statistics['spill_bytes']} spill bytes")

@@ -310,3 +310,30 @@ def test_a_compiled_mone_vit_takes_each_ln2_from_the_attentions_partials(monkeyp
         eager = model(x)
     assert traced == 3
     assert_f32_close(compiled.numpy(), eager.numpy(), ulps=64)
+
+
+def test_spill_instructions_are_counted_inside_loops_only():
+    """``bench/kernel_compile.py``'s ``loop_spills`` on a small piece of SASS: the spills between a
+    label and the branch back to it count, those before the loop and after it, and those under a
+    forward branch's label, do not."""
+    import pathlib
+    import sys
+
+    _modules()
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    from kernel_compile import loop_spills
+
+    sass = """
+        /*0000*/ STL [R1], R2 ;
+    .L_x_0:
+        /*0010*/ LDL R3, [R1] ;
+        /*0020*/ HMMA R4, R5, R6 ;
+        /*0030*/ STL [R1+0x4], R3 ;
+        /*0040*/ @P0 BRA `(.L_x_0) ;
+        /*0050*/ @P1 BRA `(.L_x_1) ;
+        /*0060*/ LDL R7, [R1+0x4] ;
+    .L_x_1:
+        /*0070*/ STL [R1+0x8], R7 ;
+        /*0080*/ EXIT ;
+    """
+    assert loop_spills(sass) == 2
