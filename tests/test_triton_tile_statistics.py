@@ -199,6 +199,19 @@ def matmul_precision():
     torch.set_float32_matmul_precision(before)
 
 
+def _counted_kernel_model(monkeypatch):
+    """A MoNE ViT of three blocks in the grouped kernel form, and the list that gains an entry
+    per ``row_statistics`` call."""
+    _, statistics = _modules()
+    from keras_mone.layers import platform_forms
+
+    model, calls = _mone_model(depth=3), []  # (built first: its build runs a forward)
+    original = statistics.row_statistics
+    monkeypatch.setattr(statistics, "row_statistics", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
+    return model, calls
+
+
 def _mone_model(depth):
     from conftest import images, randomize_weights
 
@@ -224,14 +237,9 @@ def test_a_mone_vit_runs_one_statistics_kernel_and_agrees_with_the_kernel_form(m
     import torch
     from conftest import assert_f32_close, images
 
-    _, statistics = _modules()
     from keras_mone.layers import platform_forms
 
-    model = _mone_model(depth=3)
-    calls = []
-    original = statistics.row_statistics
-    monkeypatch.setattr(statistics, "row_statistics", lambda *a: calls.append(1) or original(*a))
-    monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
+    model, calls = _counted_kernel_model(monkeypatch)
     matmul_precision(precision)
     logits, counts = {}, {}
     for form in ("keras", "kernel"):
@@ -294,14 +302,7 @@ def test_a_compiled_mone_vit_takes_each_ln2_from_the_attentions_partials(monkeyp
     import torch
     from conftest import assert_f32_close, images
 
-    _, statistics = _modules()
-    from keras_mone.layers import platform_forms
-
-    model = _mone_model(depth=3)
-    calls = []
-    original = statistics.row_statistics
-    monkeypatch.setattr(statistics, "row_statistics", lambda *a: calls.append(1) or original(*a))
-    monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, "grouped_kernel")
+    model, calls = _counted_kernel_model(monkeypatch)
     matmul_precision("high")
     x = torch.as_tensor(images())
     with torch.no_grad():
