@@ -150,7 +150,8 @@ def test_one_compile_serves_every_layout_of_the_same_alignment(monkeypatch):
     made = dict(_launcher().TABLES)
     kernel.grouped_projection(*_torch(x[:64], w, b), ((0, 32), (32, 48), (48, 64)), widths, "in", "gelu",
                               tiles=(32, 32, 32, 4, 2))
-    assert _launcher().TABLES == made and all(_launcher().TABLES[k][0] is made[k][0] for k in made)  # reused, not remade
+    tables = _launcher().TABLES
+    assert tables == made and all(tables[k][0] is made[k][0] for k in made)  # reused, not remade
 
 
 def test_under_torch_compile_the_layout_is_compiled_in_and_gives_the_same_values(monkeypatch):

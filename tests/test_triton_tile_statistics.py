@@ -91,8 +91,8 @@ def test_the_prologue_combines_the_partials_as_torchs_ops_do(tiles):
     tolerance = 8 * np.spacing(np.float32(30)) * carried
     for count in (1, 6, 3):
         partials = statistics.plain_tile_partials(rows, count)
-        given = kernel.grouped_projection(rows, w, None, SPANS, widths, "in", "gelu", norm=(partials, 1e-6, gamma, beta),
-                                          tiles=tiles)
+        given = kernel.grouped_projection(rows, w, None, SPANS, widths, "in", "gelu",
+                                          norm=(partials, 1e-6, gamma, beta), tiles=tiles)
         for mean, rstd in (statistics.combined_statistics(partials, 1e-6, 96),
                            statistics.row_statistics(rows, 1e-6)):
             expected = kernel.grouped_projection(rows, w, None, SPANS, widths, "in", "gelu",
@@ -159,10 +159,43 @@ def test_bad_partials_are_named():
             (statistics.TilePartials(good.means, good.squares[:3]), 1e-6, "two float32"),
             (statistics.TilePartials(good.means.double(), good.squares), 1e-6, "two float32"),
             (statistics.plain_tile_partials(torch.zeros(160, 60), 5), 1e-6, "tiles dividing 64"),
-            (good, -1.0, "epsilon second, a number >= 0"),
+            (good, -1.0, "epsilon second, a finite number >= 0"),
+            (good, float("inf"), "epsilon second, a finite number >= 0"),
             (good, None, "epsilon second")):
         with pytest.raises(ValueError, match=message):
             kernel.grouped_projection(x, w, None, SPANS, WIDTHS, "in", norm=(partials, epsilon, gamma, gamma))
+    for norm in ((good,), (good, 1e-6, None, None), (x[:, 0], x[:, 0], gamma, None)):  # short; weights missing
+        with pytest.raises(ValueError, match="`norm` is \\(mean, rstd, gamma, beta\\), gamma and beta tensors"):
+            kernel.grouped_projection(x, w, None, SPANS, WIDTHS, "in", norm=norm)
+
+
+def test_each_program_stores_partials_for_its_own_rows_only(monkeypatch):
+    """The partials of a row tile that ends inside the next group's first tile are stored for its
+    group's rows only: with the next group's tiles left out of the launch (its tile table cut),
+    the partials of that group's rows stay as allocated (NaN). Triton's interpreter runs the
+    programs in grid order, so a store past the group's end would otherwise be overwritten by the
+    next group's own program, unseen."""
+    import torch
+
+    kernel, _ = _modules()
+    from keras_mone.kernels import triton_grouped_launch
+
+    x, w, b, residual, _ = (torch.as_tensor(a, dtype=torch.float32) for a in _out_projection_inputs(seed=13))
+    spans, widths = ((0, 37), (37, 160)), (32, 64)
+    table_of = triton_grouped_launch.tile_table
+
+    def first_group_only(sizes, widths, block_rows, device):  # the row tiles of the 37 rows of group one: two
+        table, _, row_align = table_of(sizes, widths, block_rows, device)
+        return table, 2, row_align
+
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(triton_grouped_launch, "tile_table", first_group_only)
+    with torch.no_grad():
+        _, partials = kernel.grouped_projection(x, w, b, spans, widths, "out", residual=residual,
+                                                tiles=(32, 16, 16, 4, 2), statistics=True)
+    for part in partials:
+        assert torch.isfinite(part[:, :37]).all() and torch.isnan(part[:, 37:]).all()
 
 
 def test_carried_partials_serve_only_the_very_rows_unchanged():
@@ -186,7 +219,7 @@ def test_carried_partials_serve_only_the_very_rows_unchanged():
     packed_kernels._remember(out, partials)
     del out, other  # (the last view keeps its base alive)
     gc.collect()
-    assert packed_kernels._Carried.output is None and packed_kernels._Carried.partials is None
+    assert packed_kernels._Carried.entry is None
 
 
 @pytest.fixture
@@ -255,6 +288,11 @@ def test_a_mone_vit_runs_one_statistics_kernel_and_agrees_with_the_kernel_form(m
     calls.clear()
     model(images())  # autograd recording: the op's path, statistics per LayerNorm
     assert len(calls) == 6
+    calls.clear()
+    with torch.inference_mode():  # no version counters: LN1 from the kernel in every block, LN2 as above
+        inferred = model(images()).cpu().numpy()
+    assert len(calls) == 3 + launches - 1
+    assert_f32_close(inferred, logits["kernel"], ulps=64)
 
 
 def test_under_torch_compile_the_kernel_writes_the_partials_in_one_graph():

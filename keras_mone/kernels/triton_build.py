@@ -21,6 +21,20 @@ def jitted(function, interpret):
     return triton.jit(function)
 
 
+def exact_float32(dtype):
+    """Whether float32 matmuls of ``dtype`` rows run without TF32 (torch's setting: the legacy
+    ``allow_tf32``, which dynamo traces without a graph break, or, where the new
+    ``fp32_precision`` API was used and the legacy read raises, that one): the kernels' "ieee" dot."""
+    import torch
+
+    if dtype != torch.float32:
+        return False
+    try:
+        return not torch.backends.cuda.matmul.allow_tf32
+    except RuntimeError:  # torch refuses the legacy read once the new API set the precision
+        return torch.backends.cuda.matmul.fp32_precision != "tf32"
+
+
 def python_helpers(function):
     """``function`` with the ``@triton.jit`` helpers of its module's globals read as their Python
     functions: a ``JITFunction`` refuses calls outside a compiled kernel, and Triton's interpreter

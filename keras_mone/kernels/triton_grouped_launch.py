@@ -6,6 +6,7 @@ layout and device), and the output, with the per-tile partial statistics where a
 """
 
 from keras_mone.kernels import triton_grouped_tile as _tile
+from keras_mone.kernels.triton_build import exact_float32
 
 
 def launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, widths, side, activation, tiles,
@@ -32,7 +33,7 @@ def launch(x, w, b, residual, scale, mean, rstd, gamma, beta, alpha, spans, widt
     table, row_tiles, row_align = tile_table(sizes, widths, tiles[0], None if static_table else x.device)
     if not row_tiles:
         return result
-    exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+    exact = exact_float32(x.dtype)
     groups = _tile.group_table(sizes, widths, tiles[0], row_align) if static_table else None
     norm_tiles = mean.shape[0] if has_norm and mean.dim() == 2 else 0
     compiled = _tile.constants(contraction, columns, side, activation, tiles, b is not None, residual is not None,

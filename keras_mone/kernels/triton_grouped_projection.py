@@ -166,8 +166,10 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
 
     scale, alpha = _gate_pair(scale)
     if statistics and side != "out":
-        raise ValueError(f"`statistics` belongs to side 'out' (the stream the next LayerNorm reads); got side {side!r}.")
-    partials, epsilon = (norm[0], norm[1]) if norm is not None and isinstance(norm[0], TilePartials) else (None, 0.0)
+        raise ValueError(f"`statistics` belongs to side 'out' (the stream the next LayerNorm reads); got side "
+                         f"{side!r}.")
+    given = norm is not None and len(norm) == 4 and isinstance(norm[0], TilePartials)
+    partials, epsilon = (norm[0], norm[1]) if given else (None, 0.0)
     if partials is not None:
         check_partials(partials, epsilon, _rows(x), x.shape[-1], x.device)
     plain_norm = norm if partials is None else (None, None, *norm[2:])
@@ -203,9 +205,9 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
                          f"on side {side!r}.")
     if (residual is not None or scale is not None) and side != "out":
         raise ValueError("`residual` and `scale` belong to side 'out' (the block's residual and gate).")
-    if norm is not None and (side != "in" or len(norm) != 4):
-        raise ValueError("`norm` is (mean, rstd, gamma, beta) and belongs to side 'in' (the LayerNorm before q/k/v "
-                         "and fc1).")
+    if norm is not None and (side != "in" or len(norm) != 4 or norm[2] is None or norm[3] is None):
+        raise ValueError("`norm` is (mean, rstd, gamma, beta), gamma and beta tensors, and belongs to side 'in' (the "
+                         "LayerNorm before q/k/v and fc1).")
     bias_fits = b is None or tuple(b.shape) == (w.shape[-1],)
     if x.dim() not in (2, 3) or w.dim() != 2 or w.shape[0] != x.shape[-1] or not bias_fits:
         raise ValueError(f"`x` must be (rows, K) or (tokens, batch, K), `w` (K, N) and `b` (N,) or None; got "

@@ -25,9 +25,9 @@ doubled the float32 out-projection's spills on sm_90): the attention's output as
 writes it, batch-major, read in place by the out-projection instead of copied to token-major rows.
 
 The program's helpers are ``@triton.jit`` functions of this module, which Triton's interpreter
-runs as Python (``triton_build.python_helpers``); inside them, Triton's builtins only (Triton's own
-``@jit`` helpers, such as ``tl.sum``, do not run under an interpreter chosen after Triton was
-imported). ``UPCAST`` (the interpreter):
+runs as Python (``triton_build.python_helpers``). Sums are ``tl.reduce`` with the combine function
+of Triton's own ``tl.sum`` (``tl.standard._sum_combine``, a private name): ``tl.sum`` itself, a
+``@jit`` helper of Triton's, does not run under an interpreter chosen after Triton was imported. ``UPCAST`` (the interpreter):
 16-bit operands go to ``tl.dot`` as float32, exact products as on tensor cores. ``HAS_NORM``
 (in-projections): each loaded tile is the LayerNorm's ``(x - mean) * (rstd * gamma) + beta`` in
 float32, rounded to the rows' dtype, zeros past the group's width; the statistics come per

@@ -167,8 +167,6 @@ def _checked(x, w1, b1, w2, b2, width, out, block_rows, block_hidden, num_warps,
 
 
 def _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret):
-    import torch
-
     rows, hidden = x.shape[0], w1.shape[1]
     out = x.new_empty((rows, width)) if out is None else out
     if rows == 0:
@@ -176,7 +174,7 @@ def _launch(x, w1, b1, w2, b2, width, approximate, out, tiles, interpret):
     block_rows, block_hidden, num_warps, num_stages = tiles
     chunk = feature_chunk(width)
     # float32 at torch's "highest" matmul precision: no TF32 (the argument is ignored for 16-bit rows)
-    exact = x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+    exact = triton_build.exact_float32(x.dtype)
     kernel = _kernel(interpret)
     options = {} if interpret else {"num_warps": num_warps, "num_stages": num_stages}
     kernel[(triton.cdiv(rows, block_rows),)](

@@ -18,6 +18,7 @@ the next in-projection's prologue combines the tiles (Chan et al.'s pairwise upd
 tiles, ``combined_statistics``): a two-pass-quality variance, no launch, no read of the rows.
 """
 
+import math
 from typing import NamedTuple
 
 from keras_mone.kernels import triton_build
@@ -52,8 +53,8 @@ def check_partials(partials, epsilon, rows, dim, device):
     if not fits or any(tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != device for t in tensors):
         raise ValueError(f"`norm`'s TilePartials must be two float32 (tiles, {rows}) tensors on {device}, tiles "
                          f"dividing {dim}; got {[(tuple(t.shape), t.dtype, str(t.device)) for t in tensors]}.")
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0:
-        raise ValueError(f"`norm` with TilePartials takes the LayerNorm's epsilon second, a number >= 0; got "
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 <= epsilon < math.inf:
+        raise ValueError(f"`norm` with TilePartials takes the LayerNorm's epsilon second, a finite number >= 0; got "
                          f"{epsilon!r}.")
 
 

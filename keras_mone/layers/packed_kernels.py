@@ -12,11 +12,13 @@ group and projection (MoNE App. A.1 Eq. 5-7)::
 
 fc1's bias and GELU, the residual adds and the gate are the kernels' epilogues and both
 LayerNorms the in-projections' prologues. Their statistics, at inference: the partials the
-out-projection before wrote beside its output (``TilePartials``: the attention's for LN2; for
-LN1, eagerly, the previous kernel block's fc2's, where this block's rows are that very output,
-unchanged; in float32 at torch's "highest" precision LN1 only); elsewhere (with autograd, and with ``$KERAS_MONE_STATISTICS=kernel``) each row's in
-one pass beforehand (``kernels.triton_row_statistics``; torch's ops under ``torch.compile``). No pass of its own over the hidden
-activations, the normalised tokens or the residual stream, no zero padding, no concatenation
+out-projection before wrote beside its output (``TilePartials``: the attention's for LN2, but
+in float32 at torch's "highest" precision; for LN1, eagerly outside ``torch.inference_mode``,
+the previous kernel block's fc2's, where this block's rows are that very output, unchanged).
+Elsewhere (with autograd, and with ``$KERAS_MONE_STATISTICS=kernel``) each row's in one pass
+beforehand (``kernels.triton_row_statistics``; torch's ops under ``torch.compile``). No pass of
+its own over the hidden activations, the normalised tokens or the residual stream, no zero
+padding, no concatenation
 (q, k and v are strided views of one ``(rows, 3D)`` output, as torch's SDPA takes them), and no
 copy of the attention's output (the out-projection reads it as SDPA wrote it: batch-major from
 CUDA's memory-efficient kernel, float32's). The weights are read as stored
@@ -34,6 +36,7 @@ import weakref
 
 import keras
 
+from keras_mone.kernels.triton_build import exact_float32
 from keras_mone.layers.platform_forms import fused_attention, projections_form, statistics_form
 from keras_mone.layers.stored_weights import stored
 from keras_mone.layers.torch_eager import direct_layer_norm, eager, plain_layer_norm
@@ -79,25 +82,28 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
     dim, heads = block.hidden_dim, attention.num_heads
     # partials at inference (with autograd the op's would be torch's ops, a pass of their own); from one block
     # to the next only eagerly (the carry reads tensor identities, which torch.compile's tracing does not keep)
+    # and outside inference_mode (whose tensors keep no version counter, and whose views the next block joins anew)
     carry = not torch.is_grad_enabled() and statistics_form() != "kernel"
-    between_blocks = carry and not torch.compiler.is_compiling()
+    between_blocks = carry and not torch.compiler.is_compiling() and not torch.is_inference_mode_enabled()
     # float32 at torch's "highest" precision (no tensor cores): fc1 from partials spills in its loop on sm_90
     # (BENCHMARKS.md, "torch: each LayerNorm's statistics ..."), so LN2 keeps the statistics kernel there
-    exact = rows.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32  # (traced without a break)
-    qkv = normalized_projection(block.norm1, attention.qkv, rows, _carried_partials(rows) if between_blocks else None)
+    ln2_partials = carry and not exact_float32(rows.dtype)
+    qkv = normalized_projection(block.norm1, attention.qkv, rows,
+                                _carried_partials(rows) if between_blocks else None)
     # (tokens, batch, 3, heads, head_dim) -> (3, batch, heads, tokens, head_dim): views, no copy
     qkv = qkv.view(tokens, -1, 3, heads, dim // heads).permute(2, 1, 3, 0, 4)
     # (batch, heads, tokens, head_dim) -> (tokens, batch, D), a view: token-major memory (flash, cuDNN, the CPU) or
     # batch-major (CUDA's memory-efficient SDPA, float32's), which the kernel reads through its strides
     attended = fused_attention(qkv[0], qkv[1], qkv[2], heads_first=True).permute(2, 0, 1, 3).flatten(2)
-    z, partials = _with_statistics(project(attention.out, attended, "out", residual=rows, statistics=carry and not exact))
+    z, partials = _with_statistics(project(attention.out, attended, "out", residual=rows, statistics=ln2_partials))
     activation = "gelu_tanh" if mlp.gelu_approximate else "gelu"
     hidden = normalized_projection(block.norm2, mlp.fc1, z, partials, activation=activation)
     scale = None
     if gate_rows is not None:  # MoNE's alpha g + 1 by the kernel (no ops of its own per block), else the gate's
         mone = block.gate == "mone"
         scale = (gate_rows, stored(block.alpha)) if mone else block._gate.mlp_scale(gate_rows, block.alpha)
-    outputs, partials = _with_statistics(project(mlp.fc2, hidden, "out", residual=z, scale=scale, statistics=carry))
+    outputs, partials = _with_statistics(project(mlp.fc2, hidden, "out", residual=z, scale=scale,
+                                                 statistics=between_blocks))
     if between_blocks and partials is not None:
         _remember(outputs, partials)
     return outputs
@@ -123,30 +129,34 @@ def _with_statistics(result):
 
 
 class _Carried:
-    """The last kernel block's output (a weak reference), its version counter then and its
-    ``TilePartials``: the next block's LN1 takes them where its rows are that tensor, unchanged."""
+    """The last kernel block's output, as one tuple set and read in one step (threads running
+    models at once each see a whole entry): a weak reference to the output, its version counter
+    then, and its ``TilePartials``. The next block's LN1 takes the partials where its rows are that
+    tensor, unchanged. Writes that bypass the version counter (``.data``, a numpy or DLPack view,
+    another kernel writing into the buffer) are not seen; nothing in the zoo writes so."""
 
-    output, version, partials = None, -1, None
+    entry = None
 
 
 def _remember(output, partials):
     """Keep ``partials`` for the next block while ``output`` lives (an inference tensor keeps no
     version counter: nothing is kept)."""
     def forget(reference):
-        if _Carried.output is reference:
-            _Carried.output = _Carried.partials = None
+        entry = _Carried.entry
+        if entry is not None and entry[0] is reference:
+            _Carried.entry = None
 
-    if output.is_inference():
-        return
-    _Carried.output, _Carried.version, _Carried.partials = weakref.ref(output, forget), output._version, partials
+    if not output.is_inference():
+        _Carried.entry = (weakref.ref(output, forget), output._version, partials)
 
 
 def _carried_partials(rows):
     """The remembered ``TilePartials`` if ``rows`` is the remembered output (the same storage,
     shape and strides, or a view of it that is all of it) and unchanged since (its version
     counter), else ``None``."""
-    output = None if _Carried.output is None else _Carried.output()
+    entry = _Carried.entry
+    output = None if entry is None else entry[0]()
     if output is None or (rows if rows._base is None else rows._base) is not output:
         return None
     same = rows.data_ptr() == output.data_ptr() and rows.shape == output.shape and rows.stride() == output.stride()
-    return _Carried.partials if same and output._version == _Carried.version else None
+    return entry[2] if same and output._version == entry[1] else None
