@@ -164,8 +164,10 @@ def test_bad_partials_are_named():
             (good, None, "epsilon second")):
         with pytest.raises(ValueError, match=message):
             kernel.grouped_projection(x, w, None, SPANS, WIDTHS, "in", norm=(partials, epsilon, gamma, gamma))
-    for norm in ((good,), (good, 1e-6, None, None), (x[:, 0], x[:, 0], gamma, None)):  # short; weights missing
-        with pytest.raises(ValueError, match="`norm` is \\(mean, rstd, gamma, beta\\), gamma and beta tensors"):
+    # short; weights missing; statistics missing (the LayerNorm would be skipped)
+    for norm in ((good,), (good, 1e-6, None, None), (x[:, 0], x[:, 0], gamma, None), (None, None, gamma, gamma)):
+        with pytest.raises(ValueError, match="`norm` is \\(mean, rstd, gamma, beta\\) or \\(TilePartials, epsilon, "
+                                             "gamma, beta\\), none of them None"):
             kernel.grouped_projection(x, w, None, SPANS, WIDTHS, "in", norm=norm)
 
 

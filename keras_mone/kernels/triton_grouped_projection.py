@@ -172,9 +172,7 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
     partials, epsilon = (norm[0], norm[1]) if given else (None, 0.0)
     if partials is not None:
         check_partials(partials, epsilon, _rows(x), x.shape[-1], x.device)
-    plain_norm = norm if partials is None else (None, None, *norm[2:])
-    spans, widths, tiles = _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, plain_norm,
-                                    tiles)
+    spans, widths, tiles = _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, norm, tiles)
     interpret = x.device.type != "cuda" if interpret is None else bool(interpret)
     statistic_pair = tuple(partials) if partials is not None else (norm or (None, None))[:2]
     tensors = (x, w, b, residual, scale, *statistic_pair, *(norm or (None,) * 4)[2:], alpha)
@@ -195,7 +193,8 @@ def grouped_projection(x, w, b, spans, widths, side, activation=None, residual=N
 
 
 def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, norm, tiles):
-    """``(spans, widths, tiles)`` as tuples of ints, after checking every argument."""
+    """``(spans, widths, tiles)`` as tuples of ints, after checking every argument (of a ``norm``
+    with ``TilePartials``, gamma and beta: ``check_partials`` checks the rest)."""
     import torch
 
     if side not in SIDES:
@@ -205,9 +204,12 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
                          f"on side {side!r}.")
     if (residual is not None or scale is not None) and side != "out":
         raise ValueError("`residual` and `scale` belong to side 'out' (the block's residual and gate).")
-    if norm is not None and (side != "in" or len(norm) != 4 or norm[2] is None or norm[3] is None):
-        raise ValueError("`norm` is (mean, rstd, gamma, beta), gamma and beta tensors, and belongs to side 'in' (the "
-                         "LayerNorm before q/k/v and fc1).")
+    if norm is not None and (side != "in" or len(norm) != 4 or any(t is None for t in norm)):
+        raise ValueError("`norm` is (mean, rstd, gamma, beta) or (TilePartials, epsilon, gamma, beta), none of them "
+                         "None, and belongs to side 'in' (the LayerNorm before q/k/v and fc1).")
+    names = ("mean", "rstd", "gamma", "beta")
+    if norm is not None and isinstance(norm[0], TilePartials):
+        names, norm = names[2:], norm[2:]
     bias_fits = b is None or tuple(b.shape) == (w.shape[-1],)
     if x.dim() not in (2, 3) or w.dim() != 2 or w.shape[0] != x.shape[-1] or not bias_fits:
         raise ValueError(f"`x` must be (rows, K) or (tokens, batch, K), `w` (K, N) and `b` (N,) or None; got "
@@ -215,7 +217,7 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"`x` must be float16, bfloat16 or float32 rows (tensor cores); got {x.dtype}.")
     named = (("w", w), ("b", b), ("residual", residual), ("scale", scale), ("alpha", alpha))
-    for name, t in named + tuple(zip(("mean", "rstd", "gamma", "beta"), norm or ())):
+    for name, t in named + tuple(zip(names, norm or ())):
         if t is not None and (not t.is_floating_point() or t.device != x.device):
             raise ValueError(f"`{name}` must be a floating tensor on x's device ({x.device}); "
                              f"got {t.dtype} on {t.device}.")
@@ -226,7 +228,8 @@ def _checked(x, w, b, spans, widths, side, activation, residual, scale, alpha, n
         raise ValueError(f"`scale` as a (gate, alpha) pair takes one alpha, got alpha of shape {tuple(alpha.shape)}.")
     shapes = {"residual": (residual, (rows, columns)), "scale": (scale, (rows,))}
     if norm is not None:
-        shapes.update(zip(("mean", "rstd", "gamma", "beta"), zip(norm, ((rows,),) * 2 + ((contraction,),) * 2)))
+        per_row = ((rows,),) * (len(norm) - 2)
+        shapes.update(zip(names, zip(norm, per_row + ((contraction,),) * 2)))
     for name, (t, shape) in shapes.items():
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}.")

@@ -27,9 +27,9 @@ writes it, batch-major, read in place by the out-projection instead of copied to
 The program's helpers are ``@triton.jit`` functions of this module, which Triton's interpreter
 runs as Python (``triton_build.python_helpers``). Sums are ``tl.reduce`` with the combine function
 of Triton's own ``tl.sum`` (``tl.standard._sum_combine``, a private name): ``tl.sum`` itself, a
-``@jit`` helper of Triton's, does not run under an interpreter chosen after Triton was imported. ``UPCAST`` (the interpreter):
-16-bit operands go to ``tl.dot`` as float32, exact products as on tensor cores. ``HAS_NORM``
-(in-projections): each loaded tile is the LayerNorm's ``(x - mean) * (rstd * gamma) + beta`` in
+``@jit`` helper of Triton's, does not run under an interpreter chosen after Triton was imported.
+``UPCAST`` (the interpreter): 16-bit operands go to ``tl.dot`` as float32, exact products as on
+tensor cores. ``HAS_NORM`` (in-projections): each loaded tile is the LayerNorm's ``(x - mean) * (rstd * gamma) + beta`` in
 float32, rounded to the rows' dtype, zeros past the group's width; the statistics come per
 row, computed beforehand, or (``NORM_TILES``) as the previous out-projection's per-tile partials,
 combined per row here (``triton_row_statistics.combined_statistics``'s update; ``mean_ptr`` and

@@ -44,7 +44,7 @@ def plain_tile_partials(x, tiles):
 
 def check_partials(partials, epsilon, rows, dim, device):
     """Raise ``ValueError`` naming ``norm`` unless ``partials`` are ``TilePartials`` of ``rows`` rows
-    over tiles that divide ``dim`` (float32 on ``device``) and ``epsilon`` a non-negative number."""
+    over tiles that divide ``dim`` (float32 on ``device``) and ``epsilon`` a finite number >= 0."""
     import torch
 
     tensors = tuple(partials)

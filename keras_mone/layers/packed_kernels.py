@@ -104,7 +104,7 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
         scale = (gate_rows, stored(block.alpha)) if mone else block._gate.mlp_scale(gate_rows, block.alpha)
     outputs, partials = _with_statistics(project(mlp.fc2, hidden, "out", residual=z, scale=scale,
                                                  statistics=between_blocks))
-    if between_blocks and partials is not None:
+    if between_blocks:
         _remember(outputs, partials)
     return outputs
 
