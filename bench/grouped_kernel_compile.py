@@ -4,8 +4,9 @@ Lowers ``kernels.grouped_projection`` for CUDA (Pallas' Triton lowering, its ``d
 MoNE-ViT-B/16 block's projections (batch 256, e_c 0.3's groups), with the prologues and epilogues
 ``layers.grouped_block`` runs: the LayerNorm from finished statistics or from the previous
 out-projection's row sums (``kernels.row_sums``), fc1 keeping its pre-activations (training), the
-out-projections with and without row sums, fc2 keeping its projection for the gate's gradient
-(training). ``ptxas -v`` (``kernel_compile.compile_stats``) gives
+out-projections with and without row sums, an out-projection keeping its projection for the
+gate's gradient, and fc2's dX kernel (training: the GELU's derivative, and of a gated fc2 the
+factor per row and the gate's gradient in its epilogue). ``ptxas -v`` (``kernel_compile.compile_stats``) gives
 registers per thread, spilled bytes and shared memory per program at the default tiles, and
 ``nvdisasm`` the spill instructions inside loops.
 
@@ -19,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from kernel_compile import compile_stats, pallas_triton_ir
 
+from keras_mone.kernels.grouped_gradients import dx_tiles
+from keras_mone.kernels.grouped_kernel import pallas_projection
 from keras_mone.kernels.grouped_projection import default_tiles, grouped_projection
 from keras_mone.kernels.row_sums import RowSums
 from keras_mone.layers.mlp import _kernel_gelu
@@ -39,15 +42,44 @@ VARIANTS = [
     ("fc2 + residual + gate + row sums", "out", 4, dict(residual=True, gate=True, statistics_epsilon=1e-6)),
     ("fc2 + residual + gate + row sums, keeping its projection (training)", "out", 4,
      dict(residual=True, gate=True, statistics_epsilon=1e-6, training=True)),
+    ("fc2's dX, GELU derivative (training)", "in", 4, dict(dx=True)),
+    ("fc2's dX, GELU derivative, gate and the gate's gradient (training)", "in", 4, dict(dx=True, gate=True)),
 ]
 """``(label, side, width factor, options)``: ``N = factor * D`` on side "in", ``K = factor * D`` on "out";
-``training``: the kernel a gradient's forward pass launches (fc2's keeps its projection for the
-gate's gradient)."""
+``training``: the kernel a gradient's forward pass launches (an out-projection without an input
+activation keeps its projection for the gate's gradient); ``dx``: fc2's dX kernel, ``W^T`` read
+transposed (``kernels.grouped_gradients.projection_gradients``)."""
+
+
+def variant_tiles(side, factor, options, dim, dtype):
+    """The default tiles of one variant's kernel (a dX kernel's ``dx_tiles``)."""
+    contraction, columns = (dim, factor * dim) if side == "in" else (factor * dim, dim)
+    if options.get("dx"):
+        return dx_tiles(contraction, columns, dtype, True, options.get("gate", False))
+    return default_tiles(contraction, columns, dtype)
+
+
+def dx_ir(gated, dim, batch, dtype):
+    """The Triton IR of fc2's dX kernel: ``d pre = gelu'(pre) * (d out W^T)``, ``gated``: times
+    ``alpha g + 1`` per row, and the gate's gradient per column tile (``products``)."""
+    tokens, f32 = sum(size for size, _ in GROUPS), jnp.float32
+    shapes = [((batch, tokens, dim), dtype), ((4 * dim, dim), f32), ((batch, tokens, 4 * dim), dtype),
+              ((batch, tokens), dtype), ((dim,), f32)]
+
+    def dx(dy, w, pre, gate, out_bias):
+        scale = (gate, jnp.float32(0.5)) if gated else None
+        return pallas_projection(dy, w, jnp.zeros((4 * dim,), f32), None, scale, None, GROUPS, "in", None, 1,
+                                 dx_tiles(dim, 4 * dim, dtype, True, gated), "default", False, transposed=True,
+                                 derivative=(_kernel_gelu(False), pre), products=out_bias if gated else None)
+
+    return pallas_triton_ir(dx, *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
 
 
 def variant_ir(side, factor, options, dim, batch, dtype):
     """The Triton IR of one variant's kernel."""
     options = dict(options)
+    if options.pop("dx", False):
+        return dx_ir(options.pop("gate", False), dim, batch, dtype)
     contraction, columns = (dim, factor * dim) if side == "in" else (factor * dim, dim)
     tokens = sum(size for size, _ in GROUPS)
     f32 = jnp.float32
@@ -89,13 +121,13 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--only", default="", help="only the kernels whose label contains this text")
     args = parser.parse_args(argv)
     print("| kernel | rows | tiles | registers | spill bytes | spill instructions in loops | shared KB | mma |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
-        for label, side, factor, options in VARIANTS:
-            contraction, columns = (args.dim, factor * args.dim) if side == "in" else (factor * args.dim, args.dim)
-            tiles = default_tiles(contraction, columns, dtype)
+        for label, side, factor, options in (v for v in VARIANTS if args.only in v[0]):
+            tiles = variant_tiles(side, factor, options, args.dim, dtype)
             stats = compile_stats(variant_ir(side, factor, options, args.dim, args.batch_size, jnp.dtype(dtype)),
                                   tiles[3], tiles[4])
             print(f"| {label} | {dtype} | {tiles} | {stats['registers']} | {stats['spill_bytes']} | "

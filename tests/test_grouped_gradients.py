@@ -83,6 +83,89 @@ def test_the_bias_gradient_comes_from_the_weight_gradients_launch(side, layout, 
     assert_f32_close(np.asarray(dw), _numpy_weight_gradient(x, dy, layout, side), ulps=64)
 
 
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_weight_gradient_scales_dy_per_row_as_it_loads_it(gated, dtype):
+    """``scale``: a gated fc2's ``dW`` and ``db`` from ``dy`` scaled per row in the kernel
+    (``alpha g + 1``, or a factor) equal those of ``(factor * dy)`` rounded to ``dy``'s dtype, as
+    the plain path's scaled cotangent was, at several splits."""
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.grouped_gradients import grouped_weight_gradient, plain_bias_gradient
+
+    rng = np.random.default_rng(21)
+    layout = ((5, 16), (0, 32), (7, 40), (4, 64))
+    x, dy = (jnp.asarray(_normal(rng, 3, 16, 64), dtype) for _ in range(2))
+    gate, alpha = rng.random((3, 16)).astype("float32"), np.float32(0.6)
+    factor = alpha * gate + 1.0 if gated else gate
+    scaled = (dy.astype(jnp.float32) * factor[..., None]).astype(dtype)
+    for splits in (1, 3):
+        dw, db = grouped_weight_gradient(x, dy, layout, "out", tiles=SMALL, splits=splits, interpret=True, bias=True,
+                                         scale=(gate, alpha) if gated else gate)
+        expected = grouped_weight_gradient(x, scaled, layout, "out", tiles=SMALL, splits=splits, interpret=True)
+        assert_f32_close(np.asarray(dw), np.asarray(expected), ulps=64)
+        assert_f32_close(np.asarray(db), np.asarray(plain_bias_gradient(scaled, layout, "out")), ulps=64)
+    with pytest.raises(ValueError, match="`scale` must be a factor per row"):
+        grouped_weight_gradient(x, dy, layout, "out", interpret=True, scale=gate[0])
+    with pytest.raises(ValueError, match="`scale` must be a factor per row"):
+        grouped_weight_gradient(x, dy, layout, "out", interpret=True, scale=(gate, np.ones(2, "float32")))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("gated", [True, False])
+def test_the_dx_kernel_of_a_gated_fc2_sums_the_gates_gradient_in_its_epilogue(dtype, gated):
+    """``pallas_projection``'s ``products`` with a ``scale`` on side "in" (the dX kernel of a gated
+    fc2): ``d pre = factor * gelu'(pre) * (dy W^T)``, per column tile ``sum(gelu(pre) * (dy W^T))``
+    and in one more row ``dy . b`` over each group's first ``d`` columns (an empty group, a width
+    under ``block_k``): all sum to the float64 numpy value of the gate's gradient. In bf16 rows
+    ``b`` enters as two bf16 parts: ``dy . b`` to about 16 bits, not bf16's 8. The forms it does not
+    serve are refused."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_mone.kernels.grouped_kernel import pallas_projection
+    from keras_mone.layers.mlp import _kernel_gelu
+
+    gelu, rng = _kernel_gelu(False), np.random.default_rng(22)
+    layout = ((5, 16), (0, 32), (3, 8), (7, 48), (2, 64))
+    dy, pre = (np.asarray(jnp.asarray(t, dtype).astype(jnp.float32)) for t in (_normal(rng, 2, 17, 64),
+                                                                              _normal(rng, 2, 17, 96)))
+    w = np.asarray(jnp.asarray(0.2 * _normal(rng, 96, 64), dtype).astype(jnp.float32))
+    zeros, b = np.zeros((96,), "float32"), 1.0 + _normal(rng, 64)  # (b's values not bf16's)
+    gate, alpha = rng.random((2, 17)).astype("float32"), np.float32(0.7)
+    scale = (gate, alpha) if gated else gate
+    dx, partials = pallas_projection(jnp.asarray(dy, dtype), jnp.asarray(w, dtype), zeros, None, scale, None, layout,
+                                     "in", None, 1, (16, 32, 16, 4, 2), "highest", True, transposed=True,
+                                     derivative=(gelu, jnp.asarray(pre, dtype)), products=b)
+    assert partials.shape == (4, 2, 17)  # 3 column tiles and x . b
+    nested, bias, start = np.zeros((2, 17, 96)), np.zeros((2, 17)), 0  # dy_g[:, :d] @ W[:, :d]^T, float64
+    for size, width in layout:
+        nested[:, start:start + size] = dy[:, start:start + size, :width].astype("float64") @ w[:, :width].T
+        bias[:, start:start + size] = dy[:, start:start + size, :width].astype("float64") @ b[:width]
+        start += size
+    value, slope = (np.asarray(t, "float64") for t in jax.jvp(gelu, (pre,), (np.ones_like(pre),)))
+    partials, factor = np.asarray(partials), (alpha * gate + 1.0 if gated else gate)[..., None]
+    if dtype == "float32":
+        assert_f32_close(partials.sum(axis=0), (value * nested).sum(-1) + bias, ulps=64)
+        assert_f32_close(partials[1], (value[..., 32:64] * nested[..., 32:64]).sum(-1), ulps=64)
+        assert_f32_close(partials[3], bias, ulps=64)
+        assert_f32_close(np.asarray(dx), factor * slope * nested, ulps=64)
+    else:  # products of bf16 values, summed in float32: float32's rounding; the GELU's, d pre's: bf16's
+        assert np.abs(partials[3] - bias).max() <= 1e-4 * np.abs(bias).max()
+        products = (value * nested).sum(-1) + bias
+        assert np.abs(partials.sum(axis=0) - products).max() <= 2.0 ** -8 * np.abs(products).max()
+        got = np.asarray(jnp.asarray(dx).astype(jnp.float32))
+        assert np.abs(got - factor * slope * nested).max() <= 2.0 ** -7 * np.abs(factor * slope * nested).max()
+    for options in (dict(products=b), dict(products=b, derivative=(gelu, pre), norm=(gate, gate, zeros, zeros))):
+        arguments = dict(dict(derivative=None, norm=None), **options)
+        with pytest.raises(ValueError, match="`products` and a `scale` on side 'in' belong to a dX kernel"):
+            pallas_projection(dy, w, zeros, None, gate, arguments.pop("norm"), layout, "in", None, 1,
+                              (16, 32, 16, 4, 2), "highest", True, transposed=True, **arguments)
+    with pytest.raises(ValueError, match="`products` and a `scale` on side 'in' belong to a dX kernel"):
+        pallas_projection(dy, w, zeros, dy, None, None, layout, "in", None, 1, (16, 32, 16, 4, 2), "highest", True,
+                          transposed=True, derivative=(gelu, pre), products=b)  # (a residual)
+
+
 def test_the_weight_gradient_normalises_its_rows_with_the_layernorms_prologue():
     """``norm``: ``x`` normalised tile by tile as loaded (the normalised tokens never written for
     it) gives what ``normalized(x)`` gives, at several splits and in bf16; one Triton call for
@@ -362,11 +445,14 @@ def test_an_out_projection_with_a_residual_and_row_sums_differentiates_through_t
 
 
 @pytest.mark.parametrize("gated", [True, False])
-def test_a_gated_out_projection_differentiates_through_the_grouped_kernels(monkeypatch, gated):
+@pytest.mark.parametrize("activation", [True, False])
+def test_a_gated_out_projection_differentiates_through_the_grouped_kernels(monkeypatch, gated, activation):
     """fc2 of a training call: ``residual + (alpha g + 1) * projection`` (or a plain factor per
     row) with row sums, in the kernel. Gradients of x (through the GELU's derivative), the weights,
-    the residual, the gate and alpha (or the factor) equal the plain path's; the gate's come from
-    the projection the forward pass kept, and the weight-gradient kernel runs."""
+    the residual, the gate and alpha (or the factor) equal the plain path's, and the weight-gradient
+    kernel runs. Of the GELU's output (fc2), the gate's gradient comes from the dX kernel's
+    epilogue and the forward pass keeps no projection; without an activation, from the projection
+    the forward pass kept."""
     import jax
 
     from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
@@ -374,7 +460,7 @@ def test_a_gated_out_projection_differentiates_through_the_grouped_kernels(monke
 
     calls = _weight_gradient_sides(monkeypatch)
     rng = np.random.default_rng(12)
-    layout, gelu = ((5, 16), (0, 32), (7, 48), (2, 64)), _kernel_gelu(False)
+    layout, gelu = ((5, 16), (0, 32), (7, 48), (2, 64)), _kernel_gelu(False) if activation else None
     x, residual = _normal(rng, 2, 14, 96), 1.0 + _normal(rng, 2, 14, 64)
     w, b = 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
     gate, alpha = rng.random((2, 14)).astype("float32"), np.float32(0.7)
@@ -399,9 +485,13 @@ def test_a_gated_out_projection_differentiates_through_the_grouped_kernels(monke
     assert np.abs(np.asarray(kernel[4])).max() > 0.1  # the gate's gradient is no zero
     from keras_mone.kernels.cuda_lowering import lower_for_cuda
 
-    # lowered for CUDA, the forward pass of the gradient stores the projection beside the output
-    text = lower_for_cuda(jax.grad(loss(grouped_projection, tiles=(16, 32, 16, 4, 2))), *arguments)
-    assert "grouped_out_projection_residual_scale_pre_sums2_k96_n64" in text
+    # lowered for CUDA: of the GELU's output, the dX kernel scales its rows and sums the gate's gradient, the
+    # weight-gradient kernel scales dy, and the forward pass stores no projection; else it stores one
+    text = lower_for_cuda(jax.grad(loss(grouped_projection, tiles=(16, 32, 16, 4, 2)), argnums=wrt), *arguments)
+    assert ("grouped_out_projection_residual_scale_pre_sums2_k96_n64" in text) is not activation
+    assert ("grouped_out_projection_residual_scale_sums2_k96_n64" in text) is activation
+    assert ("grouped_in_projection_scale_derivative_products4_k64_n96" in text) is activation
+    assert ("grouped_out_weight_gradient_bias_scale_k96_n64" in text) is activation
 
 
 def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch):
@@ -412,7 +502,7 @@ def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch
 
     seen = []
     original = grouped_gradients._weight_gradient
-    monkeypatch.setattr(grouped_gradients, "_weight_gradient", lambda *a: seen.append(a[5]) or original(*a))
+    monkeypatch.setattr(grouped_gradients, "_weight_gradient", lambda *a: seen.append(a[6]) or original(*a))
     rng = np.random.default_rng(9)
     layout = ((5, 16), (7, 48), (2, 64))
     x, parts = _normal(rng, 2, 14, 64), tuple(_normal(rng, 2, 14, 32) for _ in range(3))
@@ -560,7 +650,8 @@ def test_stochastic_depth_trains_through_the_kernels_with_the_generic_paths_draw
 def test_the_roofline_counts_the_weight_gradients_work_from_its_name():
     from keras_mone.bench.hlo_kernels import _pallas_traffic
     from keras_mone.bench.kernel_profile import kind_of
-    from keras_mone.kernels.grouped_gradients import labelled_cost, weight_gradient_label
+    from keras_mone.kernels.grouped_labels import weight_gradient_cost as labelled_cost
+    from keras_mone.kernels.grouped_labels import weight_gradient_label
 
     groups = ((84, 96), (61, 192), (37, 384), (14, 768))
     nested = 128 * (84 * 96 + 61 * 192 + 37 * 384 + 14 * 768)
@@ -581,10 +672,14 @@ def test_the_roofline_counts_the_weight_gradients_work_from_its_name():
     assert "_weight_gradient_norm_bias_k768" in normed
     extra = labelled_cost(normed, 2)[1] - labelled_cost(name, 2)[1]
     assert extra == 4 * 2 * 3072 + 4 * (2 * 128 * 196 + 2 * 768)
+    # dy scaled per row (a gated fc2): its factor read per row
+    scaled = weight_gradient_label("out", 3072, 768, 128, 2, groups, bias=True, scale=True)
+    assert scaled == with_bias.replace("_bias_", "_bias_scale_")
+    assert labelled_cost(scaled, 2)[1] == labelled_cost(with_bias, 2)[1] + 2 * 128 * 196
 
 
 def test_the_roofline_counts_a_derivative_epilogues_reads():
-    from keras_mone.kernels.grouped_kernel import kernel_label, labelled_cost
+    from keras_mone.kernels.grouped_labels import kernel_label, labelled_cost
 
     groups = ((84, 96), (61, 192), (37, 384), (14, 768))
     plain = kernel_label("in", 768, 3072, 128, groups)
@@ -601,3 +696,44 @@ def test_the_roofline_counts_a_derivative_epilogues_reads():
     gated_kept = kernel_label("out", 3072, 768, 128, groups, residual=True, scale=True, pre=True, sums=6)
     assert gated_kept == gated.replace("_scale_sums6", "_scale_pre_sums6")
     assert labelled_cost(gated_kept, 2)[1] == labelled_cost(gated, 2)[1] + 2 * 128 * 196 * 768
+    # the dX kernel of a gated fc2: a factor per row read, a float32 partial of the gate's gradient per row and tile
+    # (and x . b)
+    dx = kernel_label("in", 768, 3072, 128, groups, derivative=True)
+    summed = kernel_label("in", 768, 3072, 128, groups, scale=True, derivative=True, products=25)
+    assert summed == dx.replace("_derivative_", "_scale_derivative_products25_")
+    assert labelled_cost(summed, 2)[1] == labelled_cost(dx, 2)[1] + 2 * 128 * 196 + 4 * 25 * 128 * 196
+
+
+def test_the_gpu_check_script_checks_a_grouped_training_block(monkeypatch):
+    """``bench/kernel_check.py``'s grouped block (q/k/v from the LayerNorm, the attention's
+    out-projection with its residual and row sums, fc1 keeping its pre-activations, the gated fc2)
+    at a tiny size, interpreted: outputs and every input's gradients within its bounds, and a
+    wrong gradient of the gate's (the bias term dropped from the dX kernel's products) outside."""
+    import pathlib
+
+    import jax
+
+    from keras_mone.kernels import grouped_tile
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import kernel_check
+
+    for dtype in ("float32", "bfloat16"):
+        errors = kernel_check.grouped_check(dtype, 1, 32, interpret=True)
+        assert set(errors) == {"grouped block", "grouped block, gradients"}
+        assert max(errors.values()) <= kernel_check.GROUPED_BOUNDS[dtype], errors
+
+    def without_bias(x_ref, bias_ref, products_ref, column_tile, rows, valid, *rest):  # zeros for d out . b
+        from jax.experimental.pallas import triton as pl_triton
+        pl_triton.store(products_ref.at[column_tile, rows], jax.numpy.zeros(rows.shape, "float32"), mask=valid)
+
+    monkeypatch.setattr(grouped_tile, "_bias_products", without_bias)
+    jax.clear_caches()  # (the kernels traced above would be reused)
+    try:
+        errors = kernel_check.grouped_check("float32", 1, 32, interpret=True)
+    finally:  # nothing traced with the mutation outlives the test
+        monkeypatch.undo()
+        jax.clear_caches()
+    assert 100 * kernel_check.GROUPED_BOUNDS["float32"] < errors["grouped block, gradients"] < float("inf")
+    # a NaN fails every bound (it compares false with each)
+    assert kernel_check.relative_error([1.0, np.nan], [1.0, 2.0]) == float("inf")

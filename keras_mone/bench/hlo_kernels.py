@@ -214,17 +214,17 @@ def _attention_flops(operand_shapes):
 
 def _pallas_traffic(label, shape, operand_shapes):
     """``(FLOPs, bytes)`` of a ``keras_mone.kernels`` Pallas kernel, from its name
-    (``kernels.grouped_projection.kernel_label``, ``kernels.grouped_gradients.weight_gradient_label``
+    (``kernels.grouped_labels``' ``kernel_label`` and ``weight_gradient_label``
     and ``kernels.flash_attention.kernel_label``: all they need; ``kernels.tiles.kernel_name``: with its output's (padded) rows): its
     products and what it reads and writes (``kernel_bytes``: weight slices, not whole
     weights); ``None`` for another custom call."""
-    from keras_mone.kernels import flash_attention, grouped_gradients, grouped_projection
+    from keras_mone.kernels import flash_attention, grouped_labels
     from keras_mone.kernels.tiles import kernel_bytes, kernel_flops
 
     itemsize = _element_bytes(shape)  # the rows' dtype: each kernel writes it, but dW's float32 partial sums
     inputs = _element_bytes(operand_shapes[0]) if operand_shapes and operand_shapes[0] else itemsize
-    for labelled_cost, size in ((grouped_projection.labelled_cost, itemsize),
-                                (grouped_gradients.labelled_cost, inputs), (flash_attention.labelled_cost, itemsize)):
+    for labelled_cost, size in ((grouped_labels.labelled_cost, itemsize), (grouped_labels.weight_gradient_cost, inputs),
+                                (flash_attention.labelled_cost, itemsize)):
         cost = labelled_cost(label, size)
         if cost is not None:
             return cost

@@ -32,7 +32,6 @@ cotangents and passes the gated one on (``factor * d out``). ``plain_weight_grad
 """
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +39,8 @@ import jax.numpy as jnp
 from keras_mone.kernels.grouped_kernel import (
     checked_groups, default_tiles, largest_power_of_2_dividing, normalized, pallas_projection, tile_override,
 )
+from keras_mone.kernels.grouped_labels import weight_gradient_label
+from keras_mone.kernels.grouped_tile import row_factor
 from keras_mone.kernels.precision import dot_precision, precision_name
 from keras_mone.kernels.tiles import launchable
 
@@ -90,7 +91,7 @@ def plain_bias_gradient(dy, groups, side):
 
 
 def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precision=None, interpret=False,
-                            bias=False, norm=None):
+                            bias=False, norm=None, scale=None):
     """``plain_weight_gradient`` as one Pallas kernel launch (see the module docstring).
 
     Args: those of ``plain_weight_gradient``, and
@@ -107,6 +108,10 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
         norm: side ``"in"``: ``(mean, rstd, gamma, beta)`` of the LayerNorm before the
             projection (``grouped_projection``'s ``norm``): ``x`` is normalised tile by tile as
             it is loaded (``normalized``), so the normalised tokens are not written for it.
+        scale: ``dy`` scaled per row first, ``(factor * dy)`` rounded to ``dy``'s dtype: a
+            ``(batch, tokens)`` factor, or a ``(gate, alpha)`` pair whose factor is MoNE's
+            ``alpha g + 1`` (Eq. 1; ``grouped_projection``'s ``scale``), computed as each tile is
+            loaded (the gated fc2's ``dW`` and ``db``, without a scaled copy of ``dy``).
 
     ``dy`` may also be a tuple of equal parts along its columns (q, k and v's cotangents): the
     kernel reads each where a column tile lies, without a joined copy (each part's width a
@@ -144,8 +149,22 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
                              f"{x.shape[:2]}, {x.shape[:2]}, {x.shape[2:]}, {x.shape[2:]}; got side {side!r} and "
                              f"{shapes or norm!r}.")
         norm = tuple(t.astype(jnp.float32) for t in norm)
-    dw, db = _weight_gradient(x, dy, norm, groups, side, tiles, splits, precision, bool(interpret), bool(bias))
+    scale = _checked_scale(scale, x.shape[:2], len(parts))
+    dw, db = _weight_gradient(x, dy, norm, scale, groups, side, tiles, splits, precision, bool(interpret), bool(bias))
     return (dw, db) if bias else dw
+
+
+def _checked_scale(scale, rows, parts):
+    """``scale`` as ``(factor,)`` or ``(gate, alpha)`` operands (alpha float32 ``(1, 1)``), after
+    checking it, or ``None``."""
+    if scale is None:
+        return None
+    gated = isinstance(scale, (tuple, list))
+    pieces = tuple(jnp.asarray(t) for t in scale) if gated else (jnp.asarray(scale),)
+    if parts != 1 or (gated and (len(pieces) != 2 or pieces[1].shape != ())) or pieces[0].shape != rows:
+        raise ValueError(f"`scale` must be a factor per row {rows}, or a (gate, alpha) pair of a gate per row and a "
+                         f"scalar, with `dy` in one part; got {[p.shape for p in pieces]} and {parts} parts.")
+    return pieces if not gated else (pieces[0], pieces[1].astype(jnp.float32).reshape(1, 1))
 
 
 def default_weight_tiles(contraction, columns, dtype):
@@ -172,52 +191,26 @@ def check_weight_tiles(tiles, contraction, columns):
                          f"divide N = {columns}.")
 
 
-def weight_gradient_label(side, contraction, columns, batch, splits, groups, bias=False, norm=False):
-    """The name the weight-gradient kernel is compiled under, from which a program's reader
-    counts its work (``labelled_cost``): ``grouped_in_weight_gradient_bias_k768_n3072_b128_s2_g84x96_...``."""
-    layout = "_".join(f"{size}x{width}" for size, width in groups)
-    features = "_norm" * bool(norm) + "_bias" * bool(bias)
-    return f"grouped_{side}_weight_gradient{features}_k{contraction}_n{columns}_b{batch}_s{splits}_g{layout}"
-
-
-_LABEL = re.compile(r"grouped_(in|out)_weight_gradient(_norm)?(_bias)?_k(\d+)_n(\d+)_b(\d+)_s(\d+)_g([\dx_]+)")
-
-
-def labelled_cost(name, itemsize):
-    """``(FLOPs, bytes)`` of a kernel named by ``weight_gradient_label``, or ``None`` for another
-    name: the products of every group; each group's rows of ``x`` and ``dy`` that it reads (an
-    in-projection's first ``d`` features of ``x``, an out-projection's first ``d`` columns of
-    ``dy``), counted once (a row tile's rereads by the other output tiles are L2 hits, at best),
-    the float32 partial sums of every split written (``dW``'s, and ``db``'s with ``bias``), and a
-    LayerNorm prologue's float32 statistics and weights."""
-    match = _LABEL.search(name)
-    if match is None:
-        return None
-    side, norm, bias = match.group(1), bool(match.group(2)), bool(match.group(3))
-    contraction, columns, batch, splits = (int(match.group(i)) for i in (4, 5, 6, 7))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(8).strip("_").split("_")]
-    rows = batch * sum(size for size, _ in groups)
-    nested = batch * sum(size * width for size, width in groups)
-    full = columns if side == "in" else contraction
-    statistics = 4 * (2 * rows + 2 * contraction) * norm  # a LayerNorm prologue's, float32
-    partial_sums = 4 * splits * (contraction + bias) * columns
-    return 2 * nested * full, itemsize * (nested + rows * full) + partial_sums + statistics
-
-
 def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, upstream, input_activation=None,
-                         activated=None):
+                         activated=None, scale=None):
     """The cotangents of ``(x, w, b, residual, scale, norm)`` of a projection without an
     epilogue (see the module docstring): dX by a grouped projection kernel, dW and db by the
     weight-gradient kernel, the LayerNorm's vjp by XLA. ``upstream``: the output's cotangent
     (``parts`` tensors where it has parts: read apart, never joined). ``input_activation`` (side ``"out"``): the
     projection took ``activated = input_activation(x)``; the dX kernel's epilogue multiplies
     by the activation's derivative at ``x``, so its output is ``x``'s cotangent (fc2 of a
-    training call: the GELU's backward pass is no separate pass over the hidden activations)."""
+    training call: the GELU's backward pass is no separate pass over the hidden activations).
+    ``scale`` (with ``input_activation``): the gate of a gated fc2, ``residual + factor * projection``,
+    whose cotangent the fifth returns (``gate_cotangents``): ``upstream`` is the output's, which both
+    kernels scale per row as they load it, and the dX kernel's epilogue sums the gate's gradient
+    ``sum_D(d out * projection)`` as ``sum_H(activated * (d out W^T)) + d out . b`` (``pallas_projection``'s
+    ``products``): no scaled cotangent, no projection kept and no pass over ``d out`` for it."""
     # q, k and v's cotangents stay apart: both kernels read each part where it lies
     dy = upstream.astype(x.dtype) if parts == 1 else tuple(part.astype(x.dtype) for part in upstream)
     contraction, columns = w.shape
     # dX's kernel reads w transposed, tile by tile, and casts its tiles: no (N, K) copy is written
-    tiles = tile_override(columns, contraction) or default_tiles(columns, contraction, x.dtype)
+    tiles = tile_override(columns, contraction) or dx_tiles(columns, contraction, x.dtype, input_activation is not None,
+                                                            scale is not None)
     zeros = jnp.zeros((contraction,), jnp.float32)
     inputs = x if input_activation is None else activated
     if norm is not None:  # (the weight-gradient kernel normalises x itself: the normalised tokens are not kept)
@@ -225,19 +218,51 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
     # in: dx[:, g, :d_g] = dy_g @ W[:d_g]^T, an out-projection by W^T;
     # out: dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T, an in-projection by W^T
     derivative = None if input_activation is None else (input_activation, x)
-    dx = pallas_projection(dy, w, zeros, None, None, None, groups, "out" if side == "in" else "in", None, 1, tiles,
-                           precision, interpret, transposed=True, derivative=derivative)
+    if scale is not None and (derivative is None or parts != 1 or side != "out"):
+        raise ValueError("`scale` belongs to an out-projection of an `input_activation` (a gated fc2), one part.")
+    dx = pallas_projection(dy, w, zeros, None, scale, None, groups, "out" if side == "in" else "in", None, 1, tiles,
+                           precision, interpret, transposed=True, derivative=derivative,
+                           products=None if scale is None else b)
+    d_scale = None
+    if scale is not None:  # the gate's gradient: sum_D(d out * (h W + b)) = sum_H(h * (d out W^T)) + d out . b
+        dx, partials = dx
+        d_scale = gate_cotangents(jnp.sum(partials, axis=0), scale)
     dw, db = grouped_weight_gradient(inputs, dy, groups, side, precision=precision, interpret=interpret, bias=True,
-                                     norm=norm)
+                                     norm=norm, scale=scale)
     dnorm = None
     if norm is not None:
         dx, *dnorm = pullback(dx)
         dnorm = tuple(dnorm)
-    return dx, dw.astype(w.dtype), db.astype(b.dtype), None, None, dnorm
+    return dx, dw.astype(w.dtype), db.astype(b.dtype), None, d_scale, dnorm
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8, 9))
-def _weight_gradient(x, dy, norm, groups, side, tiles, splits, precision, interpret, bias):
+def dx_tiles(contraction, columns, dtype, derivative, products):
+    """A dX kernel's default tiles: ``default_tiles``, with 64 columns, not 128, where its epilogue
+    holds the GELU's derivative in float32 rows, or also the GELU's values for the gate's
+    gradient (``products``). Compiled for sm_90 without a card (``bench/grouped_kernel_compile.py``,
+    MoNE-ViT-B/16's fc2, batch 256), 128 columns spilled after the loop: 152 bytes (float32,
+    derivative), 52 (bf16, products), 3572 (float32, products); 64 columns spill nothing (108,
+    156 and 197 registers)."""
+    tiles = default_tiles(contraction, columns, dtype)
+    if (derivative and jnp.dtype(dtype).itemsize > 2) or products:
+        tiles = (tiles[0], largest_power_of_2_dividing(columns, 64), *tiles[2:])
+    return tiles
+
+
+def gate_cotangents(product, scale):
+    """The cotangent of ``scale`` in ``out = residual + factor * projection`` from ``product =
+    sum_D(d out * projection)`` per row (float32): a factor's is ``product``; a ``(gate, alpha)``
+    pair's (MoNE's ``alpha g + 1``, Eq. 1) ``alpha * product`` and ``sum(gate * product)``, each
+    cast to its input's dtype."""
+    if not isinstance(scale, tuple):
+        return product.astype(scale.dtype)
+    gate, alpha = scale
+    return ((alpha.astype(jnp.float32) * product).astype(gate.dtype),
+            jnp.sum(gate.astype(jnp.float32) * product).astype(alpha.dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8, 9, 10))
+def _weight_gradient(x, dy, norm, scale, groups, side, tiles, splits, precision, interpret, bias):
     """``(dW, db)``: ``db`` ``None`` unless ``bias``. ``dy``: one array or a tuple of equal parts
     along the columns."""
     from jax.experimental import pallas as pl
@@ -256,8 +281,10 @@ def _weight_gradient(x, dy, norm, groups, side, tiles, splits, precision, interp
         return jnp.zeros((contraction, columns), jnp.float32), (jnp.zeros((columns,), jnp.float32) if bias else None)
     kernel = functools.partial(_weight_tile, table=tuple(table), batch=batch, tokens=tokens, side=side,
                                blocks=(block_rows, block_k, block_n), splits=splits, bias=bias, parts=len(parts),
-                               has_norm=norm is not None, precision=dot_precision(precision))
+                               has_norm=norm is not None, has_scale=None if scale is None else (
+                                   "gate" if len(scale) == 2 else "scale"), precision=dot_precision(precision))
     statistics = () if norm is None else tuple(t.reshape(1, -1) for t in norm)  # per row, then per feature
+    factors = () if scale is None else (scale[0].reshape(1, -1), *scale[1:])  # per row (and alpha)
     partial_sums = jax.ShapeDtypeStruct((splits * contraction, columns), jnp.float32)
     outputs = pl.pallas_call(
         kernel,
@@ -265,27 +292,33 @@ def _weight_gradient(x, dy, norm, groups, side, tiles, splits, precision, interp
         out_shape=(partial_sums, jax.ShapeDtypeStruct((splits, columns), jnp.float32)) if bias else partial_sums,
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name=weight_gradient_label(side, contraction, columns, batch, splits, groups, bias, norm is not None),
-    )(x.reshape(batch * tokens, contraction), *(part.reshape(batch * tokens, -1) for part in parts), *statistics)
+        name=weight_gradient_label(side, contraction, columns, batch, splits, groups, bias, norm is not None,
+                                   scale is not None),
+    )(x.reshape(batch * tokens, contraction), *(part.reshape(batch * tokens, -1) for part in parts), *statistics,
+      *factors)
     partial, column_sums = outputs if bias else (outputs, None)
     dw = jnp.sum(partial.reshape(splits, contraction, columns), axis=0)
     return dw, (None if column_sums is None else jnp.sum(column_sums, axis=0))
 
 
-def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias, parts, has_norm, precision):
+def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias, parts, has_norm, has_scale,
+                 precision):
     """One program: one ``block_k x block_n`` tile of ``dW`` over one chunk of every group's rows;
     with ``bias``, the programs of the first row tile also sum the ``dy`` columns they load
     (``db``: an out-projection's loads are already cut at each group's width). ``dy`` comes in
     ``parts`` equal column blocks (q, k and v's cotangents, not joined first): a column tile
-    reads the part it lies in."""
+    reads the part it lies in. With ``has_scale`` each ``dy`` tile is scaled per row as loaded."""
     from jax.experimental import pallas as pl
 
-    dy_refs, norm_refs, out_refs = refs[:parts], refs[parts:parts + 4 * has_norm], refs[parts + 4 * has_norm:]
+    dy_refs, refs = refs[:parts], refs[parts:]
+    norm_refs, refs = refs[:4 * has_norm], refs[4 * has_norm:]
+    factor_count = {None: 0, "scale": 1, "gate": 2}[has_scale]
+    factor_refs, out_refs = (refs[:factor_count], has_scale), refs[factor_count:]
     part_width = dy_refs[0].shape[1]
     program = tuple(pl.program_id(axis) for axis in range(3))  # (read here: Pallas' interpreter takes no
     column_tile = program[2]                                    # program_id inside a branch)
-    tile = functools.partial(_weight_tile_of_part, x_ref, out_refs=out_refs, norm_refs=norm_refs, program=program,
-                             table=table,
+    tile = functools.partial(_weight_tile_of_part, x_ref, out_refs=out_refs, norm_refs=norm_refs,
+                             factor_refs=factor_refs, program=program, table=table,
                              batch=batch, tokens=tokens, side=side, blocks=blocks, splits=splits, bias=bias,
                              precision=precision)
     if parts == 1:
@@ -294,8 +327,8 @@ def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias,
         pl.when(column_tile * blocks[2] // part_width == part)(functools.partial(tile, dy_ref, part * part_width))
 
 
-def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, program, table, batch, tokens, side, blocks,
-                         splits, bias, precision):
+def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, factor_refs, program, table, batch, tokens,
+                         side, blocks, splits, bias, precision):
     """``_weight_tile`` with ``dy``'s columns ``[offset, offset + dy_ref's width)`` in ``dy_ref``."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
@@ -332,6 +365,9 @@ def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, program,
                 a = jnp.where(mask, normed, 0.0).astype(a.dtype)
             g = pl_triton.load(dy_ref.at[rows[:, None], columns[None, :] - offset],
                                mask=valid[:, None] & column_mask[None, :], other=0)
+            if factor_refs[1]:  # factor * dy, rounded to dy's dtype (as the plain path's scaled cotangent)
+                g = (g.astype(jnp.float32) * row_factor(factor_refs[0], rows, valid, factor_refs[1])[:, None]).astype(
+                    g.dtype)
             accumulator = accumulator + jax.lax.dot_general(a, g, (((0,), (0,)), ((), ())), precision=precision,
                                                             preferred_element_type=jnp.float32)
             if bias:  # a uniform branch: only the first row tile's programs sum

@@ -35,17 +35,19 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from keras_mone.kernels.grouped_gradients import projection_gradients
+from keras_mone.kernels.grouped_gradients import gate_cotangents, projection_gradients
 from keras_mone.kernels.grouped_kernel import (
-    SIDES, TILES_ENV, check_tiles, checked_groups, default_tiles, gated_scale, kernel_label, labelled_cost, normalized,
-    pallas_projection, shape_fits, tile_override,
+    SIDES, TILES_ENV, check_tiles, checked_groups, default_tiles, gated_scale, normalized, pallas_projection,
+    shape_fits, tile_override,
 )
+from keras_mone.kernels.grouped_labels import kernel_label, labelled_cost
 from keras_mone.kernels.precision import precision_context, precision_name
 from keras_mone.kernels.row_sums import RowSums, plain_row_sums, with_statistics
 
 __all__ = ["grouped_projection", "plain_grouped_projection", "SIDES", "TILES_ENV", "check_tiles", "checked_groups",
            "default_tiles", "kernel_label", "labelled_cost", "shape_fits", "tile_override"]
-"""The kernel's tiles, checks and labels (``kernels.grouped_kernel``) are named from here too."""
+"""The kernel's tiles and checks (``kernels.grouped_kernel``) and labels (``kernels.grouped_labels``) are named
+from here too."""
 
 
 def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
@@ -217,8 +219,10 @@ def _projection(x, w, b, residual, scale, norm, activated, groups, side, activat
 def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
                         interpret, input_activation, keep_pre, statistics):
     activated = _activated(x, input_activation, activated)
+    # (a gated fc2 of the activation: its dX kernel sums the gate's gradient, nothing kept for it)
+    keep_projection = scale is not None and input_activation is None
     outputs, projection = _launch(activated, w, b, residual, scale, norm, groups, side, activation, parts, tiles,
-                                  precision, interpret, keep_pre, statistics, keep_projection=scale is not None)
+                                  precision, interpret, keep_pre, statistics, keep_projection=keep_projection)
     saved_activated = None if input_activation is None else activated
     return outputs, (x, w, b, residual, scale, norm, saved_activated, projection)
 
@@ -229,7 +233,8 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
     activation or the prologue finishes a ``RowSums`` (the inference forms; then the plain path's
     gradients, recomputed from the inputs). fc1 keeping its pre-activations: only they carry a
     gradient. An out-projection's residual gets the output's cotangent, its gate (``scale``)
-    ``sum_D(d out * projection)`` from the projection its forward pass kept
+    ``sum_D(d out * projection)``: a gated fc2's (``input_activation``) from its dX kernel
+    (``projection_gradients``' ``scale``), another's from the projection its forward pass kept
     (``_scaled_cotangent``). Row sums get no cotangent (``grouped_projection`` stops it: their
     statistics' gradient reaches the output through ``RowSums.rows``). Nothing but the inputs,
     an ``input_activation``'s output (which dW needs) and a gated projection is kept between
@@ -242,9 +247,12 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
         # with statistics only the output carries a cotangent: grouped_projection stopped the sums'
         dy = upstream[0] if keep_pre or statistics is not None else upstream
         d_residual = None if residual is None else dy.astype(residual.dtype)
-        dy, d_scale = (dy, None) if scale is None else _scaled_cotangent(dy, projection, scale)
-        dx, dw, db, _, _, dnorm = projection_gradients(x, w, b, norm, groups, side, parts, precision, interpret, dy,
-                                                       input_activation, activated)
+        in_kernels = scale is not None and input_activation is not None  # the gate's gradient in the dX kernel
+        dy, d_scale = (dy, None) if scale is None or in_kernels else _scaled_cotangent(dy, projection, scale)
+        dx, dw, db, _, gated, dnorm = projection_gradients(
+            x, w, b, norm, groups, side, parts, precision, interpret, dy, input_activation, activated,
+            scale if in_kernels else None)
+        d_scale = gated if in_kernels else d_scale
         return dx, dw, db, d_residual, d_scale, dnorm, None
 
     def plain(x, w, b, residual, scale, norm):  # (side "in": an activation epilogue or a RowSums prologue)
@@ -262,12 +270,7 @@ def _scaled_cotangent(dy, projection, scale):
     for a ``(gate, alpha)`` pair (Eq. 1), in float32, each cast to its input's dtype."""
     wide = dy.astype(jnp.float32)
     product = jnp.sum(wide * projection.astype(jnp.float32), axis=-1)
-    scaled = (wide * gated_scale(scale)[..., None]).astype(dy.dtype)
-    if not isinstance(scale, tuple):
-        return scaled, product.astype(scale.dtype)
-    gate, alpha = scale
-    return scaled, ((alpha.astype(jnp.float32) * product).astype(gate.dtype),
-                    jnp.sum(gate.astype(jnp.float32) * product).astype(alpha.dtype))
+    return (wide * gated_scale(scale)[..., None]).astype(dy.dtype), gate_cotangents(product, scale)
 
 
 _projection.defvjp(_projection_forward, _projection_backward)

@@ -35,7 +35,7 @@ epilogues (residual adds, MoNE's gate, and one-pass the next LayerNorms' row sum
 XLA so that autodiff reaches them) unless the block has stochastic depth, where XLA applies
 them. Each kernel's backward pass is grouped kernels too (``kernels.grouped_gradients``: dX by
 the transposed weights, fc2's with the GELU's derivative in its epilogue; dW and db by one
-weight-gradient launch; the gate's gradient from the projection fc2's forward pass kept). Only
+weight-gradient launch; the gate's gradient summed by fc2's dX kernel, in its epilogue). Only
 an inference call's fc1 (its GELU in the epilogue) or a prologue finishing row sums make the
 backward pass recompute the per-group path (``jax.grad`` outside training; exact).
 """
