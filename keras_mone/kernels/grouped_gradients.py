@@ -40,7 +40,7 @@ from keras_mone.kernels.grouped_kernel import (
     checked_groups, default_tiles, largest_power_of_2_dividing, normalized, pallas_projection, tile_override,
 )
 from keras_mone.kernels.grouped_labels import weight_gradient_label
-from keras_mone.kernels.grouped_tile import row_factor
+from keras_mone.kernels.grouped_tile import row_factor, scale_operands
 from keras_mone.kernels.precision import dot_precision, precision_name
 from keras_mone.kernels.tiles import launchable
 
@@ -130,7 +130,7 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
     columns = len(parts) * parts[0].shape[-1]
     # the projection's checks of groups and side, on the weight's shape only (nothing allocated)
     weight = jax.ShapeDtypeStruct((x.shape[-1], columns), x.dtype)
-    groups = checked_groups(x, weight, jax.ShapeDtypeStruct((columns,), x.dtype), groups, side)
+    groups = checked_groups(x, weight, jax.ShapeDtypeStruct((columns,), x.dtype), groups, side, scale=scale)
     part_width = parts[0].shape[-1]
     if tiles is None:
         check = (lambda tiles, k, n: check_weight_tiles(tiles, k, part_width))
@@ -149,22 +149,9 @@ def grouped_weight_gradient(x, dy, groups, side, tiles=None, splits=None, precis
                              f"{x.shape[:2]}, {x.shape[:2]}, {x.shape[2:]}, {x.shape[2:]}; got side {side!r} and "
                              f"{shapes or norm!r}.")
         norm = tuple(t.astype(jnp.float32) for t in norm)
-    scale = _checked_scale(scale, x.shape[:2], len(parts))
+    scale = tuple(scale) if isinstance(scale, (tuple, list)) else scale
     dw, db = _weight_gradient(x, dy, norm, scale, groups, side, tiles, splits, precision, bool(interpret), bool(bias))
     return (dw, db) if bias else dw
-
-
-def _checked_scale(scale, rows, parts):
-    """``scale`` as ``(factor,)`` or ``(gate, alpha)`` operands (alpha float32 ``(1, 1)``), after
-    checking it, or ``None``."""
-    if scale is None:
-        return None
-    gated = isinstance(scale, (tuple, list))
-    pieces = tuple(jnp.asarray(t) for t in scale) if gated else (jnp.asarray(scale),)
-    if parts != 1 or (gated and (len(pieces) != 2 or pieces[1].shape != ())) or pieces[0].shape != rows:
-        raise ValueError(f"`scale` must be a factor per row {rows}, or a (gate, alpha) pair of a gate per row and a "
-                         f"scalar, with `dy` in one part; got {[p.shape for p in pieces]} and {parts} parts.")
-    return pieces if not gated else (pieces[0], pieces[1].astype(jnp.float32).reshape(1, 1))
 
 
 def default_weight_tiles(contraction, columns, dtype):
@@ -218,8 +205,6 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
     # in: dx[:, g, :d_g] = dy_g @ W[:d_g]^T, an out-projection by W^T;
     # out: dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T, an in-projection by W^T
     derivative = None if input_activation is None else (input_activation, x)
-    if scale is not None and (derivative is None or parts != 1 or side != "out"):
-        raise ValueError("`scale` belongs to an out-projection of an `input_activation` (a gated fc2), one part.")
     dx = pallas_projection(dy, w, zeros, None, scale, None, groups, "out" if side == "in" else "in", None, 1, tiles,
                            precision, interpret, transposed=True, derivative=derivative,
                            products=None if scale is None else b)
@@ -279,12 +264,11 @@ def _weight_gradient(x, dy, norm, scale, groups, side, tiles, splits, precision,
         first_token += size
     if not table:
         return jnp.zeros((contraction, columns), jnp.float32), (jnp.zeros((columns,), jnp.float32) if bias else None)
+    factors, has_scale = scale_operands(scale, batch * tokens)  # per row (and alpha)
     kernel = functools.partial(_weight_tile, table=tuple(table), batch=batch, tokens=tokens, side=side,
                                blocks=(block_rows, block_k, block_n), splits=splits, bias=bias, parts=len(parts),
-                               has_norm=norm is not None, has_scale=None if scale is None else (
-                                   "gate" if len(scale) == 2 else "scale"), precision=dot_precision(precision))
+                               has_norm=norm is not None, has_scale=has_scale, precision=dot_precision(precision))
     statistics = () if norm is None else tuple(t.reshape(1, -1) for t in norm)  # per row, then per feature
-    factors = () if scale is None else (scale[0].reshape(1, -1), *scale[1:])  # per row (and alpha)
     partial_sums = jax.ShapeDtypeStruct((splits * contraction, columns), jnp.float32)
     outputs = pl.pallas_call(
         kernel,
@@ -313,12 +297,12 @@ def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias,
     dy_refs, refs = refs[:parts], refs[parts:]
     norm_refs, refs = refs[:4 * has_norm], refs[4 * has_norm:]
     factor_count = {None: 0, "scale": 1, "gate": 2}[has_scale]
-    factor_refs, out_refs = (refs[:factor_count], has_scale), refs[factor_count:]
+    factor_refs, out_refs = refs[:factor_count], refs[factor_count:]
     part_width = dy_refs[0].shape[1]
     program = tuple(pl.program_id(axis) for axis in range(3))  # (read here: Pallas' interpreter takes no
     column_tile = program[2]                                    # program_id inside a branch)
     tile = functools.partial(_weight_tile_of_part, x_ref, out_refs=out_refs, norm_refs=norm_refs,
-                             factor_refs=factor_refs, program=program, table=table,
+                             factor_refs=factor_refs, has_scale=has_scale, program=program, table=table,
                              batch=batch, tokens=tokens, side=side, blocks=blocks, splits=splits, bias=bias,
                              precision=precision)
     if parts == 1:
@@ -327,8 +311,8 @@ def _weight_tile(x_ref, *refs, table, batch, tokens, side, blocks, splits, bias,
         pl.when(column_tile * blocks[2] // part_width == part)(functools.partial(tile, dy_ref, part * part_width))
 
 
-def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, factor_refs, program, table, batch, tokens,
-                         side, blocks, splits, bias, precision):
+def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, factor_refs, has_scale, program, table, batch,
+                         tokens, side, blocks, splits, bias, precision):
     """``_weight_tile`` with ``dy``'s columns ``[offset, offset + dy_ref's width)`` in ``dy_ref``."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
@@ -365,9 +349,8 @@ def _weight_tile_of_part(x_ref, dy_ref, offset, *, out_refs, norm_refs, factor_r
                 a = jnp.where(mask, normed, 0.0).astype(a.dtype)
             g = pl_triton.load(dy_ref.at[rows[:, None], columns[None, :] - offset],
                                mask=valid[:, None] & column_mask[None, :], other=0)
-            if factor_refs[1]:  # factor * dy, rounded to dy's dtype (as the plain path's scaled cotangent)
-                g = (g.astype(jnp.float32) * row_factor(factor_refs[0], rows, valid, factor_refs[1])[:, None]).astype(
-                    g.dtype)
+            if has_scale:  # factor * dy, rounded to dy's dtype (as the plain path's scaled cotangent)
+                g = (g.astype(jnp.float32) * row_factor(factor_refs, rows, valid, has_scale)[:, None]).astype(g.dtype)
             accumulator = accumulator + jax.lax.dot_general(a, g, (((0,), (0,)), ((), ())), precision=precision,
                                                             preferred_element_type=jnp.float32)
             if bias:  # a uniform branch: only the first row tile's programs sum

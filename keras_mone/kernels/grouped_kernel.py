@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.grouped_labels import kernel_label
-from keras_mone.kernels.grouped_tile import projection_tile
+from keras_mone.kernels.grouped_tile import projection_tile, scale_operands
 from keras_mone.kernels.precision import dot_precision
 from keras_mone.kernels.row_sums import RowSums
 from keras_mone.kernels.tiles import check_projection_tiles as check_tiles
@@ -154,15 +154,14 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
         nothing = jnp.zeros((columns // block_cols,) + x.shape[:2], jnp.float32)
         results = (empty,) * outputs + (nothing,) * (2 * row_sums)
-        results += (jnp.zeros((1,) + x.shape[:2], jnp.float32),) * products
+        results += (jnp.zeros((columns // block_cols + 1,) + x.shape[:2], jnp.float32),) * products
         return results[0] if len(results) == 1 else results
     operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
-    gated = isinstance(scale, (tuple, list))
-    has_norm = _epilogue_operands(operands, batch * tokens, residual, scale, norm, out_bias, derivative)
+    has_scale, has_norm = _epilogue_operands(operands, batch * tokens, residual, scale, norm, out_bias, derivative)
     kernel = functools.partial(
         projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None,
-        has_scale=None if scale is None else ("gate" if gated else "scale"),
+        has_scale=has_scale,
         has_norm=has_norm, parts=parts, precision=dot_precision(precision), transposed=transposed,
         derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces), keep_pre=keep_pre,
         row_sums=row_sums, products=products,
@@ -202,20 +201,18 @@ def _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, der
 def _epilogue_operands(operands, rows, residual, scale, norm, out_bias, derivative):
     """Appends to ``operands`` what the programs read besides ``x``, ``w`` and ``b``, in the order
     they read it: the residual, the factor per row (or the gate and alpha), the prologue's norm, a
-    gated fc2's dX kernel's bias and the pre-activations of a ``derivative``. Returns ``has_norm``."""
+    gated fc2's dX kernel's bias and the pre-activations of a ``derivative``. Returns the kernel's
+    ``(has_scale, has_norm)``."""
     if residual is not None:
         operands.append(residual.reshape(rows, -1))
-    if scale is not None:  # a factor per row, or a gate per row and alpha (its factor computed by the kernel)
-        gated = isinstance(scale, (tuple, list))
-        operands.append((scale[0] if gated else scale).reshape(1, rows))
-        if gated:
-            operands.append(jnp.reshape(scale[1], (1, 1)).astype(jnp.float32))
+    factors, has_scale = scale_operands(scale, rows)
+    operands += factors
     has_norm = _norm_operands(norm, rows, operands)
     if out_bias is not None:
         operands.append(out_bias.astype(jnp.float32).reshape(1, -1))
     if derivative is not None:
         operands.append(derivative[1].reshape(rows, -1))
-    return has_norm
+    return has_scale, has_norm
 
 
 def _norm_operands(norm, rows, operands):

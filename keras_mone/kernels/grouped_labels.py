@@ -14,8 +14,8 @@ def kernel_label(side, contraction, columns, batch, groups, residual=False, scal
     """The name a kernel is compiled under, which says what it computes (``labelled_cost``):
     ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192`` (``pre``: it also
     writes its pre-activations; ``sums``: its rows' sums and sums of squares, over that many
-    column tiles, ``_sums6``; ``products``: a dX kernel's rows' sums of its input's activation
-    times its product, the gate's gradient, over that many column tiles, ``_products24``)."""
+    column tiles, ``_sums6``; ``products``: a gated fc2's dX kernel's partial sums of the gate's
+    gradient per row, that many: one per column tile and ``x . b``'s, ``_products49``)."""
     epilogue = ("_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
                 + "_derivative" * bool(derivative) + "_pre" * bool(pre) + (f"_sums{sums}" if sums else "")
                 + (f"_products{products}" if products else ""))

@@ -247,13 +247,12 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
         # with statistics only the output carries a cotangent: grouped_projection stopped the sums'
         dy = upstream[0] if keep_pre or statistics is not None else upstream
         d_residual = None if residual is None else dy.astype(residual.dtype)
-        in_kernels = scale is not None and input_activation is not None  # the gate's gradient in the dX kernel
-        dy, d_scale = (dy, None) if scale is None or in_kernels else _scaled_cotangent(dy, projection, scale)
-        dx, dw, db, _, gated, dnorm = projection_gradients(
+        if projection is not None:  # kept for the gate's gradient; else a gated fc2's dX kernel sums it
+            dy, d_scale = _scaled_cotangent(dy, projection, scale)
+        dx, dw, db, _, d_gate, dnorm = projection_gradients(
             x, w, b, norm, groups, side, parts, precision, interpret, dy, input_activation, activated,
-            scale if in_kernels else None)
-        d_scale = gated if in_kernels else d_scale
-        return dx, dw, db, d_residual, d_scale, dnorm, None
+            scale if projection is None else None)
+        return dx, dw, db, d_residual, d_gate if projection is None else d_scale, dnorm, None
 
     def plain(x, w, b, residual, scale, norm):  # (side "in": an activation epilogue or a RowSums prologue)
         return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,

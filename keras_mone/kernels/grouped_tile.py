@@ -203,6 +203,17 @@ def _epilogue(accumulator, inputs, rows, columns, valid, side, activation, deriv
     return accumulator, products
 
 
+def scale_operands(scale, rows):
+    """``(operands, has_scale)``: how a kernel takes a ``scale`` (``row_factor`` reads it): a factor
+    per row, ``(1, rows)``, ``"scale"``; or a ``(gate, alpha)`` pair, the gate per row and alpha as
+    float32 ``(1, 1)``, ``"gate"`` (the kernel computes ``alpha g + 1``); ``([], None)`` for none."""
+    if scale is None:
+        return [], None
+    if isinstance(scale, (tuple, list)):
+        return [scale[0].reshape(1, rows), jnp.reshape(scale[1], (1, 1)).astype(jnp.float32)], "gate"
+    return [scale.reshape(1, rows)], "scale"
+
+
 def row_factor(refs, rows, valid, has_scale):
     """The float32 factor of each of a tile's ``rows``: ``refs[0]``'s value per row (``"scale"``),
     or MoNE's ``alpha g + 1`` (Eq. 1) from the gate per row and ``refs[1]``'s alpha (``"gate"``)."""
