@@ -5,10 +5,11 @@ MoNE-ViT-B/16 block's projections (batch 256, e_c 0.3's groups), with the prolog
 ``layers.grouped_block`` runs: the LayerNorm from finished statistics or from the previous
 out-projection's row sums (``kernels.row_sums``), fc1 keeping its pre-activations (training), the
 out-projections with and without row sums, an out-projection keeping its projection for the
-gate's gradient, and fc2's dX kernel (training: the GELU's derivative, and of a gated fc2 the
-factor per row and the gate's gradient in its epilogue). ``ptxas -v`` (``kernel_compile.compile_stats``) gives
-registers per thread, spilled bytes and shared memory per program at the default tiles, and
-``nvdisasm`` the spill instructions inside loops.
+gate's gradient, fc2's dX kernel (training: the GELU's derivative, and of a gated fc2 the
+factor per row and the gate's gradient in its epilogue) and the dX kernels of q/k/v and fc1
+(training: the LayerNorm's statistics' cotangents in their epilogue). ``ptxas -v``
+(``kernel_compile.compile_stats``) gives registers per thread, spilled bytes and shared memory
+per program at the default tiles, and ``nvdisasm`` the spill instructions inside loops.
 
     pip install --target /tmp/tritonpkg triton --no-deps   # the compiler, where it is missing
     KERAS_BACKEND=jax python bench/grouped_kernel_compile.py
@@ -44,18 +45,21 @@ VARIANTS = [
      dict(residual=True, gate=True, statistics_epsilon=1e-6, training=True)),
     ("fc2's dX, GELU derivative (training)", "in", 4, dict(dx=True)),
     ("fc2's dX, GELU derivative, gate and the gate's gradient (training)", "in", 4, dict(dx=True, gate=True)),
+    ("q/k/v's dX, the LayerNorm's row sums (training)", "out", 3, dict(norm_dx=3)),
+    ("fc1's dX, the LayerNorm's row sums (training)", "out", 4, dict(norm_dx=1)),
 ]
 """``(label, side, width factor, options)``: ``N = factor * D`` on side "in", ``K = factor * D`` on "out";
 ``training``: the kernel a gradient's forward pass launches (an out-projection without an input
 activation keeps its projection for the gate's gradient); ``dx``: fc2's dX kernel, ``W^T`` read
-transposed (``kernels.grouped_gradients.projection_gradients``)."""
+transposed (``kernels.grouped_gradients.projection_gradients``); ``norm_dx``: the dX kernel of an
+in-projection with a LayerNorm prologue, its cotangent read in that many parts."""
 
 
 def variant_tiles(side, factor, options, dim, dtype):
     """The default tiles of one variant's kernel (a dX kernel's ``dx_tiles``)."""
     contraction, columns = (dim, factor * dim) if side == "in" else (factor * dim, dim)
-    if options.get("dx"):
-        return dx_tiles(contraction, columns, dtype, True, options.get("gate", False))
+    if options.get("dx") or options.get("norm_dx"):
+        return dx_tiles(contraction, columns, dtype, bool(options.get("dx")), options.get("gate", False))
     return default_tiles(contraction, columns, dtype)
 
 
@@ -75,11 +79,29 @@ def dx_ir(gated, dim, batch, dtype):
     return pallas_triton_ir(dx, *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
 
 
+def norm_dx_ir(factor, parts, dim, batch, dtype):
+    """The Triton IR of an in-projection's dX kernel (``W^T`` of a ``(D, factor D)`` weight) that
+    also sums its LayerNorm's statistics' cotangents (``norm_sums``), its cotangent in ``parts``."""
+    tokens, f32 = sum(size for size, _ in GROUPS), jnp.float32
+    shapes = [((batch, tokens, factor * dim // parts), dtype)] * parts + [
+        ((dim, factor * dim), f32), ((batch, tokens, dim), dtype), ((batch, tokens), f32), ((dim,), f32)]
+
+    def dx(*operands):
+        dy, (w, x, mean, gamma) = operands[:parts], operands[parts:]
+        return pallas_projection(dy if parts > 1 else dy[0], w, jnp.zeros((dim,), f32), None, None, None, GROUPS,
+                                 "out", None, 1, dx_tiles(factor * dim, dim, dtype, False, False), "default", False,
+                                 transposed=True, norm_sums=(x, mean, gamma))
+
+    return pallas_triton_ir(dx, *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
+
+
 def variant_ir(side, factor, options, dim, batch, dtype):
     """The Triton IR of one variant's kernel."""
     options = dict(options)
     if options.pop("dx", False):
         return dx_ir(options.pop("gate", False), dim, batch, dtype)
+    if options.get("norm_dx"):
+        return norm_dx_ir(factor, options["norm_dx"], dim, batch, dtype)
     contraction, columns = (dim, factor * dim) if side == "in" else (factor * dim, dim)
     tokens = sum(size for size, _ in GROUPS)
     f32 = jnp.float32

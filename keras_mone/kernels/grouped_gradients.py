@@ -21,7 +21,10 @@ in one launch (MoNE App. A.1 Eq. 5-7). Its gradients are grouped nested products
   the ``dy`` tiles they load anyway, so ``dy`` is not read again for it.
 * q, k and v's cotangents (attention's backward pass writes three tensors) are read apart by
   both kernels, never joined.
-* The LayerNorm prologue's vjp is XLA's.
+* The LayerNorm prologue's vjp: its statistics' cotangents need two row sums over ``d
+  normalized``, which the dX kernel's epilogue sums per column tile as it writes it
+  (``pallas_projection``'s ``norm_sums``); the rest is elementwise and column sums, XLA's
+  (``normalized_cotangents``).
 
 ``projection_gradients`` is the backward pass of a projection from its output's cotangent (no
 activation epilogue, or fc1 keeping its pre-activations beside its activation; with or without
@@ -37,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_mone.kernels.grouped_kernel import (
-    checked_groups, default_tiles, largest_power_of_2_dividing, normalized, pallas_projection, tile_override,
+    checked_groups, default_tiles, largest_power_of_2_dividing, pallas_projection, tile_override,
 )
 from keras_mone.kernels.grouped_labels import weight_gradient_label
 from keras_mone.kernels.grouped_tile import row_factor, scale_operands
@@ -182,8 +185,9 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
                          activated=None, scale=None):
     """The cotangents of ``(x, w, b, residual, scale, norm)`` of a projection without an
     epilogue (see the module docstring): dX by a grouped projection kernel, dW and db by the
-    weight-gradient kernel, the LayerNorm's vjp by XLA. ``upstream``: the output's cotangent
-    (``parts`` tensors where it has parts: read apart, never joined). ``input_activation`` (side ``"out"``): the
+    weight-gradient kernel, the LayerNorm's vjp from the row sums the dX kernel adds
+    (``normalized_cotangents``). ``upstream``: the output's cotangent (``parts`` tensors where it
+    has parts: read apart, never joined). ``input_activation`` (side ``"out"``): the
     projection took ``activated = input_activation(x)``; the dX kernel's epilogue multiplies
     by the activation's derivative at ``x``, so its output is ``x``'s cotangent (fc2 of a
     training call: the GELU's backward pass is no separate pass over the hidden activations).
@@ -200,14 +204,14 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
                                                             scale is not None)
     zeros = jnp.zeros((contraction,), jnp.float32)
     inputs = x if input_activation is None else activated
-    if norm is not None:  # (the weight-gradient kernel normalises x itself: the normalised tokens are not kept)
-        _, pullback = jax.vjp(normalized, x, *norm)
-    # in: dx[:, g, :d_g] = dy_g @ W[:d_g]^T, an out-projection by W^T;
-    # out: dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T, an in-projection by W^T
+    # in: dx[:, g, :d_g] = dy_g @ W[:d_g]^T, an out-projection by W^T (with a LayerNorm prologue its
+    # epilogue sums the statistics' cotangents); out: dx[:, g] = dy_g[:, :d_g] @ W[:, :d_g]^T, an
+    # in-projection by W^T
     derivative = None if input_activation is None else (input_activation, x)
     dx = pallas_projection(dy, w, zeros, None, scale, None, groups, "out" if side == "in" else "in", None, 1, tiles,
                            precision, interpret, transposed=True, derivative=derivative,
-                           products=None if scale is None else b)
+                           products=None if scale is None else b,
+                           norm_sums=None if norm is None else (x, norm[0], norm[2]))
     d_scale = None
     if scale is not None:  # the gate's gradient: sum_D(d out * (h W + b)) = sum_H(h * (d out W^T)) + d out . b
         dx, partials = dx
@@ -215,10 +219,26 @@ def projection_gradients(x, w, b, norm, groups, side, parts, precision, interpre
     dw, db = grouped_weight_gradient(inputs, dy, groups, side, precision=precision, interpret=interpret, bias=True,
                                      norm=norm, scale=scale)
     dnorm = None
-    if norm is not None:
-        dx, *dnorm = pullback(dx)
+    if norm is not None:  # (the weight-gradient kernel normalises x itself: the normalised tokens are not kept)
+        dx, sums, centred = dx
+        dx, *dnorm = normalized_cotangents(dx, x, *norm, jnp.sum(sums, axis=0), jnp.sum(centred, axis=0))
         dnorm = tuple(dnorm)
     return dx, dw.astype(w.dtype), db.astype(b.dtype), None, d_scale, dnorm
+
+
+def normalized_cotangents(dn, x, mean, rstd, gamma, beta, sums, centred):
+    """The cotangents of ``normalized(x, mean, rstd, gamma, beta)``'s inputs from its output's,
+    ``dn``, and the rows' ``sums = sum_D(dn * gamma)`` and ``centred = sum_D(dn * gamma * (x -
+    mean))`` (float32, a dX kernel's ``norm_sums``): ``dx = dn * rstd * gamma``, ``d mean = -rstd *
+    sums``, ``d rstd = centred`` and the weights' column sums, each in its input's dtype. The same
+    as ``jax.vjp(normalized, ...)`` within float32 rounding, without its pass over ``dn`` and ``x``
+    for the two row sums (XLA fuses what is left into one pass with the weights' sums)."""
+    wide = dn.astype(jnp.float32)
+    rstd32, gamma32 = rstd.astype(jnp.float32), gamma.astype(jnp.float32)
+    centred_x = x.astype(jnp.float32) - mean.astype(jnp.float32)[..., None]
+    d_gamma = jnp.sum(wide * centred_x * rstd32[..., None], axis=(0, 1))
+    return ((wide * (rstd32[..., None] * gamma32)).astype(x.dtype), (-rstd32 * sums).astype(mean.dtype),
+            centred.astype(rstd.dtype), d_gamma.astype(gamma.dtype), jnp.sum(wide, axis=(0, 1)).astype(beta.dtype))
 
 
 def dx_tiles(contraction, columns, dtype, derivative, products):

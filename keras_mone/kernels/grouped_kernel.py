@@ -110,7 +110,8 @@ def normalized(x, mean, rstd, gamma, beta):
 
 
 def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
-                      transposed=False, derivative=None, keep_pre=False, row_sums=False, products=None):
+                      transposed=False, derivative=None, keep_pre=False, row_sums=False, products=None,
+                      norm_sums=None):
     """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). With
     ``keep_pre`` (one part) it returns ``(pre, out)``, both stored by the epilogue: side ``"in"``
     with an ``activation``, the pre-activations and their activation (fc1 of the training form:
@@ -134,6 +135,11 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
       That is the dX kernel of a gated fc2, whose gate's gradient ``sum_D(d out * (h W + b))``
       is ``sum_H(h * (d out W^T)) + d out . b``, the sum of those partials: the forward pass
       keeps no projection for it, and no pass over ``d out`` computes it.
+    * ``norm_sums``: ``(x, mean, gamma)`` of the LayerNorm prologue of an in-projection, side
+      ``"out"`` (its dX kernel, which writes ``d normalized``); it also returns float32 partial
+      sums ``(column tiles, batch, tokens)`` of each row's ``sum(dn * gamma)`` and ``sum(dn *
+      gamma * (x - mean))``: the statistics' cotangents without a pass over ``dn`` and ``x``
+      (``grouped_gradients.normalized_cotangents``).
     * ``x`` a tuple of equal parts along the contraction, side ``"out"``, no ``norm``: each read
       where it lies (the dX kernel of q/k/v reads their three cotangents, not a joined copy).
     """
@@ -142,33 +148,32 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
 
     pieces = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, derivative, products)
+    columns = w.shape[0] if transposed else w.shape[1]
+    if norm_sums is not None:
+        _check_norm_sums(norm_sums, pieces[0].shape[:2] + (columns,), side, parts, residual, scale,
+                         keep_pre or row_sums)
     out_bias, products = products, products is not None  # (the bias of a gated fc2's dX kernel, below)
     x = pieces[0]
     batch, tokens = x.shape[:2]
     contraction = len(pieces) * x.shape[-1]
-    columns = w.shape[0] if transposed else w.shape[1]
     block_rows, block_cols, block_k, num_warps, num_stages = tiles
     table, first_tile = _row_tile_table(groups, batch, block_rows)
     outputs = 2 if keep_pre else parts
+    shapes = _output_shapes(batch * tokens, columns // parts, x.dtype, outputs, columns // block_cols, row_sums,
+                            products, norm_sums is not None)
     if not table:  # every group empty: no tokens
-        empty = jnp.zeros(x.shape[:2] + (columns // parts,), x.dtype)
-        nothing = jnp.zeros((columns // block_cols,) + x.shape[:2], jnp.float32)
-        results = (empty,) * outputs + (nothing,) * (2 * row_sums)
-        results += (jnp.zeros((columns // block_cols + 1,) + x.shape[:2], jnp.float32),) * products
-        return results[0] if len(results) == 1 else results
+        return _reshaped([jnp.zeros(shape.shape, shape.dtype) for shape in shapes], batch, tokens, outputs)
     operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
-    has_scale, has_norm = _epilogue_operands(operands, batch * tokens, residual, scale, norm, out_bias, derivative)
+    has_scale, has_norm = _epilogue_operands(operands, batch * tokens, residual, scale, norm, out_bias, derivative,
+                                             norm_sums)
     kernel = functools.partial(
         projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
         blocks=(block_rows, block_cols, block_k), has_residual=residual is not None,
         has_scale=has_scale,
         has_norm=has_norm, parts=parts, precision=dot_precision(precision), transposed=transposed,
         derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces), keep_pre=keep_pre,
-        row_sums=row_sums, products=products,
+        row_sums=row_sums, products=products, norm_sums=norm_sums is not None,
     )
-    shapes = [jax.ShapeDtypeStruct((batch * tokens, columns // parts), x.dtype)] * outputs
-    shapes += [jax.ShapeDtypeStruct((columns // block_cols, batch * tokens), jnp.float32)] * (2 * row_sums)
-    shapes += [jax.ShapeDtypeStruct((columns // block_cols + 1, batch * tokens), jnp.float32)] * products
     out = pl.pallas_call(
         kernel,
         # the column tiles vary fastest: a row tile's inputs are read from L2 for its every column tile
@@ -178,11 +183,25 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
         interpret=interpret,
         name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
                           norm is not None, derivative is not None, keep_pre, row_sums and columns // block_cols,
-                          products and columns // block_cols + 1),
+                          products and columns // block_cols + 1, (norm_sums is not None) and columns // block_cols),
     )(*operands)
-    results = list(out) if len(shapes) > 1 else [out]
-    results = [t.reshape(batch, tokens, columns // parts) for t in results[:outputs]] + [
-        t.reshape(-1, batch, tokens) for t in results[outputs:]]  # (the row sums per column tile)
+    return _reshaped(list(out) if len(shapes) > 1 else [out], batch, tokens, outputs)
+
+
+def _output_shapes(rows, width, dtype, outputs, column_tiles, row_sums, products, norm_sums):
+    """The launch's outputs: ``outputs`` arrays ``(rows, width)``, then float32 ``(column tiles,
+    rows)`` partial sums: two with ``row_sums``, one more tile's worth with ``products``, two
+    with ``norm_sums``."""
+    partial = jax.ShapeDtypeStruct((column_tiles, rows), jnp.float32)
+    return ([jax.ShapeDtypeStruct((rows, width), dtype)] * outputs + [partial] * (2 * row_sums)
+            + [jax.ShapeDtypeStruct((column_tiles + 1, rows), jnp.float32)] * products + [partial] * (2 * norm_sums))
+
+
+def _reshaped(results, batch, tokens, outputs):
+    """The launch's results, the first ``outputs`` as ``(batch, tokens, width)``, the partial sums
+    per column tile as ``(tiles, batch, tokens)``; one array alone, else a tuple."""
+    results = [t.reshape(batch, tokens, t.shape[1]) for t in results[:outputs]] + [
+        t.reshape(t.shape[0], batch, tokens) for t in results[outputs:]]
     return results[0] if len(results) == 1 else tuple(results)
 
 
@@ -198,11 +217,24 @@ def _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, der
                          "`derivative` and one part, neither with a `norm` or `residual`.")
 
 
-def _epilogue_operands(operands, rows, residual, scale, norm, out_bias, derivative):
+def _check_norm_sums(norm_sums, out_shape, side, parts, residual, scale, forward_stores):
+    """Raises ``ValueError`` unless ``norm_sums`` is ``(x, mean, gamma)`` shaped for the output
+    ``out_shape`` of a dX kernel that can store its sums (``forward_stores``: ``keep_pre`` or
+    ``row_sums`` asked for)."""
+    if forward_stores or side != "out" or parts != 1 or residual is not None or scale is not None:
+        raise ValueError("`norm_sums` belongs to the dX kernel of an in-projection with a LayerNorm prologue: side "
+                         "'out', one part, no `residual`, `scale`, `keep_pre` or `row_sums`.")
+    shapes = [tuple(jnp.shape(t)) for t in norm_sums]
+    if shapes != [out_shape, out_shape[:2], out_shape[2:]]:
+        raise ValueError(f"`norm_sums` must be (x, mean, gamma) of shapes {out_shape}, {out_shape[:2]} and "
+                         f"{out_shape[2:]}; got {shapes}.")
+
+
+def _epilogue_operands(operands, rows, residual, scale, norm, out_bias, derivative, norm_sums=None):
     """Appends to ``operands`` what the programs read besides ``x``, ``w`` and ``b``, in the order
     they read it: the residual, the factor per row (or the gate and alpha), the prologue's norm, a
-    gated fc2's dX kernel's bias and the pre-activations of a ``derivative``. Returns the kernel's
-    ``(has_scale, has_norm)``."""
+    gated fc2's dX kernel's bias, the pre-activations of a ``derivative`` and the LayerNorm's ``x``,
+    means and gamma of ``norm_sums``. Returns the kernel's ``(has_scale, has_norm)``."""
     if residual is not None:
         operands.append(residual.reshape(rows, -1))
     factors, has_scale = scale_operands(scale, rows)
@@ -212,6 +244,8 @@ def _epilogue_operands(operands, rows, residual, scale, norm, out_bias, derivati
         operands.append(out_bias.astype(jnp.float32).reshape(1, -1))
     if derivative is not None:
         operands.append(derivative[1].reshape(rows, -1))
+    if norm_sums is not None:
+        operands += [norm_sums[0].reshape(rows, -1), *(t.astype(jnp.float32).reshape(1, -1) for t in norm_sums[1:])]
     return has_scale, has_norm
 
 

@@ -10,22 +10,24 @@ import re
 
 
 def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False,
-                 derivative=False, pre=False, sums=0, products=0):
+                 derivative=False, pre=False, sums=0, products=0, norm_sums=0):
     """The name a kernel is compiled under, which says what it computes (``labelled_cost``):
     ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192`` (``pre``: it also
     writes its pre-activations; ``sums``: its rows' sums and sums of squares, over that many
     column tiles, ``_sums6``; ``products``: a gated fc2's dX kernel's partial sums of the gate's
-    gradient per row, that many: one per column tile and ``x . b``'s, ``_products49``)."""
+    gradient per row, that many: one per column tile and ``x . b``'s, ``_products49``; ``norm_sums``:
+    a dX kernel's LayerNorm statistics' cotangents, two float32 values per row and column tile,
+    over that many column tiles, ``_normsums6``)."""
     epilogue = ("_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
                 + "_derivative" * bool(derivative) + "_pre" * bool(pre) + (f"_sums{sums}" if sums else "")
-                + (f"_products{products}" if products else ""))
+                + (f"_products{products}" if products else "") + (f"_normsums{norm_sums}" if norm_sums else ""))
     layout = "_".join(f"{size}x{width}" for size, width in groups)
     return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
 
 
 _LABEL = re.compile(
     r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?(_derivative)?(_pre)?(?:_sums(\d+))?"
-    r"(?:_products(\d+))?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
+    r"(?:_products(\d+))?(?:_normsums(\d+))?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
@@ -35,15 +37,17 @@ def labelled_cost(name, itemsize):
     residual and scale it reads, a prologue LayerNorm's float32 statistics and weights, the
     pre-activations a ``derivative`` epilogue reads, and the ``(batch, tokens, N)`` it
     writes (twice with ``pre``: the pre-activations too; with ``sums``, two float32 values per
-    row and column tile; with ``products``, one). Weights are counted at the rows' itemsize
+    row and column tile; with ``products``, one; with ``norm_sums``, two, and it reads the
+    LayerNorm's input where it writes ``dn``, each group's first ``d`` features, and its float32
+    means and gamma). Weights are counted at the rows' itemsize
     (under mixed precision the kernels read float32 weights: under 1% of the total, undercounted)."""
     match = _LABEL.search(name)
     if match is None:
         return None
     side, (norm, residual, scale, derivative, pre) = match.group(1), (bool(match.group(i)) for i in range(2, 7))
-    sums, products = int(match.group(7) or 0), int(match.group(8) or 0)
-    contraction, columns, batch = (int(match.group(i)) for i in (9, 10, 11))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(12).strip("_").split("_")]
+    sums, products, norm_sums = (int(match.group(i) or 0) for i in (7, 8, 9))
+    contraction, columns, batch = (int(match.group(i)) for i in (10, 11, 12))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(13).strip("_").split("_")]
     tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
     widest = max(width for _, width in groups)
     rows = batch * tokens
@@ -54,8 +58,10 @@ def labelled_cost(name, itemsize):
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
         elements += rows * columns * residual
     elements += rows * columns * pre + rows * scale
-    written = 4 * rows * (2 * sums + products)
-    return flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction) + written
+    written = 4 * rows * (2 * sums + products + 2 * norm_sums)
+    normalized_input = (itemsize * batch * nested + 4 * (rows + columns)) * bool(norm_sums)  # x, means, gamma
+    return (flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction) + written
+            + normalized_input)
 
 
 def weight_gradient_label(side, contraction, columns, batch, splits, groups, bias=False, norm=False, scale=False):

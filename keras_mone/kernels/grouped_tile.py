@@ -5,7 +5,8 @@ A program takes ``block_rows`` rows of one token group, gathered across the batc
 stops at the group's width (an in-projection) or is skipped past it (an out-projection's column
 tiles, Eq. 7's ``Pad``). Around the loop: the LayerNorm prologue's statistics, the epilogues
 (activation, GELU derivative, MoNE's gate ``alpha g + 1`` of Eq. 1, residual) and the stores
-(the output in its parts, row sums for the next LayerNorm, the gate's gradient's partial sums).
+(the output in its parts, row sums for the next LayerNorm, the gate's gradient's partial sums,
+a LayerNorm's statistics' cotangents).
 """
 
 import functools
@@ -17,13 +18,13 @@ from keras_mone.kernels.row_sums import one_pass
 
 
 def projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_residual, has_scale, has_norm, parts,
-                    precision, transposed, derivative_of, input_parts, keep_pre, row_sums, products):
+                    precision, transposed, derivative_of, input_parts, keep_pre, row_sums, products, norm_sums=False):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns; with
     ``products``, the programs of one more column tile compute ``x . b`` alone (``_bias_products``)."""
     from jax.experimental import pallas as pl
 
     x_refs, (w_ref, b_ref), refs = refs[:input_parts], refs[input_parts:input_parts + 2], refs[input_parts + 2:]
-    stored = (2 if keep_pre else parts) + 2 * row_sums + products
+    stored = (2 if keep_pre else parts) + 2 * row_sums + products + 2 * norm_sums
     inputs, outputs = refs[:len(refs) - stored], refs[len(refs) - stored:]
     block_rows = blocks[0]
     # (read here: Pallas' interpreter takes no program_id inside a branch)
@@ -46,7 +47,7 @@ def projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_r
         _project, x_refs, w_ref, b_ref, inputs, outputs, column_tile, rows, valid, width, side=side,
         activation=activation, blocks=blocks, has_residual=has_residual, has_scale=has_scale, has_norm=has_norm,
         parts=parts, precision=precision, transposed=transposed, derivative_of=derivative_of, keep_pre=keep_pre,
-        row_sums=row_sums, products=products)
+        row_sums=row_sums, products=products, norm_sums=norm_sums)
     if not products:
         return project()
     bias_tile = column_tile == outputs[-1].shape[0] - 1  # the products' last row: x . b
@@ -83,7 +84,7 @@ def _bias_products(x_ref, bias_ref, products_ref, column_tile, rows, valid, widt
 
 def _project(x_refs, w_ref, b_ref, inputs, outputs, column_tile, rows, valid, width, *, side, activation, blocks,
              has_residual, has_scale, has_norm, parts, precision, transposed, derivative_of, keep_pre, row_sums,
-             products):
+             products, norm_sums):
     """``projection_tile``'s product of its rows by its column tile, with its prologue and epilogue."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
@@ -133,7 +134,31 @@ def _project(x_refs, w_ref, b_ref, inputs, outputs, column_tile, rows, valid, wi
     if products:  # (the dX kernel of a gated fc2: the gate's gradient, per column tile)
         *outputs, products_ref = outputs
         pl_triton.store(products_ref.at[column_tile, rows], row_products, mask=valid)
-    _store(outputs, accumulator.astype(outputs[0].dtype), rows, columns, valid, (start, column_tile), parts, row_sums)
+    tile = accumulator.astype(outputs[0].dtype)
+    if norm_sums:  # (the dX kernel of an in-projection with a LayerNorm prologue: its statistics' cotangents)
+        *outputs, sums_ref, centred_ref = outputs
+        _store_norm_sums(inputs[-3:], (sums_ref, centred_ref), tile, rows, columns, valid, width, (start, column_tile))
+    _store(outputs, tile, rows, columns, valid, (start, column_tile), parts, row_sums)
+
+
+def _store_norm_sums(norm_refs, sums_refs, tile, rows, columns, valid, width, place):
+    """Stores, at its column tile, each row's ``sum(dn * gamma)`` and ``sum(dn * gamma * (x - mean))``
+    over the tile's columns (float32, of the stored ``dn``): the LayerNorm's ``d mean = -rstd *
+    sum_D(dn * gamma)`` and ``d rstd = sum_D(dn * gamma * (x - mean))``, once XLA sums the column tiles
+    (``grouped_gradients.normalized_cotangents``). ``norm_refs``: ``x`` ``(rows, D)``, the rows'
+    means ``(1, rows)`` and ``gamma`` ``(1, D)``; ``x`` is read only below the group's ``width``
+    (``dn`` is zero past it). ``place``: the tile's first column and its column tile's index."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
+
+    (start, column_tile), (x_ref, mean_ref, gamma_ref) = place, norm_refs
+    mask = valid[:, None] & (columns < width)[None, :]
+    x = pl_triton.load(x_ref.at[rows[:, None], columns[None, :]], mask=mask, other=0).astype(jnp.float32)
+    mean = pl_triton.load(mean_ref.at[0, rows], mask=valid, other=0)
+    weighted = tile.astype(jnp.float32) * gamma_ref[:, pl.ds(start, columns.shape[0])]
+    pl_triton.store(sums_refs[0].at[column_tile, rows], jnp.sum(weighted, axis=1), mask=valid)
+    centred = jnp.where(mask, x - mean[:, None], 0.0)
+    pl_triton.store(sums_refs[1].at[column_tile, rows], jnp.sum(weighted * centred, axis=1), mask=valid)
 
 
 def _store(outputs, tile, rows, columns, valid, place, parts, row_sums):
