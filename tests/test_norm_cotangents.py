@@ -85,7 +85,7 @@ def test_the_norm_sums_refuse_the_forms_they_do_not_serve_and_shape_an_empty_lau
         return pallas_projection(dy, w, zeros, None, None, None, LAYOUT, side, None, 1, TILES, "highest", True,
                                  transposed=True, norm_sums=norm_sums, **more)
 
-    for bad in (dict(side="in"), dict(row_sums=True), dict(keep_pre=True)):
+    for bad in (dict(side="in"), dict(row_sums=True), dict(keep_pre=True), dict(derivative=(np.tanh, dy[..., :64]))):
         with pytest.raises(ValueError, match="`norm_sums` belongs to the dX kernel of an in-projection"):
             launch(**bad)
     for norm_sums in ((x[..., :32], mean, gamma), (x, mean[:, :3], gamma), (x, mean, gamma[:8]), (x, mean)):

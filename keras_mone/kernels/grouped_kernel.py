@@ -120,7 +120,7 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     (one part) it returns ``(out, sums, squares)`` (``(pre, out, sums, squares)`` with both):
     each program also stores its rows' sums and sums of squares of the values it stored, in
     float32, ``(column tiles, batch, tokens)`` each (the next LayerNorm's one-pass statistics,
-    without a pass over ``out``). Three more forms serve the backward passes
+    without a pass over ``out``). Four more forms serve the backward passes
     (``kernels.grouped_gradients``):
 
     * ``transposed``: ``w`` is given as ``(N, K)`` and read transposed, tile by tile (a dX
@@ -150,8 +150,8 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, derivative, products)
     columns = w.shape[0] if transposed else w.shape[1]
     if norm_sums is not None:
-        _check_norm_sums(norm_sums, pieces[0].shape[:2] + (columns,), side, parts, residual, scale,
-                         keep_pre or row_sums)
+        _check_norm_sums(norm_sums, pieces[0].shape[:2] + (columns,), side, parts,
+                         (residual, scale, norm, derivative), keep_pre or row_sums)
     out_bias, products = products, products is not None  # (the bias of a gated fc2's dX kernel, below)
     x = pieces[0]
     batch, tokens = x.shape[:2]
@@ -217,13 +217,14 @@ def _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, der
                          "`derivative` and one part, neither with a `norm` or `residual`.")
 
 
-def _check_norm_sums(norm_sums, out_shape, side, parts, residual, scale, forward_stores):
+def _check_norm_sums(norm_sums, out_shape, side, parts, others, forward_stores):
     """Raises ``ValueError`` unless ``norm_sums`` is ``(x, mean, gamma)`` shaped for the output
-    ``out_shape`` of a dX kernel that can store its sums (``forward_stores``: ``keep_pre`` or
-    ``row_sums`` asked for)."""
-    if forward_stores or side != "out" or parts != 1 or residual is not None or scale is not None:
+    ``out_shape`` of a dX kernel that can store its sums: none of ``others`` (the launch's
+    ``residual``, ``scale``, ``norm`` and ``derivative``) given, nor ``forward_stores``
+    (``keep_pre`` or ``row_sums``)."""
+    if forward_stores or side != "out" or parts != 1 or any(other is not None for other in others):
         raise ValueError("`norm_sums` belongs to the dX kernel of an in-projection with a LayerNorm prologue: side "
-                         "'out', one part, no `residual`, `scale`, `keep_pre` or `row_sums`.")
+                         "'out', one part, no `residual`, `scale`, `norm`, `derivative`, `keep_pre` or `row_sums`.")
     shapes = [tuple(jnp.shape(t)) for t in norm_sums]
     if shapes != [out_shape, out_shape[:2], out_shape[2:]]:
         raise ValueError(f"`norm_sums` must be (x, mean, gamma) of shapes {out_shape}, {out_shape[:2]} and "
