@@ -135,6 +135,30 @@ def test_cuts_unfused_dots_and_cublas_gemms_are_read_as_they_run():
     assert gemm.bytes == 4 * (100 * 64 + 64 * 32 + 100 * 32) and gemm.kind == "gemm"
 
 
+GATHERED = """HloModule jit_take, is_scheduled=true
+
+%fused_take (param_0: bf16[100,64], param_1: s32[5,1]) -> bf16[5,64] {
+  %param_0 = bf16[100,64]{1,0} parameter(0)
+  %param_1 = s32[5,1]{1,0} parameter(1)
+  %gather.1 = bf16[5,1,64]{2,1,0} gather(%param_0, %param_1), offset_dims={1,2}, collapsed_slice_dims={}, """ \
+    """start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+  ROOT %bitcast.1 = bf16[5,64]{1,0} bitcast(%gather.1)
+}
+
+ENTRY %main (a: bf16[100,64], i: s32[5,1]) -> bf16[5,64] {
+  %a = bf16[100,64]{1,0} parameter(0)
+  %i = s32[5,1]{1,0} parameter(1)
+  ROOT %loop_gather_fusion = bf16[5,64]{1,0} fusion(%a, %i), kind=kLoop, calls=%fused_take
+}
+"""
+
+
+def test_a_gather_reads_the_rows_it_takes():
+    # a router's take of 5 token rows out of 100: those rows, the indices and the output, not all 100 rows
+    (take,) = hlo_kernels.program_kernels(GATHERED)
+    assert take.bytes == 2 * (5 * 64) + 4 * 5 + 2 * (5 * 64)
+
+
 PALLAS = """HloModule jit_mlp, is_scheduled=true
 
 ENTRY %main (z: bf16[256,768], w1: bf16[768,3072], w2: bf16[3072,768]) -> bf16[256,768] {

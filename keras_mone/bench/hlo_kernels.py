@@ -139,7 +139,7 @@ class _Needs:
 
 def _bytes_read(lines, operand_bytes):
     """Bytes a fusion reads of each operand: what its output needs, traced back from the
-    root through slices (a token group's rows, a weight's columns), concatenations (each
+    root through slices and gathers (a token group's rows, a weight's columns), concatenations (each
     operand's own part) and elementwise ops as index boxes, through bitcasts, reshapes
     and transposes as element counts; any other use reads its operand whole."""
     parsed = _parsed(lines)
@@ -170,9 +170,9 @@ def _pass_back(needs, name, op, operands, line, region):
             shifted = [(int(start) + lo, int(start) + hi) for (start, _, _), (lo, hi) in zip(spans, region[1])]
             needs.mark(operands[0], ("box", shifted))
             return
-    if op in ("slice", "dynamic-slice") and operands:  # reads no more elements than it writes
+    if op in ("slice", "dynamic-slice", "gather") and operands:  # reads no more elements than it writes
         needs.mark(operands[0], ("count", needs.volume(region)))
-        for index in operands[1:]:  # a dynamic slice's start indices
+        for index in operands[1:]:  # a dynamic slice's start indices, a gather's indices
             needs.mark(index, needs.whole(index))
     elif op == "concatenate" and region[0] == "box":
         axis, offset = int(re.search(r"dimensions=\{(\d+)\}", line).group(1)), 0
