@@ -110,6 +110,11 @@ def rng():
     return np.random.default_rng(12345)
 
 
+def normal32(rng, *shape):
+    """Standard normal float32 values of ``shape`` from the numpy generator ``rng``."""
+    return rng.normal(size=shape).astype("float32")
+
+
 def images(batch=BATCH, seed=0, size=TINY["image_size"], channels=3):
     return np.random.default_rng(seed).standard_normal((batch, size, size, channels)).astype("float32")
 

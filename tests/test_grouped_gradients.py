@@ -10,13 +10,9 @@ the LayerNorm's statistics' cotangents: ``test_norm_cotangents``."""
 import keras
 import numpy as np
 import pytest
-from conftest import BACKEND, TINY, assert_f32_close, gradients, images, randomize_weights
+from conftest import BACKEND, TINY, assert_f32_close, gradients, images, normal32, randomize_weights
 
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
-
-def _normal(rng, *shape):
-    return rng.normal(size=shape).astype("float32")
-
 
 def _weight_gradient_sides(monkeypatch):
     """The ``side`` of every weight-gradient launch from here on (the grouped backward pass ran,
@@ -46,10 +42,10 @@ def test_the_dx_kernel_of_a_gated_fc2_sums_the_gates_gradient_in_its_epilogue(dt
 
     gelu, rng = _kernel_gelu(False), np.random.default_rng(22)
     layout = ((5, 16), (0, 32), (3, 8), (7, 48), (2, 64))
-    dy, pre = (np.asarray(jnp.asarray(t, dtype).astype(jnp.float32)) for t in (_normal(rng, 2, 17, 64),
-                                                                              _normal(rng, 2, 17, 96)))
-    w = np.asarray(jnp.asarray(0.2 * _normal(rng, 96, 64), dtype).astype(jnp.float32))
-    zeros, b = np.zeros((96,), "float32"), 1.0 + _normal(rng, 64)  # (b's values not bf16's)
+    dy, pre = (np.asarray(jnp.asarray(t, dtype).astype(jnp.float32)) for t in (normal32(rng, 2, 17, 64),
+                                                                              normal32(rng, 2, 17, 96)))
+    w = np.asarray(jnp.asarray(0.2 * normal32(rng, 96, 64), dtype).astype(jnp.float32))
+    zeros, b = np.zeros((96,), "float32"), 1.0 + normal32(rng, 64)  # (b's values not bf16's)
     gate, alpha = rng.random((2, 17)).astype("float32"), np.float32(0.7)
     scale = (gate, alpha) if gated else gate
     dx, partials = pallas_projection(jnp.asarray(dy, dtype), jnp.asarray(w, dtype), zeros, None, scale, None, layout,
@@ -91,7 +87,7 @@ def test_the_dx_kernel_reads_its_contraction_in_parts():
 
     rng = np.random.default_rng(8)
     layout = ((5, 16), (7, 48), (2, 64))
-    parts, w, b = tuple(_normal(rng, 2, 14, 32) for _ in range(3)), _normal(rng, 96, 64), _normal(rng, 64)
+    parts, w, b = tuple(normal32(rng, 2, 14, 32) for _ in range(3)), normal32(rng, 96, 64), normal32(rng, 64)
     tiles = (16, 16, 16, 4, 2)
 
     def run(x, side="out"):
@@ -116,8 +112,8 @@ def test_an_out_projection_of_an_activation_takes_its_derivative_in_the_dx_kerne
     gelu = _kernel_gelu(approximate)
     rng = np.random.default_rng(6)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
-    hidden, w, b = 2.0 * _normal(rng, 2, 14, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
-    weights = _normal(rng, 2, 14, 64)
+    hidden, w, b = 2.0 * normal32(rng, 2, 14, 96), 0.2 * normal32(rng, 96, 64), normal32(rng, 64)
+    weights = normal32(rng, 2, 14, 64)
 
     def loss(function, **options):
         return lambda h, w, b: (function(h, w, b, layout, "out", input_activation=gelu, **options) * weights).sum()
@@ -152,10 +148,10 @@ def test_fc1_keeping_its_pre_activations_feeds_fc2_with_the_plain_mlps_values_an
     gelu = _kernel_gelu(approximate)
     rng = np.random.default_rng(8)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
-    x, weights = _normal(rng, 2, 14, 64), _normal(rng, 2, 14, 64)
-    w1, b1, w2, b2 = 0.2 * _normal(rng, 64, 96), _normal(rng, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
+    x, weights = normal32(rng, 2, 14, 64), normal32(rng, 2, 14, 64)
+    w1, b1, w2, b2 = 0.2 * normal32(rng, 64, 96), normal32(rng, 96), 0.2 * normal32(rng, 96, 64), normal32(rng, 64)
     mean, rstd = x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6)
-    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    gamma, beta = 1.0 + 0.1 * normal32(rng, 64), 0.1 * normal32(rng, 64)
     options = {"tiles": (16, 32, 16, 4, 2), "interpret": True}
 
     def fc1(function, x, w1, b1, gamma, beta, **more):
@@ -217,12 +213,12 @@ def test_projections_without_an_epilogue_differentiate_through_the_grouped_kerne
     calls = _weight_gradient_sides(monkeypatch)
     rng = np.random.default_rng(3)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
-    x = 2.0 + _normal(rng, 2, 14, 64)
-    w1, b1 = 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
-    w2, b2 = 0.2 * _normal(rng, 32, 64), _normal(rng, 64)
+    x = 2.0 + normal32(rng, 2, 14, 64)
+    w1, b1 = 0.2 * normal32(rng, 64, 96), normal32(rng, 96)
+    w2, b2 = 0.2 * normal32(rng, 32, 64), normal32(rng, 64)
     mean, rstd = x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6)
-    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
-    weights = _normal(rng, 2, 14, 64)
+    gamma, beta = 1.0 + 0.1 * normal32(rng, 64), 0.1 * normal32(rng, 64)
+    weights = normal32(rng, 2, 14, 64)
 
     def loss(function, **options):
         def value(x, w1, b1, w2, b2, mean, rstd, gamma, beta):
@@ -261,9 +257,9 @@ def test_an_out_projection_with_a_residual_and_row_sums_differentiates_through_t
     calls = _weight_gradient_sides(monkeypatch)
     rng = np.random.default_rng(9)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
-    x, residual = _normal(rng, 2, 14, 64), 1.0 + _normal(rng, 2, 14, 64)
-    w, b = 0.2 * _normal(rng, 64, 64), _normal(rng, 64)
-    weights, mean_weights, rstd_weights = _normal(rng, 2, 14, 64), _normal(rng, 2, 14), _normal(rng, 2, 14)
+    x, residual = normal32(rng, 2, 14, 64), 1.0 + normal32(rng, 2, 14, 64)
+    w, b = 0.2 * normal32(rng, 64, 64), normal32(rng, 64)
+    weights, mean_weights, rstd_weights = normal32(rng, 2, 14, 64), normal32(rng, 2, 14), normal32(rng, 2, 14)
 
     def loss(function, **options):
         def value(x, w, b, residual):
@@ -302,10 +298,10 @@ def test_a_gated_out_projection_differentiates_through_the_grouped_kernels(monke
     calls = _weight_gradient_sides(monkeypatch)
     rng = np.random.default_rng(12)
     layout, gelu = ((5, 16), (0, 32), (7, 48), (2, 64)), _kernel_gelu(False) if activation else None
-    x, residual = _normal(rng, 2, 14, 96), 1.0 + _normal(rng, 2, 14, 64)
-    w, b = 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
+    x, residual = normal32(rng, 2, 14, 96), 1.0 + normal32(rng, 2, 14, 64)
+    w, b = 0.2 * normal32(rng, 96, 64), normal32(rng, 64)
     gate, alpha = rng.random((2, 14)).astype("float32"), np.float32(0.7)
-    weights, mean_weights = _normal(rng, 2, 14, 64), _normal(rng, 2, 14)
+    weights, mean_weights = normal32(rng, 2, 14, 64), normal32(rng, 2, 14)
 
     def loss(function, **options):
         def value(x, w, b, residual, gate, alpha):

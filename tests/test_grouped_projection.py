@@ -6,17 +6,13 @@ numpy reference of Eq. 1 and the per-group path."""
 
 import numpy as np
 import pytest
-from conftest import BACKEND, assert_f32_close
+from conftest import BACKEND, assert_f32_close, normal32
 
 import numpy_reference as ref
 
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
 
 SMALL_TILES = (16, 32, 16, 4, 2)  # several row, column and contraction tiles per group at these sizes
-
-
-def _normal(rng, *shape):
-    return rng.normal(size=shape).astype("float32")
 
 
 def _exact_gelu(x):
@@ -36,7 +32,7 @@ def test_the_in_projection_equals_the_numpy_reference_of_eq5(layout):
 
     rng = np.random.default_rng(0)
     tokens = sum(size for size, _ in layout)
-    x, w, b = _normal(rng, 3, tokens, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    x, w, b = normal32(rng, 3, tokens, 64), 0.2 * normal32(rng, 64, 96), normal32(rng, 96)
     out = np.asarray(grouped_projection(x, w, b, layout, "in", activation=_exact_gelu, tiles=SMALL_TILES,
                                         interpret=True))
     widths = np.concatenate([np.full(size, width) for size, width in layout])
@@ -52,8 +48,8 @@ def test_the_layer_norm_prologue_equals_the_numpy_reference(layout):
 
     rng = np.random.default_rng(9)
     tokens = sum(size for size, _ in layout)
-    x, w, b = 3.0 + _normal(rng, 2, tokens, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
-    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    x, w, b = 3.0 + normal32(rng, 2, tokens, 64), 0.2 * normal32(rng, 64, 96), normal32(rng, 96)
+    gamma, beta = 1.0 + 0.1 * normal32(rng, 64), 0.1 * normal32(rng, 64)
     wide = x.astype("float64")
     mean, variance = wide.mean(-1), wide.var(-1)
     rstd = 1.0 / np.sqrt(variance + 1e-6)
@@ -78,8 +74,8 @@ def test_the_out_projection_equals_the_numpy_reference_of_eq7(layout, epilogue):
 
     rng = np.random.default_rng(1)
     tokens = sum(size for size, _ in layout)
-    x, w, b = _normal(rng, 2, tokens, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
-    residual = _normal(rng, 2, tokens, 64) if epilogue != "none" else None
+    x, w, b = normal32(rng, 2, tokens, 96), 0.2 * normal32(rng, 96, 64), normal32(rng, 64)
+    residual = normal32(rng, 2, tokens, 64) if epilogue != "none" else None
     scale = (1.0 + rng.random((2, tokens))).astype("float32") if epilogue == "residual_and_scale" else None
     given = scale
     if epilogue == "residual_and_gate":
@@ -117,8 +113,8 @@ def test_the_out_projection_gives_the_next_layer_norms_statistics_from_its_row_s
 
     rng = np.random.default_rng(11)
     layout = ((5, 16), (0, 32), (7, 40), (4, 64))
-    x, w, b = _normal(rng, 2, 16, 96), 0.2 * _normal(rng, 96, 64), _normal(rng, 64)
-    residual = 1.5 + _normal(rng, 2, 16, 64)  # rows with a mean, as a residual stream has
+    x, w, b = normal32(rng, 2, 16, 96), 0.2 * normal32(rng, 96, 64), normal32(rng, 64)
+    residual = 1.5 + normal32(rng, 2, 16, 64)  # rows with a mean, as a residual stream has
     x, residual = (jnp.asarray(t, dtype) for t in (x, residual))
     scale = (jnp.asarray(rng.random((2, 16)), dtype), np.float32(0.375)) if gated else None
 
@@ -141,7 +137,7 @@ def test_the_out_projection_gives_the_next_layer_norms_statistics_from_its_row_s
     plain_mean, plain_rstd = plain_sums.statistics()
     assert_f32_close(np.asarray(mean), np.asarray(plain_mean), ulps=64)
     assert_f32_close(np.asarray(rstd), np.asarray(plain_rstd), ulps=256)
-    weights = [_normal(rng, 2, 16, 64), _normal(rng, 2, 16), _normal(rng, 2, 16)]
+    weights = [normal32(rng, 2, 16, 64), normal32(rng, 2, 16), normal32(rng, 2, 16)]
 
     def loss(function, **options):
         def value(x, w, b, residual):
@@ -179,8 +175,8 @@ def test_the_in_projection_finishes_the_statistics_from_row_sums():
 
     rng = np.random.default_rng(12)
     layout = ((5, 16), (0, 32), (7, 40), (4, 64))
-    x, w, b = 1.0 + _normal(rng, 2, 16, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
-    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    x, w, b = 1.0 + normal32(rng, 2, 16, 64), 0.2 * normal32(rng, 64, 96), normal32(rng, 96)
+    gamma, beta = 1.0 + 0.1 * normal32(rng, 64), 0.1 * normal32(rng, 64)
     sums = plain_row_sums(x, 4, 1e-6)
     finished = (*sums.statistics(), gamma, beta)
     out = grouped_projection(x, w, b, layout, "in", norm=(sums, gamma, beta), tiles=SMALL_TILES, interpret=True)
@@ -188,7 +184,7 @@ def test_the_in_projection_finishes_the_statistics_from_row_sums():
     assert_f32_close(np.asarray(out), np.asarray(given), ulps=64)
     assert_f32_close(np.asarray(out), np.asarray(plain_grouped_projection(x, w, b, layout, "in",
                                                                         norm=(sums, gamma, beta))), ulps=64)
-    weights = _normal(rng, 2, 16, 96)
+    weights = normal32(rng, 2, 16, 96)
 
     def loss(function, **options):
         def value(x, w, sums_in):
@@ -219,8 +215,8 @@ def test_row_sums_statistics_take_their_gradient_through_the_rows(dtype):
     from keras_mone.kernels.row_sums import RowSums, one_pass, plain_row_sums
 
     rng = np.random.default_rng(21)
-    rows = jnp.asarray(0.5 + _normal(rng, 2, 7, 64), dtype)
-    mean_weights, rstd_weights = _normal(rng, 2, 7), _normal(rng, 2, 7)
+    rows = jnp.asarray(0.5 + normal32(rng, 2, 7, 64), dtype)
+    mean_weights, rstd_weights = normal32(rng, 2, 7), normal32(rng, 2, 7)
 
     def loss(statistics):
         mean, rstd = statistics
@@ -258,7 +254,7 @@ def test_every_tile_setting_equals_the_plain_path(tiles):
 
     rng = np.random.default_rng(2)
     layout = ((37, 16), (21, 32), (6, 64))
-    x, w, b = _normal(rng, 2, 64, 64), 0.2 * _normal(rng, 64, 192), _normal(rng, 192)
+    x, w, b = normal32(rng, 2, 64, 64), 0.2 * normal32(rng, 64, 192), normal32(rng, 192)
     for side in ("in", "out"):
         groups = layout if side == "in" else tuple((s, min(d, 192)) for s, d in layout)
         out = grouped_projection(x, w, b, groups, side, tiles=tiles, interpret=True)
@@ -271,7 +267,7 @@ def test_q_k_and_v_written_apart_equal_the_joint_outputs_thirds():
 
     rng = np.random.default_rng(6)
     layout = ((9, 16), (4, 64))
-    x, w, b = _normal(rng, 2, 13, 64), 0.2 * _normal(rng, 64, 192), _normal(rng, 192)
+    x, w, b = normal32(rng, 2, 13, 64), 0.2 * normal32(rng, 64, 192), normal32(rng, 192)
     joint = np.asarray(grouped_projection(x, w, b, layout, "in", tiles=SMALL_TILES, interpret=True))
     parts = grouped_projection(x, w, b, layout, "in", parts=3, tiles=SMALL_TILES, interpret=True)
     assert len(parts) == 3
@@ -293,7 +289,7 @@ def test_a_block_the_kernels_do_not_fit_keeps_one_gemm_per_group(monkeypatch):
     block = ViTBlock(40, 4, 80, gate="mone", name="odd_block")
     block.build((None, None, 40))
     rng = np.random.default_rng(11)
-    groups = [_normal(rng, 2, n, 40) for n in (4, 3)]
+    groups = [normal32(rng, 2, n, 40) for n in (4, 3)]
     per_group = block(groups, widths=(10, 20))
     launches = []
     original = kernels.grouped_projection
@@ -312,12 +308,12 @@ def test_gradients_equal_the_plain_paths():
 
     rng = np.random.default_rng(3)
     layout = ((5, 16), (7, 48))
-    x, w, b = _normal(rng, 2, 12, 64), 0.2 * _normal(rng, 64, 64), _normal(rng, 64)
-    residual, scale = _normal(rng, 2, 12, 64), (1.0 + rng.random((2, 12))).astype("float32")
+    x, w, b = normal32(rng, 2, 12, 64), 0.2 * normal32(rng, 64, 64), normal32(rng, 64)
+    residual, scale = normal32(rng, 2, 12, 64), (1.0 + rng.random((2, 12))).astype("float32")
 
     mean, rstd = x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6)
-    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
-    w3, b3 = 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    gamma, beta = 1.0 + 0.1 * normal32(rng, 64), 0.1 * normal32(rng, 64)
+    w3, b3 = 0.2 * normal32(rng, 64, 96), normal32(rng, 96)
 
     def loss(function, **options):
         def value(x, w, b, residual, scale, mean, rstd, gamma, beta, w3, b3):
@@ -425,7 +421,7 @@ def test_a_block_through_the_kernels_equals_the_numpy_reference_of_eq1(monkeypat
     for weight in block.weights:  # biases and LayerNorm parameters away from their initial 0 / 1
         weight.assign(np.asarray(weight) + 0.1 * rng.normal(size=weight.shape).astype("float32"))
     sizes, widths = (6, 2, 5, 3), (4, 8, 16, 32)
-    groups = [_normal(rng, 2, n, 32) for n in sizes]
+    groups = [normal32(rng, 2, n, 32) for n in sizes]
     gates = [rng.random((2, n)).astype("float32") for n in sizes] if gated else None
     from keras_mone.kernels import grouped_projection as kernels
 
@@ -511,7 +507,7 @@ def test_a_block_takes_carried_statistics_only_from_the_previous_kernel_blocks_v
 
     first, second = block("first"), block("second")
     others = {"epsilon": block("epsilon", layer_norm_epsilon=1e-3), "dtype": block("dtype", dtype="mixed_bfloat16")}
-    groups, widths = [_normal(rng, 2, 4, 32), _normal(rng, 2, 4, 32)], (8, 16)
+    groups, widths = [normal32(rng, 2, 4, 32), normal32(rng, 2, 4, 32)], (8, 16)
     computed = []
     original = grouped_block.row_statistics
     monkeypatch.setattr(grouped_block, "row_statistics", lambda *a: computed.append(a[0].name) or original(*a))
@@ -561,7 +557,7 @@ def test_a_traced_kernel_block_reads_the_previous_kernel_blocks_joined_outputs(m
     first, second = ViTBlock(32, 4, 64, name="first"), ViTBlock(32, 4, 64, name="second")
     for made in (first, second):
         made.build((None, None, 32))
-    groups, widths = [_normal(rng, 2, 5, 32), _normal(rng, 2, 3, 32)], (8, 16)
+    groups, widths = [normal32(rng, 2, 5, 32), normal32(rng, 2, 3, 32)], (8, 16)
 
     def chained(groups, copy=False):
         outputs = first(groups, widths=widths, training=training)
@@ -598,7 +594,7 @@ def test_a_single_group_blocks_carried_entry_holds_nothing_of_its_outputs(monkey
     first, second = ViTBlock(32, 4, 64, name="first"), ViTBlock(32, 4, 64, name="second")
     for made in (first, second):
         made.build((None, None, 32))
-    x = _normal(rng, 2, 8, 32)
+    x = normal32(rng, 2, 8, 32)
 
     def chained(x, training):
         return second(first(x, widths=(16,), training=training), widths=(16,), training=training)
@@ -627,7 +623,7 @@ def test_training_calls_run_the_kernels_with_their_epilogues_unless_the_block_dr
     from keras_mone.layers.block import ViTBlock
 
     rng = np.random.default_rng(7)
-    groups, gates = [_normal(rng, 2, n, 32) for n in (4, 3)], [rng.random((2, n)).astype("float32") for n in (4, 3)]
+    groups, gates = [normal32(rng, 2, n, 32) for n in (4, 3)], [rng.random((2, n)).astype("float32") for n in (4, 3)]
     launches = []
     original = kernels.grouped_projection
 
@@ -661,7 +657,7 @@ def test_training_calls_run_the_kernels_with_their_epilogues_unless_the_block_dr
         assert len(launches) == 4
 
     # stochastic depth: 8 examples at rate 0.5 (some branch dropped but with odds 2^-16)
-    groups, gates = [_normal(rng, 8, n, 32) for n in (4, 3)], [rng.random((8, n)).astype("float32") for n in (4, 3)]
+    groups, gates = [normal32(rng, 8, n, 32) for n in (4, 3)], [rng.random((8, n)).astype("float32") for n in (4, 3)]
     depth = ViTBlock(32, 4, 64, gate="mone", drop_path_rate=0.5)
     depth.build((None, None, 32))
     state = np.asarray(depth.drop_path.seed_generator.state.value)
@@ -683,7 +679,7 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
     from keras_mone.kernels import grouped_projection as kernels
 
     rng = np.random.default_rng(8)
-    x, w, b = _normal(rng, 2, 12, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    x, w, b = normal32(rng, 2, 12, 64), 0.2 * normal32(rng, 64, 96), normal32(rng, 96)
     layout = ((7, 16), (5, 64))
     default = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
     seen = []
@@ -753,7 +749,7 @@ def test_in_mixed_precision_the_kernels_read_the_float32_weights_and_match_the_p
     block = ViTBlock(32, 4, 64, gate="mone", alpha_init=0.5, dtype="mixed_bfloat16", name="mixed_block")
     block.build((None, None, 32))
     rng = np.random.default_rng(10)
-    groups = [keras.ops.cast(_normal(rng, 2, n, 32), "bfloat16") for n in (6, 5)]
+    groups = [keras.ops.cast(normal32(rng, 2, n, 32), "bfloat16") for n in (6, 5)]
     gates = [rng.random((2, n)).astype("float32") for n in (6, 5)]
     per_group = block(groups, widths=(8, 16), gates=gates)
     flags = [weight._autocast for weight in block.weights]

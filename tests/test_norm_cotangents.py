@@ -7,16 +7,12 @@ the training gradient runs the summing kernel and no other."""
 
 import numpy as np
 import pytest
-from conftest import BACKEND, assert_f32_close
+from conftest import BACKEND, assert_f32_close, normal32
 
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
 
 LAYOUT = ((5, 16), (0, 32), (3, 8), (7, 48), (2, 64))  # an empty group, a width under block_k
 TILES = (16, 16, 16, 4, 2)  # (block_rows, block_cols, block_k, warps, stages): 4 column tiles of D = 64
-
-
-def _normal(rng, *shape):
-    return rng.normal(size=shape).astype("float32")
 
 
 def _rounded(values, dtype):
@@ -46,10 +42,10 @@ def test_the_dx_kernel_sums_the_layernorms_statistics_cotangents(dtype):
     from keras_mone.kernels.grouped_kernel import pallas_projection
 
     rng = np.random.default_rng(31)
-    dy = _rounded(_normal(rng, 2, 17, 96), dtype)
-    w = _rounded(0.2 * _normal(rng, 64, 96), dtype)
-    x = _rounded(2.0 + _normal(rng, 2, 17, 64), dtype)
-    mean, gamma = x.mean(-1) + 0.01, 1.0 + 0.1 * _normal(rng, 64)
+    dy = _rounded(normal32(rng, 2, 17, 96), dtype)
+    w = _rounded(0.2 * normal32(rng, 64, 96), dtype)
+    x = _rounded(2.0 + normal32(rng, 2, 17, 64), dtype)
+    mean, gamma = x.mean(-1) + 0.01, 1.0 + 0.1 * normal32(rng, 64)
     zeros = np.zeros((64,), "float32")
 
     def dx(**more):
@@ -78,7 +74,7 @@ def test_the_norm_sums_refuse_the_forms_they_do_not_serve_and_shape_an_empty_lau
     from keras_mone.kernels.grouped_kernel import pallas_projection
 
     rng = np.random.default_rng(2)
-    dy, w, x = _normal(rng, 2, 17, 96), _normal(rng, 64, 96), _normal(rng, 2, 17, 64)
+    dy, w, x = normal32(rng, 2, 17, 96), normal32(rng, 64, 96), normal32(rng, 2, 17, 64)
     mean, gamma, zeros = x.mean(-1), np.ones((64,), "float32"), np.zeros((64,), "float32")
 
     def launch(side="out", norm_sums=(x, mean, gamma), **more):
@@ -110,11 +106,11 @@ def test_the_cotangents_from_the_row_sums_equal_the_vjp_of_normalized(dtype):
     from keras_mone.kernels.grouped_kernel import normalized
 
     rng = np.random.default_rng(5)
-    x = jnp.asarray(2.0 + _normal(rng, 3, 11, 48), dtype)
+    x = jnp.asarray(2.0 + normal32(rng, 3, 11, 48), dtype)
     wide = np.asarray(x.astype(jnp.float32))
     mean, rstd = wide.mean(-1), 1.0 / np.sqrt(wide.var(-1) + 1e-6)
-    gamma, beta = 1.0 + 0.1 * _normal(rng, 48), 0.1 * _normal(rng, 48)
-    dn = jnp.asarray(_normal(rng, 3, 11, 48), dtype)
+    gamma, beta = 1.0 + 0.1 * normal32(rng, 48), 0.1 * normal32(rng, 48)
+    dn = jnp.asarray(normal32(rng, 3, 11, 48), dtype)
     _, pullback = jax.vjp(normalized, x, mean, rstd, gamma, beta)
     expected = pullback(dn)
     dn64, gamma64 = np.asarray(dn.astype(jnp.float32)).astype("float64"), gamma.astype("float64")
@@ -140,9 +136,9 @@ def test_the_training_gradient_runs_the_summing_dx_kernels():
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     rng = np.random.default_rng(3)
-    x, w, b = 2.0 + _normal(rng, 2, 17, 64), 0.2 * _normal(rng, 64, 96), _normal(rng, 96)
+    x, w, b = 2.0 + normal32(rng, 2, 17, 64), 0.2 * normal32(rng, 64, 96), normal32(rng, 96)
     mean, rstd = x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6)
-    gamma, beta = 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64)
+    gamma, beta = 1.0 + 0.1 * normal32(rng, 64), 0.1 * normal32(rng, 64)
 
     def loss(x, mean, rstd, gamma, beta):
         q, k, v = grouped_projection(x, w, b, LAYOUT, "in", parts=3, norm=(mean, rstd, gamma, beta), tiles=TILES)

@@ -8,16 +8,12 @@ states its work in its name."""
 
 import numpy as np
 import pytest
-from conftest import BACKEND, assert_f32_close
+from conftest import BACKEND, assert_f32_close, normal32
 
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend")
 
 SMALL = (16, 16, 32, 4, 2)  # (block_rows, block_k, block_n, warps, stages): several tiles per axis here
 LAYOUTS = [((5, 16), (0, 32), (7, 40), (4, 64)), ((11, 8),), ((3, 64), (9, 24))]
-
-
-def _normal(rng, *shape):
-    return rng.normal(size=shape).astype("float32")
 
 
 def _numpy_weight_gradient(x, dy, layout, side):
@@ -42,7 +38,7 @@ def test_the_weight_gradient_equals_the_numpy_reference(side, layout, splits):
 
     rng = np.random.default_rng(0)
     tokens = sum(size for size, _ in layout)
-    x, dy = _normal(rng, 3, tokens, 64), _normal(rng, 3, tokens, 64)
+    x, dy = normal32(rng, 3, tokens, 64), normal32(rng, 3, tokens, 64)
     got = np.asarray(grouped_weight_gradient(x, dy, layout, side, tiles=SMALL, splits=splits, interpret=True))
     expected = _numpy_weight_gradient(x, dy, layout, side)
     # float32 sums of <= 3 x 16 products per element: a few ulps of the largest sum
@@ -61,7 +57,7 @@ def test_the_bias_gradient_comes_from_the_weight_gradients_launch(side, layout, 
 
     rng = np.random.default_rng(5)
     tokens = sum(size for size, _ in layout)
-    x, dy = _normal(rng, 3, tokens, 64), 1.0 + _normal(rng, 3, tokens, 64)
+    x, dy = normal32(rng, 3, tokens, 64), 1.0 + normal32(rng, 3, tokens, 64)
     dw, db = grouped_weight_gradient(x, dy, layout, side, tiles=SMALL, splits=splits, interpret=True, bias=True)
     expected, start = np.zeros(64), 0
     for size, width in layout:
@@ -85,7 +81,7 @@ def test_the_weight_gradient_scales_dy_per_row_as_it_loads_it(gated, dtype):
 
     rng = np.random.default_rng(21)
     layout = ((5, 16), (0, 32), (7, 40), (4, 64))
-    x, dy = (jnp.asarray(_normal(rng, 3, 16, 64), dtype) for _ in range(2))
+    x, dy = (jnp.asarray(normal32(rng, 3, 16, 64), dtype) for _ in range(2))
     gate, alpha = rng.random((3, 16)).astype("float32"), np.float32(0.6)
     factor = alpha * gate + 1.0 if gated else gate
     scaled = (dy.astype(jnp.float32) * factor[..., None]).astype(dtype)
@@ -113,8 +109,8 @@ def test_the_weight_gradient_normalises_its_rows_with_the_layernorms_prologue():
 
     rng = np.random.default_rng(10)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
-    x, dy = 2.0 + _normal(rng, 3, 14, 64), _normal(rng, 3, 14, 96)
-    norm = (x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6), 1.0 + 0.1 * _normal(rng, 64), 0.1 * _normal(rng, 64))
+    x, dy = 2.0 + normal32(rng, 3, 14, 64), normal32(rng, 3, 14, 96)
+    norm = (x.mean(-1), 1.0 / np.sqrt(x.var(-1) + 1e-6), 1.0 + 0.1 * normal32(rng, 64), 0.1 * normal32(rng, 64))
     for dtype, splits in (("float32", 1), ("float32", 3), ("bfloat16", 2)):
         rows, upstream = jnp.asarray(x, dtype), jnp.asarray(dy, dtype)
         got = grouped_weight_gradient(rows, upstream, layout, "in", tiles=SMALL, splits=splits, interpret=True,
@@ -140,7 +136,7 @@ def test_the_weight_gradient_reads_dy_in_parts():
 
     rng = np.random.default_rng(7)
     layout = ((5, 16), (0, 32), (7, 48), (2, 64))
-    x, parts = _normal(rng, 2, 14, 64), tuple(_normal(rng, 2, 14, 32) for _ in range(3))
+    x, parts = normal32(rng, 2, 14, 64), tuple(normal32(rng, 2, 14, 32) for _ in range(3))
     joined = np.concatenate(parts, axis=-1)
     for side in ("in", "out"):
         got = grouped_weight_gradient(x, parts, layout, side, tiles=SMALL, splits=2, interpret=True, bias=True)
@@ -161,7 +157,7 @@ def test_every_tile_setting_and_the_default_split_equal_the_plain_path(tiles):
 
     rng = np.random.default_rng(1)
     layout = ((21, 16), (13, 32), (6, 64))
-    x, dy = _normal(rng, 2, 40, 64), _normal(rng, 2, 40, 128)
+    x, dy = normal32(rng, 2, 40, 64), normal32(rng, 2, 40, 128)
     for side in ("in", "out"):
         expected = np.asarray(plain_weight_gradient(x, dy, layout, side))
         assert_f32_close(np.asarray(grouped_weight_gradient(x, dy, layout, side, tiles=tiles, interpret=True)),
@@ -189,7 +185,7 @@ def test_weight_gradient_tiles_from_the_environment_reach_the_kernel(monkeypatch
     monkeypatch.setattr(grouped_gradients, "_weight_gradient", lambda *a: seen.append(a[6]) or original(*a))
     rng = np.random.default_rng(9)
     layout = ((5, 16), (7, 48), (2, 64))
-    x, parts = _normal(rng, 2, 14, 64), tuple(_normal(rng, 2, 14, 32) for _ in range(3))
+    x, parts = normal32(rng, 2, 14, 64), tuple(normal32(rng, 2, 14, 32) for _ in range(3))
     expected = grouped_gradients.grouped_weight_gradient(x, parts, layout, "in", interpret=True)
     monkeypatch.setenv(grouped_gradients.WEIGHT_TILES_ENV, "64x32=16,16,16,4,2;64x96=16,32,32,4,1")
     got = grouped_gradients.grouped_weight_gradient(x, parts, layout, "in", interpret=True)
@@ -222,7 +218,7 @@ def test_the_weight_gradient_screen_runs_and_names_the_winners_as_the_variable_r
     assert sorted(entry.split("=")[0] for entry in value.split(";")) == ["32x32", "32x64", "32x96", "64x32"]
     monkeypatch.setenv(grouped_gradients.WEIGHT_TILES_ENV, value)
     rng = np.random.default_rng(11)
-    x, parts = _normal(rng, 2, 11, 32), tuple(_normal(rng, 2, 11, 32) for _ in range(3))
+    x, parts = normal32(rng, 2, 11, 32), tuple(normal32(rng, 2, 11, 32) for _ in range(3))
     grouped_gradients.grouped_weight_gradient(x, parts, ((5, 4), (6, 32)), "in", interpret=True)  # reads it
 
 
