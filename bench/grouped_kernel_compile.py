@@ -63,9 +63,9 @@ def variant_tiles(side, factor, options, dim, dtype):
     return default_tiles(contraction, columns, dtype)
 
 
-def dx_ir(gated, dim, batch, dtype):
-    """The Triton IR of fc2's dX kernel: ``d pre = gelu'(pre) * (d out W^T)``, ``gated``: times
-    ``alpha g + 1`` per row, and the gate's gradient per column tile (``products``)."""
+def dx_ir(gated, dim, batch, dtype, tiles):
+    """The Triton IR of fc2's dX kernel at ``tiles``: ``d pre = gelu'(pre) * (d out W^T)``, ``gated``:
+    times ``alpha g + 1`` per row, and the gate's gradient per column tile (``products``)."""
     tokens, f32 = sum(size for size, _ in GROUPS), jnp.float32
     shapes = [((batch, tokens, dim), dtype), ((4 * dim, dim), f32), ((batch, tokens, 4 * dim), dtype),
               ((batch, tokens), dtype), ((dim,), f32)]
@@ -73,14 +73,14 @@ def dx_ir(gated, dim, batch, dtype):
     def dx(dy, w, pre, gate, out_bias):
         scale = (gate, jnp.float32(0.5)) if gated else None
         return pallas_projection(dy, w, jnp.zeros((4 * dim,), f32), None, scale, None, GROUPS, "in", None, 1,
-                                 dx_tiles(dim, 4 * dim, dtype, True, gated), "default", False, transposed=True,
+                                 tiles, "default", False, transposed=True,
                                  derivative=(_kernel_gelu(False), pre), products=out_bias if gated else None)
 
     return pallas_triton_ir(dx, *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
 
 
-def norm_dx_ir(factor, parts, dim, batch, dtype):
-    """The Triton IR of an in-projection's dX kernel (``W^T`` of a ``(D, factor D)`` weight) that
+def norm_dx_ir(factor, parts, dim, batch, dtype, tiles):
+    """The Triton IR of an in-projection's dX kernel at ``tiles`` (``W^T`` of a ``(D, factor D)`` weight) that
     also sums its LayerNorm's statistics' cotangents (``norm_sums``), its cotangent in ``parts``."""
     tokens, f32 = sum(size for size, _ in GROUPS), jnp.float32
     shapes = [((batch, tokens, factor * dim // parts), dtype)] * parts + [
@@ -89,19 +89,20 @@ def norm_dx_ir(factor, parts, dim, batch, dtype):
     def dx(*operands):
         dy, (w, x, mean, gamma) = operands[:parts], operands[parts:]
         return pallas_projection(dy if parts > 1 else dy[0], w, jnp.zeros((dim,), f32), None, None, None, GROUPS,
-                                 "out", None, 1, dx_tiles(factor * dim, dim, dtype, False, False), "default", False,
-                                 transposed=True, norm_sums=(x, mean, gamma))
+                                 "out", None, 1, tiles, "default", False, transposed=True,
+                                 norm_sums=(x, mean, gamma))
 
     return pallas_triton_ir(dx, *[jax.ShapeDtypeStruct(shape, kind) for shape, kind in shapes])
 
 
-def variant_ir(side, factor, options, dim, batch, dtype):
-    """The Triton IR of one variant's kernel."""
+def variant_ir(side, factor, options, dim, batch, dtype, tiles):
+    """The Triton IR of one variant's kernel (the dX kernels at ``tiles``; the others pick their
+    default tiles themselves, as ``grouped_projection`` does)."""
     options = dict(options)
     if options.pop("dx", False):
-        return dx_ir(options.pop("gate", False), dim, batch, dtype)
+        return dx_ir(options.pop("gate", False), dim, batch, dtype, tiles)
     if options.get("norm_dx"):
-        return norm_dx_ir(factor, options["norm_dx"], dim, batch, dtype)
+        return norm_dx_ir(factor, options["norm_dx"], dim, batch, dtype, tiles)
     contraction, columns = (dim, factor * dim) if side == "in" else (factor * dim, dim)
     tokens = sum(size for size, _ in GROUPS)
     f32 = jnp.float32
@@ -150,7 +151,7 @@ def main(argv=None):
     for dtype in args.dtypes.split(","):
         for label, side, factor, options in (v for v in VARIANTS if args.only in v[0]):
             tiles = variant_tiles(side, factor, options, args.dim, dtype)
-            stats = compile_stats(variant_ir(side, factor, options, args.dim, args.batch_size, jnp.dtype(dtype)),
+            stats = compile_stats(variant_ir(side, factor, options, args.dim, args.batch_size, jnp.dtype(dtype), tiles),
                                   tiles[3], tiles[4])
             print(f"| {label} | {dtype} | {tiles} | {stats['registers']} | {stats['spill_bytes']} | "
                   f"{stats['loop_spills']} | {stats['shared_bytes'] / 1e3:.1f} | {stats['mma']} |", flush=True)
