@@ -47,9 +47,8 @@ from keras_mone.layers.mlp import NestedMLP
 from keras_mone.layers.nested_dense import pad_features
 from keras_mone.layers.packed_kernels import kernel_halves, kernels_apply
 from keras_mone.layers.platform_forms import accelerator, fused_attention, layout_form, mlp_form
-from keras_mone.layers.torch_eager import (
-    direct_cast, direct_layer_norm, eager, eager_without_grad, torch_hooks,
-)
+from keras_mone.layers.torch_eager import direct_cast, direct_layer_norm, eager, eager_without_grad, torch_hooks
+from keras_mone.routing.token_major import cut_groups, tagged_whole
 
 
 def packable(block, groups, gates, training=None, return_received_attention=False):
@@ -94,6 +93,8 @@ def packed_block(block, groups, widths, gates, training=None, gate_forms=None):
         update = _mlp(block.mlp, direct_layer_norm(block.norm2, z), spans, widths, training)
         outputs = z + (update if gate_rows is None else block._gate.scale_mlp(update, gate_rows, block.alpha))
     outputs = outputs.reshape(sum(sizes), -1, block.hidden_dim)
+    if _torch():  # views the next packed block takes back whole (``token_major``)
+        return cut_groups(outputs, sizes)
     return [_swap_first_two(outputs[start:stop]) for start, stop in _spans(sizes)]
 
 
@@ -113,30 +114,14 @@ def shared_gate_form(gate_forms, key, make, source):
 def token_major(groups):
     """``(batch, k_j, ...)`` groups as one ``(sum k_j * batch, ...)`` tensor, row ``n * batch + b``.
 
-    Groups that are consecutive token-major views covering all of one tensor (a
-    packed block's outputs, or the router's token-major gather when it drops no
-    token) are that tensor, reshaped: no copy. Elsewhere, and under
-    ``torch.inference_mode`` (whose views keep no ``_base``), one concatenation.
+    Groups cut from one token-major tensor (``routing.token_major.cut_groups``: a packed
+    block's outputs, the router's token-major gather) are that tensor's rows, reshaped: no
+    copy, eager or under ``torch.compile``. Elsewhere one concatenation.
     """
-    views = [_swap_first_two(g) for g in groups]
-    packed = _viewed_whole(views) if _torch() and eager() else None
+    packed = tagged_whole(groups) if _torch() else None
     if packed is None:
-        packed = _stack(views)
-    return packed.reshape((-1,) + tuple(views[0].shape[2:]))
-
-
-def _viewed_whole(views):
-    """The contiguous tensor that ``views`` cut, in order, into consecutive contiguous
-    spans covering all of it, or ``None``."""
-    whole = views[0] if len(views) == 1 else views[0]._base
-    if whole is None or not whole.is_contiguous():
-        return None
-    address = whole.data_ptr()
-    for view in views:
-        if not view.is_contiguous() or view.data_ptr() != address or (len(views) > 1 and view._base is not whole):
-            return None
-        address += view.numel() * view.element_size()
-    return whole if address == whole.data_ptr() + whole.numel() * whole.element_size() else None
+        packed = _stack([_swap_first_two(g) for g in groups])
+    return packed.reshape((-1,) + tuple(groups[0].shape[2:]))
 
 
 def fuse_groups(x):

@@ -24,6 +24,7 @@ from keras import ops
 
 from keras_mone.routing.epr import gather_token_major, gather_tokens, select_top_k
 from keras_mone.routing.token_groups import TokenGroups
+from keras_mone.routing.token_major import cut_groups
 
 
 class TokenRouting:
@@ -190,15 +191,16 @@ class NestedExperts(TokenRouting):
         """The groups (and gates) as slices of one gather of all tokens in ``order``:
         two gathers instead of two per expert (torch, where each op costs host time).
         The gather is token-major (``gather_token_major``), the layout the packed
-        blocks run in: when no token is dropped, the first block packs the groups
-        without a copy (``layers.packed_block.token_major``)."""
+        blocks run in: the first block packs the groups, its first rows, without a
+        copy (``routing.token_major``, ``layers.packed_block.token_major``)."""
         tokens = gather_token_major(current, order)
         gates = gather_token_major(probs, order) if self.gated else None
+        groups = cut_groups(tokens, [indices.shape[1] for _, indices in kept])
         start = 0
-        for expert, indices in kept:
+        for (expert, indices), group in zip(kept, groups):
             stop = start + indices.shape[1]
             gate = None if gates is None else gates[start:stop, :, expert].transpose(0, 1)
-            new.add_group(tokens[start:stop].transpose(0, 1), self.expert_widths[expert], expert, gate)
+            new.add_group(group, self.expert_widths[expert], expert, gate)
             start = stop
         if start < order.shape[1]:
             new.passed = tokens[start:].transpose(0, 1)
