@@ -81,8 +81,8 @@ def kernel_halves(block, rows, spans, widths, tokens, gate_rows=None):
 
     dim, heads = block.hidden_dim, attention.num_heads
     # partials at inference (with autograd the op's would be torch's ops, a pass of their own); from one block
-    # to the next only eagerly (the carry reads tensor identities, which torch.compile's tracing does not keep)
-    # and outside inference_mode (whose tensors keep no version counter, and whose views the next block joins anew)
+    # to the next only eagerly (the carry checks the rows' storage and version counter, neither of which
+    # torch.compile's tracing reads) and outside inference_mode (whose tensors keep no version counter)
     carry = not torch.is_grad_enabled() and statistics_form() != "kernel"
     between_blocks = carry and not torch.compiler.is_compiling() and not torch.is_inference_mode_enabled()
     # float32 at torch's "highest" precision (no tensor cores): fc1 from partials spills in its loop on sm_90
