@@ -66,6 +66,7 @@
 #                    first (bench/weight_gradient_tiles.py, bf16, batch 128); its winners become
 #                    KERAS_MONE_WEIGHT_GRADIENT_TILES for forms_vit_train_grouped
 #  forms_vit_train_grouped  the same, present against grouped_kernel (its backward passes grouped kernels too)
+#                    and grouped_kernel_all (the dense model's training step through them too)
 #  forms_vit_bf16_triton_gemm   batch 256 with XLA_FLAGS=--xla_gpu_triton_gemm_any=true
 #  forms_vit_bf16_tanh  batch 256, both models with the tanh GELU of the AugReg presets (--gelu-approximate)
 #  forms_vit_bf16_tanh_cublaslt  the same with every GEMM cuBLAS's and cuBLASLt on
@@ -80,8 +81,9 @@
 #                    Pallas launch per projection over all token groups) timed against XLA's per-group
 #                    GEMMs, each one's output checked first (bench/grouped_tiles.py, bf16); its winners
 #                    become KERAS_MONE_PROJECTION_TILES for forms_vit_grouped
-#  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel
-#                    and grouped_kernel+kernel_statistics (kernels.row_statistics), timm peer, profile
+#  forms_vit_grouped      ViT-B/16 e_c 0.3, mixed_bfloat16, batch 64 and 256: present against grouped_kernel,
+#                    grouped_kernel_all (the dense model through the same kernels) and
+#                    grouped_kernel+kernel_statistics (kernels.row_statistics), timm peer, profile
 #  attention_tiles   the flash-attention kernel's tiles (kernels.flash_attention) timed against XLA's
 #                    attention in float32, each one's output checked first (bench/attention_tiles.py);
 #                    its winners become KERAS_MONE_ATTENTION_TILES for the float32 *_grouped sweeps
@@ -284,10 +286,10 @@ script_run weight_gradient_tiles "best|no tile setting|KERAS_MONE_WEIGHT_GRADIEN
     env KERAS_BACKEND=jax "$PYTHON" "$ROOT/bench/weight_gradient_tiles.py" ${WEIGHT_TILES_ARGS:---budget 80}
 weight_tiles=$(grep -o 'KERAS_MONE_WEIGHT_GRADIENT_TILES="[^"]*"' "$OUT_DIR/weight_gradient_tiles.md" 2>/dev/null \
     | cut -d'"' -f2)
-TIMEOUT_forms_vit_train_grouped="${TIMEOUT_forms_vit_train_grouped:-240}"
+TIMEOUT_forms_vit_train_grouped="${TIMEOUT_forms_vit_train_grouped:-300}"
 KERAS_MONE_WEIGHT_GRADIENT_TILES="${KERAS_MONE_WEIGHT_GRADIENT_TILES:-$weight_tiles}" \
     forms forms_vit_train_grouped --batch-sizes "" --train-batch 128 \
-    --train-forms "${FORMS_TRAIN_GROUPED:-present,grouped_kernel}"
+    --train-forms "${FORMS_TRAIN_GROUPED:-present,grouped_kernel,grouped_kernel_all}"
 # XLA's Triton GEMMs for every dot (they can take elementwise prologues such as the GELU)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_triton_gemm_any=true" forms forms_vit_bf16_triton_gemm --batch-sizes 256 \
     --forms "${FORMS_TRITON:-present}"
@@ -361,9 +363,9 @@ script_run grouped_tiles "best|no tile setting|KERAS_MONE_PROJECTION_TILES" \
 # (the screen runs in bf16: its winners go to the bf16 sweep only, as a tile that fits shared memory with
 # bf16 rows may not with float32 ones; the float32 sweeps take the defaults or a variable set beforehand)
 grouped_tiles=$(grep -o 'KERAS_MONE_PROJECTION_TILES="[^"]*"' "$OUT_DIR/grouped_tiles.md" 2>/dev/null | cut -d'"' -f2)
-TIMEOUT_forms_vit_grouped="${TIMEOUT_forms_vit_grouped:-200}"
+TIMEOUT_forms_vit_grouped="${TIMEOUT_forms_vit_grouped:-260}"
 KERAS_MONE_PROJECTION_TILES="${KERAS_MONE_PROJECTION_TILES:-$grouped_tiles}" \
-    forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel,grouped_kernel+kernel_statistics}" \
+    forms forms_vit_grouped --batch-sizes 64,256 --forms "${FORMS_GROUPED:-present,grouped_kernel,grouped_kernel_all,grouped_kernel+kernel_statistics}" \
     --profile --timm
 # in float32 also with attention as one Pallas kernel (KERAS_MONE_ATTENTION=flash: cuDNN takes no float32,
 # and XLA's attention writes and rereads the scores; compiled without a card, the bound of ViViT at batch 1
@@ -378,14 +380,15 @@ attention_tiles=$(grep -o 'KERAS_MONE_ATTENTION_TILES="[^"]*"' "$OUT_DIR/attenti
 export KERAS_MONE_ATTENTION_TILES="${KERAS_MONE_ATTENTION_TILES:-$attention_tiles}"
 # (kernel_statistics: each LayerNorm's mean and rstd by one Pallas kernel, kernels.row_statistics, not a
 # reduction and an rsqrt pass of XLA's: ViViT at batch 1 compiled for an H200, 175 kernels against 199)
-TIMEOUT_forms_vivit_b1_grouped="${TIMEOUT_forms_vivit_b1_grouped:-200}"
-TIMEOUT_forms_vivit_b8_grouped="${TIMEOUT_forms_vivit_b8_grouped:-200}"
+TIMEOUT_forms_vit_f32_grouped="${TIMEOUT_forms_vit_f32_grouped:-200}"
+TIMEOUT_forms_vivit_b1_grouped="${TIMEOUT_forms_vivit_b1_grouped:-240}"
+TIMEOUT_forms_vivit_b8_grouped="${TIMEOUT_forms_vivit_b8_grouped:-240}"
 forms forms_vit_f32_grouped --batch-sizes 64 --precision float32 \
-    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel+flash_attention+kernel_statistics}"
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel_all+flash_attention,grouped_kernel+flash_attention+kernel_statistics}"
 forms forms_vivit_b1_grouped --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
-    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel+flash_attention+kernel_statistics}" --profile
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel_all+flash_attention,grouped_kernel+flash_attention+kernel_statistics}" --profile
 forms forms_vivit_b8_grouped --family vivit --capacity 0.3 --batch-sizes 8 --precision float32 \
-    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel+flash_attention+kernel_statistics}"
+    --forms "${FORMS_GROUPED_F32:-present,grouped_kernel,grouped_kernel+flash_attention,grouped_kernel_all+flash_attention,grouped_kernel+flash_attention+kernel_statistics}"
 forms forms_vivit_b1 --family vivit --capacity 0.4 --batch-sizes 1 --precision float32 \
     --forms "${FORMS_VIVIT:-present,keras_statistics}" --profile
 # MoNE Table 1's setting: float32 on a V100, which has no TF32 (matmuls at jax's "highest" precision)

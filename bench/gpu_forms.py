@@ -101,6 +101,7 @@ SWITCHES = {
     "fused_residuals": {platform_forms.RESIDUALS_ENV: "fused"},
     "half_block_residuals": {platform_forms.RESIDUALS_ENV: "half_block"},
     "grouped_kernel": {platform_forms.PROJECTIONS_ENV: "grouped_kernel"},
+    "grouped_kernel_all": {platform_forms.PROJECTIONS_ENV: "grouped_kernel_all"},
     "flash_attention": {platform_forms.ATTENTION_ENV: "flash"},
 }
 DENSE_SWITCHES = (platform_forms.ATTENTION_ENV, platform_forms.GELU_ENV, platform_forms.PATCHES_ENV,
@@ -160,9 +161,13 @@ def interleaved_ms(steps, repeats):
 
 
 def _dense_key(form):
-    """The dense model ignores the MoNE-only switches: one dense program per setting of the others."""
+    """The dense model ignores the MoNE-only switches: one dense program per setting of the others
+    (and of the projections where ``grouped_kernel_all`` runs its full-width blocks through the kernels)."""
     settings = form_settings(form)
-    return "+".join(f"{name.split('_')[-1].lower()}={settings[name]}" for name in DENSE_SWITCHES if name in settings)
+    key = [f"{name.split('_')[-1].lower()}={settings[name]}" for name in DENSE_SWITCHES if name in settings]
+    if settings.get(platform_forms.PROJECTIONS_ENV) == "grouped_kernel_all":
+        key.append("projections=grouped_kernel_all")
+    return "+".join(key)
 
 
 def _names(text):
@@ -203,15 +208,15 @@ def _random_heads(models, seed):
                 weight.assign((0.02 * rng.standard_normal(weight.shape)).astype(weight.dtype))
 
 
-def _compare_logits(logits, first, form, first_form, batch_size, notes):
-    """Notes how far MoNE's logits in ``form`` lie from those of the batch's first form (every
+def _compare_logits(logits, first, form, first_form, batch_size, notes, model="MoNE"):
+    """Notes how far ``model``'s logits in ``form`` lie from those of the batch's first form (every
     form computes the same function: a kernel that a card miscompiles shows here); returns the
     first form's logits."""
     logits = np.asarray(logits, np.float32)
     if first is None:
         return logits
     error = float(np.abs(logits - first).max() / max(1.0, float(np.abs(first).max())))
-    notes.append(f"forward, batch {batch_size}, {form}: MoNE's logits within {error:.1e} of {first_form}'s "
+    notes.append(f"forward, batch {batch_size}, {form}: {model}'s logits within {error:.1e} of {first_form}'s "
                  "(largest difference over max(1, largest logit))")
     return first
 
@@ -263,13 +268,17 @@ def _run_forms(args):
     for batch_size in batch_sizes:
         images, labels = _batch(dense.backbone, dense.num_classes, batch_size, args.seed)
         x, _ = device_batch(images, labels)
-        dense_steps, first_logits = {}, None
+        dense_steps, first_logits, dense_logits = {}, None, {}
         for form in forms:
             timed = timed_pair("forward", batch_size, form, lambda model: forward_step(model, x), models,
                                dense_steps, args, notes, log)
             if timed is not None:
                 rows.append(timed[0])
                 first_logits = _compare_logits(timed[2](), first_logits, form, forms[0], batch_size, notes)
+                if _dense_key(form) not in dense_logits:  # a dense program of its own (grouped_kernel_all)
+                    first = next(iter(dense_logits.values()), (form, None))
+                    dense_logits[_dense_key(form)] = (first[0], _compare_logits(
+                        timed[1](), first[1], form, first[0], batch_size, notes, "dense"))
                 if args.profile and batch_size == batch_sizes[-1]:
                     dense_label = f"dense {_dense_key(form) or 'default'}"
                     profile_pair([(dense_label, timed[1]), (f"MoNE {form}", timed[2])], args, profiles, notes, log)

@@ -167,7 +167,7 @@ def test_a_mone_training_step_breaks_the_graph_only_where_the_dense_one_does():
     ("NORMS_ENV", "norms_form", "grouped", r"\['grouped', 'joint'\]"),
     ("STATISTICS_ENV", "statistics_form", "keras", r"\['keras', 'one_pass', 'fused', 'kernel'\]"),
     ("RESIDUALS_ENV", "residuals_form", "block", r"\['fused', 'block', 'half_block'\]"),
-    ("PROJECTIONS_ENV", "projections_form", "per_group", r"\['per_group', 'grouped_kernel'\]"),
+    ("PROJECTIONS_ENV", "projections_form", "per_group", r"\['per_group', 'grouped_kernel', 'grouped_kernel_all'\]"),
 ])
 def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch, variable, form, cpu_default, listed):
     name = getattr(platform_forms, variable)
@@ -178,15 +178,16 @@ def test_the_cpu_keeps_its_forms_and_a_bad_value_names_the_variable(monkeypatch,
         getattr(platform_forms, form)()
 
 
-def _outputs_and_gradients_by_form(monkeypatch, model, switch, training=True):
+def _outputs_and_gradients_by_form(monkeypatch, model, switch, training=True, forms=None):
     """``{form: (outputs, gradients)}`` of ``model`` (built here, random weights) on
-    ``images()`` under each form of ``platform_forms.<switch>_ENV``: the gradients of the
-    mean squared output with respect to every trainable weight (of a call with ``training``)."""
+    ``images()`` under each form of ``platform_forms.<switch>_ENV`` (or of ``forms``): the
+    gradients of the mean squared output with respect to every trainable weight (of a call
+    with ``training``)."""
     model.build((None, 32, 32, 3))
     randomize_weights(model, seed=4)
     x = images()
     results = {}
-    for form in getattr(platform_forms, f"{switch}_FORMS"):
+    for form in forms or getattr(platform_forms, f"{switch}_FORMS"):
         monkeypatch.setenv(getattr(platform_forms, f"{switch}_ENV"), form)
         grads = gradients(model, lambda out: keras.ops.mean(out * out), x, model.trainable_variables,
                           training=training)
@@ -286,14 +287,38 @@ def test_one_kernel_per_nested_projection_equals_one_gemm_per_group(monkeypatch,
         randomize_weights(model, seed=4)
         x = videos()
         results = {}
-        for form in platform_forms.PROJECTIONS_FORMS:
+        for form in ("per_group", "grouped_kernel"):
             monkeypatch.setenv(platform_forms.PROJECTIONS_ENV, form)
             results[form] = to_numpy(model(x)), gradients(model, lambda out: keras.ops.mean(out * out), x,
                                                           model.trainable_variables, training=False)
     else:
-        results = _outputs_and_gradients_by_form(monkeypatch, model, "PROJECTIONS", training=False)
+        results = _outputs_and_gradients_by_form(monkeypatch, model, "PROJECTIONS", training=False,
+                                                 forms=("per_group", "grouped_kernel"))
     assert not np.array_equal(results["grouped_kernel"][0], results["per_group"][0])  # (the kernels ran)
     _assert_forms_agree(results, "grouped_kernel", "per_group")
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="a Pallas (jax) or Triton (torch) kernel: the test above")
+@pytest.mark.parametrize("training", [False, True])
+def test_a_dense_vit_takes_the_kernels_only_under_grouped_kernel_all(monkeypatch, training):
+    """``$KERAS_MONE_PROJECTIONS=grouped_kernel_all``: a dense ViT's full-width blocks run
+    through the grouped kernels (jax: ``layers.grouped_block``, whose training calls take the
+    backward kernels; torch: ``layers.packed_kernels``), the dense model in MoNE's fused form,
+    with outputs and gradients within float32 rounding of the blocks' own GEMMs;
+    ``grouped_kernel`` leaves them to those GEMMs."""
+    from keras_mone.layers import block as block_module
+    from keras_mone.layers import packed_block
+
+    if BACKEND == "torch":
+        pytest.importorskip("triton")
+    module, name = (packed_block, "kernel_halves") if BACKEND == "torch" else (block_module, "kernel_block")
+    kernel, forms = getattr(module, name), []
+    monkeypatch.setattr(module, name, lambda *a, **k: forms.append(platform_forms.projections_form()) or kernel(*a, **k))
+    results = _outputs_and_gradients_by_form(monkeypatch, models.ViTBackbone(**TINY, use_class_token=True),
+                                             "PROJECTIONS", training=training)
+    assert set(forms) == {"grouped_kernel_all"} and len(forms) >= 2 * TINY["depth"]  # each block, twice
+    assert np.array_equal(results["grouped_kernel"][0], results["per_group"][0])
+    _assert_forms_agree(results, "grouped_kernel_all", "per_group")
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="a Pallas kernel: the jax backend (the others: the form test above)")

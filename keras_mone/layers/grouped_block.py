@@ -24,8 +24,8 @@ The outputs are the groups again, cut from one tensor; a next kernel block given
 groups reads that tensor again (under a trace), so no split and join of the stream or of its
 cotangent runs between kernel blocks. Blocks the kernels do not cover take
 the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
-without biases, the "score" gate, attention weights asked for, groups all at full width,
-widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), models under a
+without biases, the "score" gate, attention weights asked for, groups all at full width
+(but under ``grouped_kernel_all``: a dense ViT's blocks in MoNE's fused form), widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), models under a
 Keras distribution, and training calls of blocks with dropout.
 
 Training calls (``training=True``, without dropout): fc1's epilogue writes its pre-activations
@@ -50,16 +50,16 @@ from keras_mone.layers.attention import MoNEAttention, multi_head_attention
 from keras_mone.layers.layer_norm import normalize, prologue_applies, row_statistics
 from keras_mone.layers.mlp import NestedMLP, _kernel_gelu
 from keras_mone.layers.platform_forms import (
-    accelerator, attention_form, fused_attention, projections_form, statistics_form,
+    accelerator, attention_form, fused_attention, kernel_covers, statistics_form,
 )
 from keras_mone.layers.stored_weights import stored
 
 
 def kernel_block_applies(block, groups, widths, gates, training=None, return_received_attention=False):
     """Whether ``block`` runs ``groups`` through ``kernel_block`` (see the module docstring)."""
-    if return_received_attention or keras.backend.backend() != "jax" or projections_form() != "grouped_kernel":
+    if return_received_attention or keras.backend.backend() != "jax":
         return False  # (torch's grouped kernel is its packed blocks': ``layers.packed_kernels``)
-    if all(width == block.hidden_dim for width in widths):  # nothing nested: the dense block's GEMMs
+    if not kernel_covers(widths, block.hidden_dim):  # per_group, or nothing nested: the block's GEMMs
         return False
     if type(block.attention) is not MoNEAttention or type(block.mlp) is not NestedMLP:
         return False

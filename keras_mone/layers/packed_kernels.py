@@ -27,7 +27,7 @@ the rows' dtype as it loads it, the values Keras' autocast would give, without a
 every weight per call. Attention is torch's.
 
 Blocks the kernel does not cover keep the per-group path: all groups at full width (dense's
-GEMMs), ``D`` or ``mlp_dim`` not a multiple of 16, rows that are not float16, bfloat16 or
+GEMMs; but under ``grouped_kernel_all``), ``D`` or ``mlp_dim`` not a multiple of 16, rows that are not float16, bfloat16 or
 float32, torch's autocast, TorchScript tracing and ``torch.func`` transforms
 (``torch_eager.eager``). Gradients are the per-group path's, recomputed (the kernel's custom op). Not timed on a card.
 """
@@ -37,7 +37,7 @@ import weakref
 import keras
 
 from keras_mone.kernels.triton_build import exact_float32
-from keras_mone.layers.platform_forms import fused_attention, projections_form, statistics_form
+from keras_mone.layers.platform_forms import fused_attention, kernel_covers, statistics_form
 from keras_mone.layers.stored_weights import stored
 from keras_mone.layers.torch_eager import direct_layer_norm, eager, plain_layer_norm
 
@@ -45,10 +45,8 @@ from keras_mone.layers.torch_eager import direct_layer_norm, eager, plain_layer_
 def kernels_apply(block, rows, widths):
     """Whether the packed ``block`` runs token ``rows`` (``(tokens * batch, D)``) at ``widths``
     through ``kernel_halves`` (see the module docstring)."""
-    if keras.backend.backend() != "torch" or projections_form() != "grouped_kernel":
-        return False
-    if all(width == block.hidden_dim for width in widths):  # nothing nested: the dense block's GEMMs
-        return False
+    if keras.backend.backend() != "torch" or not kernel_covers(widths, block.hidden_dim):
+        return False  # per_group, or nothing nested under grouped_kernel: the block's GEMMs
     import torch
 
     from keras_mone.kernels.triton_grouped_projection import shape_fits

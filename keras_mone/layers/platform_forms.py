@@ -25,7 +25,8 @@ the one whose compiled programs move the fewest bytes:
 * ``$KERAS_MONE_MLP`` (``mlp_form``): XLA's MLP, or a Pallas kernel per nested group's MLP
   half or MLP (opt-in);
 * ``$KERAS_MONE_PROJECTIONS`` (``projections_form``): a block's nested projections as one
-  GEMM per token group, or one kernel over all groups (opt-in; Pallas on jax, Triton on torch).
+  GEMM per token group, or one kernel over all groups (opt-in; Pallas on jax, Triton on torch),
+  also in full-width blocks (``grouped_kernel_all``: a dense ViT in MoNE's fused form).
 
 ``compiling_for("gpu")`` makes a trace take another platform's forms, for a program
 compiled here for a device this machine lacks (``bench.gpu_program``).
@@ -33,6 +34,7 @@ compiled here for a device this machine lacks (``bench.gpu_program``).
 
 import contextlib
 import functools
+import importlib
 import os
 import warnings
 
@@ -57,7 +59,7 @@ LAYOUT_FORMS = ("grouped", "packed")
 RESIDUALS_ENV = "KERAS_MONE_RESIDUALS"
 RESIDUALS_FORMS = ("fused", "block", "half_block")
 PROJECTIONS_ENV = "KERAS_MONE_PROJECTIONS"
-PROJECTIONS_FORMS = ("per_group", "grouped_kernel")
+PROJECTIONS_FORMS = ("per_group", "grouped_kernel", "grouped_kernel_all")
 
 
 _TARGET = []
@@ -148,59 +150,37 @@ def mlp_form():
     A forward form: the kernels' backward passes recompute the plain path, which
     puts the training step's roofline bound under the plain program's (BENCHMARKS.md, "The
     fused kernels' products counted")."""
-    chosen = _env_form(MLP_ENV, MLP_FORMS, "plain")
-    backend = keras.backend.backend()
-    if chosen != "plain" and backend not in ("jax", "torch"):
-        raise ValueError(
-            f"${MLP_ENV}={chosen!r} is a Pallas kernel (jax) or a Triton kernel (torch); "
-            f"the {backend} backend takes 'plain' (or leave it unset)."
-        )
-    if chosen != "plain" and backend == "torch":
-        from keras_mone.kernels.triton_nested_mlp import available
-
-        if not available():
-            raise ValueError(f"${MLP_ENV}={chosen!r} on torch is a Triton kernel and needs Triton "
-                             "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
-    if chosen != "plain" and accelerator() == "tpu":
-        raise ValueError(f"${MLP_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
-                         "on a TPU leave it unset.")
-    return chosen
-
+    return _kernel_form(MLP_ENV, _env_form(MLP_ENV, MLP_FORMS, "plain"), "plain",
+                        "keras_mone.kernels.triton_nested_mlp")
 
 def projections_form():
-    """``"per_group"`` or ``"grouped_kernel"``: a ``ViTBlock``'s nested projections (q/k/v,
-    the attention's out-projection, fc1, fc2) as one GEMM per token group, or each as one
-    kernel launch over all the block's groups, with fc1's bias and GELU, the residual adds and
-    MoNE's gate in the kernels' epilogues and the LayerNorms in their prologues: on jax a Pallas
-    kernel (``kernels.grouped_projection``, ``layers.grouped_block``), on torch a Triton kernel
-    in the packed blocks (``kernels.triton_grouped_projection``, ``layers.packed_kernels``;
-    it needs Triton). On an H200 MoNE-ViT-B/16's forward launched 1039 kernels against dense's
-    350, and at batch 64 and for ViViT at batch 1 the launches and the small per-group GEMMs
-    outweighed the FLOPs saved (BENCHMARKS.md, "MoNE on an H200, measured again"). Compiled for
-    an H200 without one, jax's bf16 forward at batch 256 has 104 kernels (per group: 797), bound
-    3.33x dense (1.66x; BENCHMARKS.md); torch's forward issues 198-211 ops and launches per image
-    (per group 424; dense: 151 in float32; ``bench/torch_op_count.py``). Compiled on a GPU,
+    """``"per_group"``, ``"grouped_kernel"`` or ``"grouped_kernel_all"``: a ``ViTBlock``'s nested
+    projections (q/k/v, the attention's out-projection, fc1, fc2) as one GEMM per token group, or
+    each as one kernel launch over all the block's groups, with fc1's bias and GELU, the residual
+    adds and MoNE's gate in the kernels' epilogues and the LayerNorms in their prologues: on jax a
+    Pallas kernel (``kernels.grouped_projection``, ``layers.grouped_block``), on torch a Triton
+    kernel in the packed blocks (``kernels.triton_grouped_projection``, ``layers.packed_kernels``;
+    it needs Triton). ``grouped_kernel_all`` also runs the blocks whose tokens are all at full
+    width (a dense ViT's) through the kernels, which ``grouped_kernel`` leaves to the block's own
+    GEMMs (``kernel_covers``): the dense model in MoNE's fused form. Per group, MoNE-ViT-B/16's
+    forward on an H200 launched 1039 kernels against dense's 350 (BENCHMARKS.md, "MoNE on an
+    H200, measured again"). Compiled for an H200 without one, jax's bf16 forward at batch 256
+    has 104 kernels (per group 797), bound 3.37x dense; torch's forward issues 198-211 ops and
+    launches per image (per group 424; ``bench/torch_op_count.py``). Compiled on a GPU,
     interpreted elsewhere (exact and slow: for tests). On jax training calls take the kernels
-    with their epilogues too (XLA's where a block has stochastic depth), their backward passes
-    grouped kernels (``kernels.grouped_gradients``: the bf16 training step at batch 128 compiled
-    for an H200, bound 2.26x dense); torch's recompute the per-group path. Not timed on a card:
-    ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
-    chosen = _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group")
-    backend = keras.backend.backend()
-    if chosen != "per_group" and backend not in ("jax", "torch"):
-        raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is a Pallas kernel (jax) or a Triton kernel (torch); the "
-                         f"{backend} backend takes 'per_group' (or leave it unset).")
-    if chosen != "per_group" and backend == "torch":
-        from keras_mone.kernels.triton_grouped_projection import available
+    too (XLA's epilogues where a block has stochastic depth), their backward passes grouped
+    kernels (``kernels.grouped_gradients``); torch's recompute the per-group path. Not timed on
+    a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    return _kernel_form(PROJECTIONS_ENV, _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group"), "per_group",
+                        "keras_mone.kernels.triton_grouped_projection")
 
-        if not available():
-            raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} on torch is a Triton kernel and needs Triton "
-                             "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
-    if chosen != "per_group" and backend == "jax" and accelerator() == "tpu":
-        raise ValueError(f"${PROJECTIONS_ENV}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
-                         "on a TPU leave it unset.")
-    return chosen
-
+def kernel_covers(widths, hidden_dim):
+    """Whether ``projections_form`` runs a block whose token groups are at ``widths`` (of
+    ``hidden_dim``) through the grouped kernels: any block under ``grouped_kernel_all``, one with a
+    nested group under ``grouped_kernel``, none under ``per_group``."""
+    form = projections_form()
+    nested = any(width != hidden_dim for width in widths)
+    return form == "grouped_kernel_all" or (form == "grouped_kernel" and nested)
 
 def order_form():
     """``"tied"`` or ``"free"``: whether jax ties each nested weight slice and each token
@@ -339,6 +319,25 @@ def current_forms():
             "layout_form": layout_form(), "residuals_form": residuals_form(),
             "projections_form": projections_form()}
 
+
+
+def _kernel_form(variable, chosen, plain, triton_module):
+    """``chosen``, the form of ``$variable``, where it may run: a kernel form (any but ``plain``)
+    is a Pallas kernel on jax or a Triton kernel on torch (``triton_module``'s, which needs
+    Triton), lowered for GPUs. Raises ValueError elsewhere."""
+    backend = keras.backend.backend()
+    if chosen == plain:
+        return chosen
+    if backend not in ("jax", "torch"):
+        raise ValueError(f"${variable}={chosen!r} is a Pallas kernel (jax) or a Triton kernel (torch); the "
+                         f"{backend} backend takes {plain!r} (or leave it unset).")
+    if backend == "torch" and not importlib.import_module(triton_module).available():
+        raise ValueError(f"${variable}={chosen!r} on torch is a Triton kernel and needs Triton "
+                         "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
+    if accelerator() == "tpu":
+        raise ValueError(f"${variable}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
+                         "on a TPU leave it unset.")
+    return chosen
 
 def _env_form(variable, forms, default):
     chosen = os.environ.get(variable, "") or default
