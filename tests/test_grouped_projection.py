@@ -684,7 +684,7 @@ def test_tiles_from_the_environment_reach_the_kernel_and_change_no_value(monkeyp
     default = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
     seen = []
     original = kernels._jitted
-    monkeypatch.setattr(kernels, "_jitted", lambda *a: seen.append(a[11]) or original(*a))
+    monkeypatch.setattr(kernels, "_jitted", lambda *a: seen.append(a[12]) or original(*a))
     monkeypatch.setenv(kernels.TILES_ENV, "64x64=64,64,64,4,3; 64x96=16,32,16,4,2")
     tuned = np.asarray(kernels.grouped_projection(x, w, b, layout, "in", interpret=True))
     assert seen == [(16, 32, 16, 4, 2)]

@@ -111,7 +111,7 @@ def normalized(x, mean, rstd, gamma, beta):
 
 def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret,
                       transposed=False, derivative=None, keep_pre=False, row_sums=False, products=None,
-                      norm_sums=None):
+                      norm_sums=None, in_place=False, residual_sums=None):
     """The kernel launch (arguments checked by the caller: ``grouped_projection``'s). With
     ``keep_pre`` (one part) it returns ``(pre, out)``, both stored by the epilogue: side ``"in"``
     with an ``activation``, the pre-activations and their activation (fc1 of the training form:
@@ -142,7 +142,9 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
       (``grouped_gradients.normalized_cotangents``).
     * ``x`` a tuple of equal parts along the contraction, side ``"out"``, no ``norm``: each read
       where it lies (the dX kernel of q/k/v reads their three cotangents, not a joined copy).
-    """
+
+    ``in_place``, ``residual_sums``: an inference out-projection writing into its residual's buffer
+    only its groups' column tiles (``_in_place_aliases``)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
@@ -150,12 +152,11 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, derivative, products)
     columns = w.shape[0] if transposed else w.shape[1]
     if norm_sums is not None:
-        _check_norm_sums(norm_sums, pieces[0].shape[:2] + (columns,), side, parts,
-                         (residual, scale, norm, derivative), keep_pre or row_sums)
+        _check_norm_sums(norm_sums, pieces[0].shape[:2] + (columns,), side, parts, (residual, scale, norm, derivative),
+                         keep_pre or row_sums)
     out_bias, products = products, products is not None  # (the bias of a gated fc2's dX kernel, below)
     x = pieces[0]
-    batch, tokens = x.shape[:2]
-    contraction = len(pieces) * x.shape[-1]
+    (batch, tokens), contraction = x.shape[:2], len(pieces) * x.shape[-1]
     block_rows, block_cols, block_k, num_warps, num_stages = tiles
     table, first_tile = _row_tile_table(groups, batch, block_rows)
     outputs = 2 if keep_pre else parts
@@ -166,24 +167,26 @@ def pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, 
     operands = [*(piece.reshape(batch * tokens, -1) for piece in pieces), w, b.reshape(1, columns)]
     has_scale, has_norm = _epilogue_operands(operands, batch * tokens, residual, scale, norm, out_bias, derivative,
                                              norm_sums)
+    aliases, unread = ({}, 0) if not in_place else _in_place_aliases(
+        operands, pieces, residual, side, parts, row_sums, residual_sums, columns // block_cols,
+        (keep_pre, derivative, products, norm_sums, transposed))
     kernel = functools.partial(
         projection_tile, table=tuple(table), batch=batch, tokens=tokens, side=side, activation=activation,
-        blocks=(block_rows, block_cols, block_k), has_residual=residual is not None,
-        has_scale=has_scale,
+        blocks=(block_rows, block_cols, block_k), has_residual=residual is not None, has_scale=has_scale,
         has_norm=has_norm, parts=parts, precision=dot_precision(precision), transposed=transposed,
         derivative_of=None if derivative is None else derivative[0], input_parts=len(pieces), keep_pre=keep_pre,
-        row_sums=row_sums, products=products, norm_sums=norm_sums is not None,
-    )
+        row_sums=row_sums, products=products, norm_sums=norm_sums is not None, in_place=in_place, unread=unread)
     out = pl.pallas_call(
-        kernel,
-        # the column tiles vary fastest: a row tile's inputs are read from L2 for its every column tile
+        kernel,  # (the column tiles vary fastest: a row tile's inputs are read from L2 for its every column tile)
         grid=(columns // block_cols + products, first_tile),  # (products: one more column tile, x . b)
         out_shape=shapes[0] if len(shapes) == 1 else tuple(shapes),
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        input_output_aliases=aliases,
         interpret=interpret,
         name=kernel_label(side, contraction, columns, batch, groups, residual is not None, scale is not None,
                           norm is not None, derivative is not None, keep_pre, row_sums and columns // block_cols,
-                          products and columns // block_cols + 1, (norm_sums is not None) and columns // block_cols),
+                          products and columns // block_cols + 1, (norm_sums is not None) and columns // block_cols,
+                          in_place and columns // block_cols),
     )(*operands)
     return _reshaped(list(out) if len(shapes) > 1 else [out], batch, tokens, outputs)
 
@@ -215,6 +218,34 @@ def _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, der
             and (norm is not None or residual is not None)):
         raise ValueError("`products` and a `scale` on side 'in' belong to a dX kernel: `products` with a "
                          "`derivative` and one part, neither with a `norm` or `residual`.")
+
+
+def _in_place_aliases(operands, pieces, residual, side, parts, row_sums, residual_sums, column_tiles, others):
+    """``(input_output_aliases, unread operands)`` of an ``in_place`` launch: an inference
+    out-projection whose output is its residual's buffer (the residual is read after x, w and b),
+    so that a program whose column tile lies past its group's width reads and writes nothing, its
+    columns being the residual's already. With ``row_sums`` the sums are ``residual_sums``' buffers
+    (the residual's ``(sums, squares)``, ``(column tiles, batch, tokens)``, appended to
+    ``operands`` and never read), those tiles' sums being the residual's already. Raises
+    ``ValueError`` unless it fits: one part, none of ``others`` (keep_pre, derivative, products,
+    norm_sums, transposed), a ``residual`` of x's dtype and with ``row_sums`` its sums per this
+    kernel's ``column_tiles``."""
+    if side != "out" or parts != 1 or residual is None or residual.dtype != pieces[0].dtype or any(
+            other is not None and other is not False for other in others):
+        raise ValueError("`in_place` belongs to a forward out-projection with a `residual` of x's dtype: one part, "
+                         "no `keep_pre`, `derivative`, `products`, `norm_sums` or transposed weights.")
+    if row_sums:
+        expected = (column_tiles,) + tuple(residual.shape[:2])
+        shapes = [tuple(jnp.shape(t)) for t in residual_sums or ()]
+        if shapes != [expected, expected] or any(jnp.dtype(t.dtype) != jnp.float32 for t in residual_sums):
+            raise ValueError(f"`in_place` with `row_sums` needs `residual_sums`, the residual's float32 (sums, squares) "
+                             f"of shape {expected} each (one per column tile); got {shapes}.")
+    aliases = {len(pieces) + 2: 0}
+    if not row_sums:
+        return aliases, 0
+    aliases.update({len(operands): 1, len(operands) + 1: 2})
+    operands += [t.reshape(t.shape[0], -1) for t in residual_sums]
+    return aliases, 2
 
 
 def _check_norm_sums(norm_sums, out_shape, side, parts, others, forward_stores):

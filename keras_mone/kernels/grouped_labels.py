@@ -10,24 +10,26 @@ import re
 
 
 def kernel_label(side, contraction, columns, batch, groups, residual=False, scale=False, norm=False,
-                 derivative=False, pre=False, sums=0, products=0, norm_sums=0):
+                 derivative=False, pre=False, sums=0, products=0, norm_sums=0, in_place=0):
     """The name a kernel is compiled under, which says what it computes (``labelled_cost``):
     ``grouped_out_projection_residual_scale_k3072_n768_b256_g84x96_62x192`` (``pre``: it also
     writes its pre-activations; ``sums``: its rows' sums and sums of squares, over that many
     column tiles, ``_sums6``; ``products``: a gated fc2's dX kernel's partial sums of the gate's
     gradient per row, that many: one per column tile and ``x . b``'s, ``_products49``; ``norm_sums``:
     a dX kernel's LayerNorm statistics' cotangents, two float32 values per row and column tile,
-    over that many column tiles, ``_normsums6``)."""
+    over that many column tiles, ``_normsums6``; ``in_place``: an out-projection writing over its
+    residual only the column tiles, of that many, that hold its groups' features, ``_inplace6``)."""
     epilogue = ("_norm" * bool(norm) + "_residual" * bool(residual) + "_scale" * bool(scale)
                 + "_derivative" * bool(derivative) + "_pre" * bool(pre) + (f"_sums{sums}" if sums else "")
-                + (f"_products{products}" if products else "") + (f"_normsums{norm_sums}" if norm_sums else ""))
+                + (f"_products{products}" if products else "") + (f"_normsums{norm_sums}" if norm_sums else "")
+                + (f"_inplace{in_place}" if in_place else ""))
     layout = "_".join(f"{size}x{width}" for size, width in groups)
     return f"grouped_{side}_projection{epilogue}_k{contraction}_n{columns}_b{batch}_g{layout}"
 
 
 _LABEL = re.compile(
     r"grouped_(in|out)_projection(_norm)?(_residual)?(_scale)?(_derivative)?(_pre)?(?:_sums(\d+))?"
-    r"(?:_products(\d+))?(?:_normsums(\d+))?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
+    r"(?:_products(\d+))?(?:_normsums(\d+))?(?:_inplace(\d+))?_k(\d+)_n(\d+)_b(\d+)_g([\dx_]+)")
 
 
 def labelled_cost(name, itemsize):
@@ -39,28 +41,35 @@ def labelled_cost(name, itemsize):
     writes (twice with ``pre``: the pre-activations too; with ``sums``, two float32 values per
     row and column tile; with ``products``, one; with ``norm_sums``, two, and it reads the
     LayerNorm's input where it writes ``dn``, each group's first ``d`` features, and its float32
-    means and gamma). Weights are counted at the rows' itemsize
+    means and gamma; ``in_place``: the residual read, the output and the sums written only in the
+    column tiles that hold each group's features). Weights are counted at the rows' itemsize
     (under mixed precision the kernels read float32 weights: under 1% of the total, undercounted)."""
     match = _LABEL.search(name)
     if match is None:
         return None
     side, (norm, residual, scale, derivative, pre) = match.group(1), (bool(match.group(i)) for i in range(2, 7))
-    sums, products, norm_sums = (int(match.group(i) or 0) for i in (7, 8, 9))
-    contraction, columns, batch = (int(match.group(i)) for i in (10, 11, 12))
-    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(13).strip("_").split("_")]
+    sums, products, norm_sums, in_place = (int(match.group(i) or 0) for i in (7, 8, 9, 10))
+    contraction, columns, batch = (int(match.group(i)) for i in (11, 12, 13))
+    groups = [tuple(int(v) for v in pair.split("x")) for pair in match.group(14).strip("_").split("_")]
     tokens, nested = sum(size for size, _ in groups), sum(size * width for size, width in groups)
     widest = max(width for _, width in groups)
     rows = batch * tokens
+    # the output columns each row writes (in place: its group's column tiles) and the column tiles they span
+    tile = columns // in_place if in_place else columns
+    spans = [-(-width // tile) for _, width in groups]
+    touched = batch * sum(size * span for (size, _), span in zip(groups, spans))  # row-tiles, of `tile` columns
+    written_elements = touched * tile
     if side == "in":
         flops, elements = 2 * batch * nested * columns, batch * nested + widest * columns + columns
         elements += rows * columns * derivative
     else:
         flops, elements = 2 * batch * nested * contraction, rows * contraction + contraction * widest + widest
-        elements += rows * columns * residual
+        elements += written_elements * residual
     elements += rows * columns * pre + rows * scale
-    written = 4 * rows * (2 * sums + products + 2 * norm_sums)
+    sums_written = 2 * (touched * bool(sums) if in_place else rows * sums)  # two per row and written tile
+    written = 4 * (sums_written + rows * (products + 2 * norm_sums))
     normalized_input = (itemsize * batch * nested + 4 * (rows + columns)) * bool(norm_sums)  # x, means, gamma
-    return (flops, itemsize * (elements + rows * columns) + norm * 4 * (2 * rows + 2 * contraction) + written
+    return (flops, itemsize * (elements + written_elements) + norm * 4 * (2 * rows + 2 * contraction) + written
             + normalized_input)
 
 

@@ -133,7 +133,7 @@ def plain_grouped_projection(x, w, b, groups, side, activation=None, residual=No
 
 def grouped_projection(x, w, b, groups, side, activation=None, residual=None, scale=None, parts=1, norm=None,
                        input_activation=None, keep_pre_activation=False, activated=None, statistics_epsilon=None,
-                       tiles=None, interpret=False):
+                       tiles=None, interpret=False, in_place=False, residual_sums=None):
     """``plain_grouped_projection`` as one Pallas kernel launch (see the module docstring).
 
     The training form's MLP is ``pre, activated = grouped_projection(x, w1, b1, ..., "in",
@@ -148,6 +148,16 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
             ``block_cols`` must divide ``N`` and ``block_k`` divide ``K``); where ``None``, those
             ``$KERAS_MONE_PROJECTION_TILES`` names for ``(K, N)``, else ``default_tiles``.
         interpret: run through Pallas' interpreter (no accelerator needed).
+        in_place: ``side="out"`` with a ``residual``: a hint that the residual is not needed after
+            (an inference block's stream). The kernel then writes into the residual's buffer and
+            leaves the column tiles past each group's width as they are, the residual's already:
+            an out-projection reads and writes ``d_g / D`` of the stream instead of all of it. With
+            ``statistics_epsilon`` it needs ``residual_sums``, the residual's ``RowSums`` per this
+            kernel's column tiles (those tiles' sums are the residual's too). Where the residual's
+            dtype or sums do not fit, and in a differentiated call, the kernel writes every tile.
+            The values are the same either way; under ``jax.jit`` XLA copies the residual first
+            if something else still reads it.
+        residual_sums: the residual's ``kernels.row_sums.RowSums`` (see ``in_place``).
     """
     groups = checked_groups(x, w, b, groups, side, activation, residual, scale, norm)
     if tiles is None:
@@ -177,8 +187,10 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
         statistics_epsilon = (float(statistics_epsilon), columns // tiles[1])  # (epsilon, column tiles)
     norm = None if norm is None else tuple(norm)
     scale = tuple(jnp.asarray(t) for t in scale) if isinstance(scale, (tuple, list)) else scale
-    out = _jitted(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles,
-                  precision_name(), bool(interpret), input_activation, keep_pre_activation, statistics_epsilon)
+    in_place, sums = _in_place(in_place, residual, residual_sums, x, side, statistics_epsilon)
+    out = _jitted(x, w, b, residual, scale, norm, activated, sums, groups, side, activation, parts, tiles,
+                  precision_name(), bool(interpret), input_activation, keep_pre_activation, statistics_epsilon,
+                  in_place)
     # the activated output carries no gradient: fc2 gives its pre-activations' (see the docstring)
     if keep_pre_activation:
         return out[0], jax.lax.stop_gradient(out[1])
@@ -189,6 +201,22 @@ def grouped_projection(x, w, b, groups, side, activation=None, residual=None, sc
     return out
 
 
+def _in_place(in_place, residual, residual_sums, x, side, statistics):
+    """``(in_place, (sums, squares) or None)`` as the launch takes them: ``in_place`` only where it
+    fits (see ``grouped_projection``), the residual's sums where the launch stores row sums."""
+    if not in_place:
+        return False, None
+    if side != "out" or residual is None:
+        raise ValueError(f"`in_place` belongs to side 'out' with a `residual`; got side {side!r} and "
+                         f"{'no' if residual is None else 'a'} residual.")
+    if residual.dtype != x.dtype:
+        return False, None
+    if statistics is None:
+        return True, None
+    fits = residual_sums is not None and residual_sums.sums.shape == (statistics[1],) + residual.shape[:2]
+    return (True, (residual_sums.sums, residual_sums.squares)) if fits else (False, None)
+
+
 def _activated(x, input_activation, activated):
     if activated is not None:
         return activated
@@ -196,12 +224,13 @@ def _activated(x, input_activation, activated):
 
 
 def _launch(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision, interpret, keep_pre,
-            statistics, keep_projection=False):
+            statistics, keep_projection=False, in_place=False, residual_sums=None):
     """``(outputs, projection)``: the kernel's outputs (with ``statistics``, ``(epsilon, column
     tiles)``, ``(out, sums, squares)``) and, with ``keep_projection``, the projection before its
     gate and residual, which the gate's gradient needs (else ``None``)."""
     outputs = pallas_projection(x, w, b, residual, scale, norm, groups, side, activation, parts, tiles, precision,
-                                interpret, keep_pre=keep_pre or keep_projection, row_sums=statistics is not None)
+                                interpret, keep_pre=keep_pre or keep_projection, row_sums=statistics is not None,
+                                in_place=in_place, residual_sums=residual_sums)
     projection = None
     if keep_projection:
         projection, *outputs = outputs
@@ -209,15 +238,17 @@ def _launch(x, w, b, residual, scale, norm, groups, side, activation, parts, til
     return outputs, projection
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(7, 17)))
-def _projection(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
-                interpret, input_activation, keep_pre, statistics):
+@functools.partial(jax.custom_vjp, nondiff_argnums=tuple(range(8, 19)))
+def _projection(x, w, b, residual, scale, norm, activated, residual_sums, groups, side, activation, parts, tiles,
+                precision, interpret, input_activation, keep_pre, statistics, in_place):
     return _launch(_activated(x, input_activation, activated), w, b, residual, scale, norm, groups, side, activation,
-                   parts, tiles, precision, interpret, keep_pre, statistics)[0]
+                   parts, tiles, precision, interpret, keep_pre, statistics, in_place=in_place,
+                   residual_sums=residual_sums)[0]
 
 
-def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side, activation, parts, tiles, precision,
-                        interpret, input_activation, keep_pre, statistics):
+def _projection_forward(x, w, b, residual, scale, norm, activated, residual_sums, groups, side, activation, parts,
+                        tiles, precision, interpret, input_activation, keep_pre, statistics, in_place):
+    # (differentiated: every tile written, the residual kept for the caller; in_place is inference's)
     activated = _activated(x, input_activation, activated)
     # (a gated fc2 of the activation: its dX kernel sums the gate's gradient, nothing kept for it)
     keep_projection = scale is not None and input_activation is None
@@ -228,7 +259,7 @@ def _projection_forward(x, w, b, residual, scale, norm, activated, groups, side,
 
 
 def _projection_backward(groups, side, activation, parts, tiles, precision, interpret, input_activation, keep_pre,
-                         statistics, saved, upstream):
+                         statistics, in_place, saved, upstream):
     """dX and dW by grouped kernels (``kernels.grouped_gradients``) unless the epilogue applies an
     activation or the prologue finishes a ``RowSums`` (the inference forms; then the plain path's
     gradients, recomputed from the inputs). fc1 keeping its pre-activations: only they carry a
@@ -252,7 +283,7 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
         dx, dw, db, _, d_gate, dnorm = projection_gradients(
             x, w, b, norm, groups, side, parts, precision, interpret, dy, input_activation, activated,
             scale if projection is None else None)
-        return dx, dw, db, d_residual, d_gate if projection is None else d_scale, dnorm, None
+        return dx, dw, db, d_residual, d_gate if projection is None else d_scale, dnorm, None, None
 
     def plain(x, w, b, residual, scale, norm):  # (side "in": an activation epilogue or a RowSums prologue)
         return plain_grouped_projection(x, w, b, groups, side, activation, residual, scale, parts, norm,
@@ -260,7 +291,7 @@ def _projection_backward(groups, side, activation, parts, tiles, precision, inte
 
     with precision_context(precision):
         _, pullback = jax.vjp(plain, *inputs)
-        return (*pullback(upstream), None)
+        return (*pullback(upstream), None, None)
 
 
 def _scaled_cotangent(dy, projection, scale):
@@ -275,4 +306,4 @@ def _scaled_cotangent(dy, projection, scale):
 _projection.defvjp(_projection_forward, _projection_backward)
 # compiled once per (shapes, groups, side, activation, tiles, input activation, keep_pre, statistics): eager calls
 # reuse the kernel
-_jitted = jax.jit(_projection, static_argnums=tuple(range(7, 17)))
+_jitted = jax.jit(_projection, static_argnums=tuple(range(8, 19)))

@@ -18,14 +18,18 @@ from keras_mone.kernels.row_sums import one_pass
 
 
 def projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_residual, has_scale, has_norm, parts,
-                    precision, transposed, derivative_of, input_parts, keep_pre, row_sums, products, norm_sums=False):
+                    precision, transposed, derivative_of, input_parts, keep_pre, row_sums, products, norm_sums=False,
+                    in_place=False, unread=0):
     """One program: ``block_rows`` rows of one group by ``block_cols`` output columns; with
-    ``products``, the programs of one more column tile compute ``x . b`` alone (``_bias_products``)."""
+    ``products``, the programs of one more column tile compute ``x . b`` alone (``_bias_products``).
+    ``in_place``: the output is the residual's buffer, so a program whose column tile lies past
+    its group's width reads and stores nothing; the last ``unread`` inputs are buffers the
+    outputs alias, never read."""
     from jax.experimental import pallas as pl
 
     x_refs, (w_ref, b_ref), refs = refs[:input_parts], refs[input_parts:input_parts + 2], refs[input_parts + 2:]
     stored = (2 if keep_pre else parts) + 2 * row_sums + products + 2 * norm_sums
-    inputs, outputs = refs[:len(refs) - stored], refs[len(refs) - stored:]
+    inputs, outputs = refs[:len(refs) - stored - unread], refs[len(refs) - stored:]
     block_rows = blocks[0]
     # (read here: Pallas' interpreter takes no program_id inside a branch)
     column_tile, row_tile = pl.program_id(0), pl.program_id(1)
@@ -39,6 +43,8 @@ def projection_tile(*refs, table, batch, tokens, side, activation, blocks, has_r
     first, size, first_token, width = (of_this_group(column) for column in zip(*table))
     index = (row_tile - first) * block_rows + jnp.arange(block_rows, dtype=jnp.int32)  # the group's rows
     valid = index < batch * size
+    if in_place:  # a column tile past the group's width: the residual's values, already in the buffer
+        valid = valid & (column_tile * blocks[1] < width)
     rows = jax.lax.div(index, size) * tokens + first_token + jax.lax.rem(index, size)  # rows of the (B T, K) view
     # rows past the group's end point past the array: masked on the card, dropped by the interpreter's
     # scatter (an in-range row there would be written twice in one store)

@@ -82,6 +82,8 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     (``kernels.grouped_gradients``), and the out-projections' epilogues by XLA where the block has
     stochastic depth. In the one-pass statistics form fc2's row sums go to the next kernel block
     (see the module docstring)."""
+    import jax
+
     from keras_mone.kernels.grouped_projection import grouped_projection
 
     dtype = block.compute_dtype
@@ -123,7 +125,10 @@ def kernel_block(block, groups, widths, gates=None, training=False):
     attended = ops.reshape(attended, (batch, tokens, block.hidden_dim))
     # the second LayerNorm's one-pass statistics from the out-projection's row sums (``kernels.row_sums``)
     epsilon = _summing_epsilon(block.norm2, stream, in_kernel)
-    mid = project(attention.out, attended, "out", residual=stream, statistics_epsilon=epsilon)
+    # inference under a trace: each out-projection writes into its residual's buffer, only its groups' column tiles
+    in_place = not training and isinstance(stream, jax.core.Tracer)  # (eagerly XLA would copy the call's argument)
+    mid = project(attention.out, attended, "out", residual=stream, statistics_epsilon=epsilon, in_place=in_place,
+                  residual_sums=carried)
     mid, mid_statistics = (mid, None) if epsilon is None else mid
     scale = _gate_scale(block, groups, gates, in_kernel)
     # the next block's first LayerNorm's sums, where it is this block's (checked there)
@@ -137,7 +142,8 @@ def kernel_block(block, groups, widths, gates=None, training=False):
                           activated=activated, statistics_epsilon=epsilon)
     else:
         hidden = normalized_projection(block.norm2, mlp.fc1, mid, statistics=mid_statistics, activation=mlp_gelu)
-        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, statistics_epsilon=epsilon)
+        outputs = project(mlp.fc2, hidden, "out", residual=mid, scale=scale, statistics_epsilon=epsilon,
+                          in_place=in_place, residual_sums=mid_statistics)
     outputs, statistics = (outputs, None) if epsilon is None else outputs
     ends = [int(end) for end in np.cumsum([g.shape[1] for g in groups])]
     pieces = [outputs[:, start:stop] for start, stop in zip([0, *ends[:-1]], ends)]
