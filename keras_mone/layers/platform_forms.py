@@ -165,7 +165,7 @@ def projections_form():
     GEMMs (``kernel_covers``): the dense model in MoNE's fused form. Per group, MoNE-ViT-B/16's
     forward on an H200 launched 1039 kernels against dense's 350 (BENCHMARKS.md, "MoNE on an
     H200, measured again"). Compiled for an H200 without one, jax's bf16 forward at batch 256
-    has 104 kernels (per group 797), bound 3.37x dense; torch's forward issues 198-211 ops and
+    has 104 kernels (per group 797), bound 3.80x dense; torch's forward issues 198-211 ops and
     launches per image (per group 424; ``bench/torch_op_count.py``). Compiled on a GPU,
     interpreted elsewhere (exact and slow: for tests). On jax training calls take the kernels
     too (XLA's epilogues where a block has stochastic depth), their backward passes grouped
