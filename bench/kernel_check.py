@@ -12,7 +12,8 @@ call's block (q/k/v from the LayerNorm's statistics, the attention's out-project
 residual and row sums, fc1 keeping its pre-activations, fc2 of the GELU with the residual, MoNE's
 gate and row sums) at MoNE-ViT-B/16's token groups, e_c 0.3, ``--grouped-batch`` images: the
 outputs and the gradients of every input (``kernels.grouped_gradients``' backward kernels)
-against the plain path's. float32 runs at jax's "highest" matmul precision on both paths (no
+against the plain path's; and an inference call's block, its out-projections in place
+(``in_place``: only the groups' column tiles written into the residual's buffer). float32 runs at jax's "highest" matmul precision on both paths (no
 TF32: the products' order is the only difference, bound 1e-5); bfloat16 at its default, bound
 2^-4: both paths round at other points, and alpha's gradient, one sum over every row of terms of
 both signs, differed by 2.1e-2 of its value between them at D = 32 (interpreted; 8e-3 at D = 64).
@@ -33,6 +34,7 @@ import numpy as np
 from keras_mone.kernels.fused_nested_mlp import fused_nested_mlp, plain_nested_mlp
 from keras_mone.kernels.fused_residual_mlp import fused_residual_mlp, plain_residual_mlp
 from keras_mone.kernels.grouped_projection import grouped_projection, plain_grouped_projection
+from keras_mone.kernels.row_sums import plain_row_sums
 from keras_mone.kernels.tiles import largest_power_of_2_dividing
 from keras_mone.layers.mlp import _kernel_gelu
 
@@ -100,6 +102,22 @@ def grouped_block(kernel, x, statistics, weights, gate, groups, interpret):
     return (out, *(sums if kernel else sums.with_rows(None)).statistics())
 
 
+def inference_block(kernel, x, x_sums, weights, gate, groups, interpret):
+    """An inference call's block through the grouped projections (``kernel``), each out-projection
+    writing into its residual's buffer only its groups' column tiles (``in_place``, the residual's
+    row sums ``x_sums`` kept past them), or their plain twins: ``(out, mean, rstd)``."""
+    (gamma1, beta1, wqkv, bqkv, wo, bo), (gamma2, beta2, w1, b1, w2, b2) = weights
+    project = functools.partial(grouped_projection, interpret=interpret) if kernel else functools.partial(
+        plain_grouped_projection, statistics_tiles=x_sums.sums.shape[0])
+    in_place = (lambda sums: dict(in_place=True, residual_sums=sums)) if kernel else (lambda sums: {})
+    q, k, v = project(x, wqkv, bqkv, groups, "in", parts=3, norm=(x_sums, gamma1, beta1))
+    mid, sums = project(q * k + v, wo, bo, groups, "out", residual=x, statistics_epsilon=1e-6, **in_place(x_sums))
+    hidden = project(mid, w1, b1, groups, "in", activation=_kernel_gelu(False), norm=(sums, gamma2, beta2))
+    out, sums = project(hidden, w2, b2, groups, "out", residual=mid, scale=gate, statistics_epsilon=1e-6,
+                        **in_place(sums))
+    return (out, *sums.statistics())
+
+
 def grouped_check(dtype, batch, dim, interpret):
     """``{form: relative error}`` of ``grouped_block``'s outputs and of the gradients of every input."""
     keys = iter(jax.random.split(jax.random.PRNGKey(1), 20))
@@ -131,6 +149,11 @@ def grouped_check(dtype, batch, dim, interpret):
     errors["grouped block"] = max(relative_error(g, w) for g, w in zip(got, want))
     errors["grouped block, gradients"] = max(relative_error(g, w) for g, w in zip(
         jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)))
+    x_sums = plain_row_sums(x, dim // largest_power_of_2_dividing(dim, 128), 1e-6).with_rows(None)
+    with jax.default_matmul_precision(precision):
+        got, want = (jax.jit(functools.partial(inference_block, kernel, groups=groups, interpret=interpret))(
+            x, x_sums, weights, gate) for kernel in (True, False))
+    errors["grouped block, inference in place"] = max(relative_error(g, w) for g, w in zip(got, want))
     return errors
 
 
