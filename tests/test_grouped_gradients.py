@@ -421,8 +421,9 @@ def test_the_roofline_counts_a_derivative_epilogues_reads():
 def test_the_gpu_check_script_checks_a_grouped_training_block(monkeypatch):
     """``bench/kernel_check.py``'s grouped block (q/k/v from the LayerNorm, the attention's
     out-projection with its residual and row sums, fc1 keeping its pre-activations, the gated fc2)
-    at a tiny size, interpreted: outputs and every input's gradients within its bounds, and a
-    wrong gradient of the gate's (the bias term dropped from the dX kernel's products) outside."""
+    at a tiny size, interpreted: outputs and every input's gradients within its bounds (and an
+    inference block's, its out-projections in place), and a wrong gradient of the gate's (the bias
+    term dropped from the dX kernel's products) outside."""
     import pathlib
 
     import jax
@@ -434,7 +435,7 @@ def test_the_gpu_check_script_checks_a_grouped_training_block(monkeypatch):
 
     for dtype in ("float32", "bfloat16"):
         errors = kernel_check.grouped_check(dtype, 1, 32, interpret=True)
-        assert set(errors) == {"grouped block", "grouped block, gradients"}
+        assert set(errors) == {"grouped block", "grouped block, gradients", "grouped block, inference in place"}
         assert max(errors.values()) <= kernel_check.GROUPED_BOUNDS[dtype], errors
 
     def without_bias(x_ref, bias_ref, products_ref, column_tile, rows, valid, *rest):  # zeros for d out . b
