@@ -18,8 +18,10 @@ activations, the normalised tokens or the residual stream. In the one-pass stati
 rows they write (``statistics_epsilon``, ``kernels.row_sums``) and the next in-projection's
 prologue finishes the statistics from those sums: the attention's for the second LayerNorm,
 fc2's for the next kernel block's first where that block's groups are fc2's very outputs. No
-reduction reads the stream between the kernels (inference calls). Attention runs in the platform's
-fused form.
+reduction reads the stream between the kernels (inference calls). Under a trace an inference
+call's out-projections write into their residual's buffer only their groups' column tiles
+(``grouped_projection``'s ``in_place``): past a group's width the stream is neither read nor
+written. Attention runs in the platform's fused form.
 The outputs are the groups again, cut from one tensor; a next kernel block given those very
 groups reads that tensor again (under a trace), so no split and join of the stream or of its
 cotangent runs between kernel blocks. Blocks the kernels do not cover take
