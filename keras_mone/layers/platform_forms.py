@@ -34,7 +34,6 @@ compiled here for a device this machine lacks (``bench.gpu_program``).
 
 import contextlib
 import functools
-import importlib
 import os
 import warnings
 
@@ -150,29 +149,25 @@ def mlp_form():
     A forward form: the kernels' backward passes recompute the plain path, which
     puts the training step's roofline bound under the plain program's (BENCHMARKS.md, "The
     fused kernels' products counted")."""
-    return _kernel_form(MLP_ENV, _env_form(MLP_ENV, MLP_FORMS, "plain"), "plain",
-                        "keras_mone.kernels.triton_nested_mlp")
+    return _kernel_form(MLP_ENV, _env_form(MLP_ENV, MLP_FORMS, "plain"), "plain", "mlp")
 
 def projections_form():
     """``"per_group"``, ``"grouped_kernel"`` or ``"grouped_kernel_all"``: a ``ViTBlock``'s nested
     projections (q/k/v, the attention's out-projection, fc1, fc2) as one GEMM per token group, or
     each as one kernel launch over all the block's groups, with fc1's bias and GELU, the residual
-    adds and MoNE's gate in the kernels' epilogues and the LayerNorms in their prologues: on jax a
-    Pallas kernel (``kernels.grouped_projection``, ``layers.grouped_block``), on torch a Triton
-    kernel in the packed blocks (``kernels.triton_grouped_projection``, ``layers.packed_kernels``;
-    it needs Triton). ``grouped_kernel_all`` also runs the blocks whose tokens are all at full
-    width (a dense ViT's) through the kernels, which ``grouped_kernel`` leaves to the block's own
-    GEMMs (``kernel_covers``): the dense model in MoNE's fused form. Per group, MoNE-ViT-B/16's
-    forward on an H200 launched 1039 kernels against dense's 350 (BENCHMARKS.md, "MoNE on an
-    H200, measured again"). Compiled for an H200 without one, jax's bf16 forward at batch 256
-    has 104 kernels (per group 797), bound 3.80x dense; torch's forward issues 198-211 ops and
-    launches per image (per group 424; ``bench/torch_op_count.py``). Compiled on a GPU,
-    interpreted elsewhere (exact and slow: for tests). On jax training calls take the kernels
-    too (XLA's epilogues where a block has stochastic depth), their backward passes grouped
-    kernels (``kernels.grouped_gradients``); torch's recompute the per-group path. Not timed on
-    a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
+    adds and MoNE's gate in the epilogues and the LayerNorms in the prologues: a Pallas kernel on
+    jax (``kernels.grouped_projection``, ``layers.grouped_block``), a Triton kernel in torch's
+    packed blocks (``kernels.triton_grouped_projection``, ``layers.packed_kernels``; it needs
+    Triton). ``grouped_kernel_all`` also runs the blocks whose tokens are all at full width (a
+    dense ViT's) through them (``kernel_covers``): dense in MoNE's fused form. Per group, an H200
+    launched 1039 kernels per MoNE-ViT-B/16 forward against dense's 350; compiled for an H200
+    without one, the kernels' bf16 forward at batch 256 has 104, bound 3.80x dense (BENCHMARKS.md);
+    torch's forward issues 198-211 ops and launches per image (per group 424). Compiled on a GPU,
+    interpreted elsewhere (exact and slow: for tests). jax's training calls take the kernels and
+    backward kernels (``kernels.grouped_gradients``); torch's recompute the per-group path. Not
+    timed on a card: ``$KERAS_MONE_PROJECTIONS`` when set, else per_group."""
     return _kernel_form(PROJECTIONS_ENV, _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group"), "per_group",
-                        "keras_mone.kernels.triton_grouped_projection")
+                        "projections")
 
 def kernel_covers(widths, hidden_dim):
     """Whether ``projections_form`` runs a block whose token groups are at ``widths`` (of
@@ -321,23 +316,29 @@ def current_forms():
 
 
 
-def _kernel_form(variable, chosen, plain, triton_module):
+def _kernel_form(variable, chosen, plain, kernel):
     """``chosen``, the form of ``$variable``, where it may run: a kernel form (any but ``plain``)
-    is a Pallas kernel on jax or a Triton kernel on torch (``triton_module``'s, which needs
-    Triton), lowered for GPUs. Raises ValueError elsewhere."""
+    is a Pallas kernel on jax or a Triton kernel on torch (``kernel``: "mlp" or "projections",
+    which needs Triton), lowered for GPUs. Raises ValueError elsewhere."""
     backend = keras.backend.backend()
     if chosen == plain:
         return chosen
     if backend not in ("jax", "torch"):
         raise ValueError(f"${variable}={chosen!r} is a Pallas kernel (jax) or a Triton kernel (torch); the "
                          f"{backend} backend takes {plain!r} (or leave it unset).")
-    if backend == "torch" and not importlib.import_module(triton_module).available():
+    if backend == "torch":  # (plain imports, which dynamo traces: importlib it does not)
+        if kernel == "mlp":
+            from keras_mone.kernels.triton_nested_mlp import available
+        else:
+            from keras_mone.kernels.triton_grouped_projection import available
+    if backend == "torch" and not available():
         raise ValueError(f"${variable}={chosen!r} on torch is a Triton kernel and needs Triton "
                          "(`pip install triton`; torch's CUDA wheels bring it), or leave it unset.")
     if accelerator() == "tpu":
         raise ValueError(f"${variable}={chosen!r} is written for GPUs (Pallas' Triton lowering); "
                          "on a TPU leave it unset.")
     return chosen
+
 
 def _env_form(variable, forms, default):
     chosen = os.environ.get(variable, "") or default
