@@ -9,14 +9,15 @@ may multiply in TF32, jax's default there, in different orders).
 
 ``grouped block``: the grouped projection kernels (``kernels.grouped_projection``) of a training
 call's block (q/k/v from the LayerNorm's statistics, the attention's out-projection with its
-residual and row sums, fc1 keeping its pre-activations, fc2 of the GELU with the residual, MoNE's
-gate and row sums) at MoNE-ViT-B/16's token groups, e_c 0.3, ``--grouped-batch`` images: the
-outputs and the gradients of every input (``kernels.grouped_gradients``' backward kernels)
+residual and row sums, fc1 keeping its pre-activations, fc2 of the GELU with the residual,
+MoNE's gate and row sums) at MoNE-ViT-B/16's token groups, e_c 0.3, ``--grouped-batch`` images:
+the outputs and the gradients of every input (``kernels.grouped_gradients``' backward kernels)
 against the plain path's; and an inference call's block, its out-projections in place
-(``in_place``: only the groups' column tiles written into the residual's buffer). float32 runs at jax's "highest" matmul precision on both paths (no
-TF32: the products' order is the only difference, bound 1e-5); bfloat16 at its default, bound
-2^-4: both paths round at other points, and alpha's gradient, one sum over every row of terms of
-both signs, differed by 2.1e-2 of its value between them at D = 32 (interpreted; 8e-3 at D = 64).
+(``in_place``: only the groups' column tiles written into the residual's buffer). float32 runs
+at jax's "highest" matmul precision on both paths (no TF32: the products' order is the only
+difference, bound 1e-5); bfloat16 at its default, bound 2^-4: both paths round at other points,
+and alpha's gradient, one sum over every row of terms of both signs, differed by 2.1e-2 of its
+value between them at D = 32 (interpreted; 8e-3 at D = 64).
 
     KERAS_BACKEND=jax python bench/kernel_check.py                 # a GPU: compiled kernels
     KERAS_BACKEND=jax python bench/kernel_check.py --rows 64       # elsewhere: interpreted (slow)

@@ -313,7 +313,8 @@ def test_a_dense_vit_takes_the_kernels_only_under_grouped_kernel_all(monkeypatch
         pytest.importorskip("triton")
     module, name = (packed_block, "kernel_halves") if BACKEND == "torch" else (block_module, "kernel_block")
     kernel, forms = getattr(module, name), []
-    monkeypatch.setattr(module, name, lambda *a, **k: forms.append(platform_forms.projections_form()) or kernel(*a, **k))
+    monkeypatch.setattr(module, name,
+                        lambda *a, **k: forms.append(platform_forms.projections_form()) or kernel(*a, **k))
     results = _outputs_and_gradients_by_form(monkeypatch, models.ViTBackbone(**TINY, use_class_token=True),
                                              "PROJECTIONS", training=training)
     assert set(forms) == {"grouped_kernel_all"} and len(forms) >= 2 * TINY["depth"]  # each block, twice

@@ -238,8 +238,8 @@ def _in_place_aliases(operands, pieces, residual, side, parts, row_sums, residua
         expected = (column_tiles,) + tuple(residual.shape[:2])
         shapes = [tuple(jnp.shape(t)) for t in residual_sums or ()]
         if shapes != [expected, expected] or any(jnp.dtype(t.dtype) != jnp.float32 for t in residual_sums):
-            raise ValueError(f"`in_place` with `row_sums` needs `residual_sums`, the residual's float32 (sums, squares) "
-                             f"of shape {expected} each (one per column tile); got {shapes}.")
+            raise ValueError(f"`in_place` with `row_sums` needs `residual_sums`, the residual's float32 (sums, "
+                             f"squares) of shape {expected} each (one per column tile); got {shapes}.")
     aliases = {len(pieces) + 2: 0}
     if not row_sums:
         return aliases, 0

@@ -27,7 +27,8 @@ groups reads that tensor again (under a trace), so no split and join of the stre
 cotangent runs between kernel blocks. Blocks the kernels do not cover take
 the generic path: parts of other classes than ``MoNEAttention`` and ``NestedMLP``, attention
 without biases, the "score" gate, attention weights asked for, groups all at full width
-(but under ``grouped_kernel_all``: a dense ViT's blocks in MoNE's fused form), widths ``D`` or ``mlp_dim`` that are not multiples of 16 (``shape_fits``), models under a
+(but under ``grouped_kernel_all``: a dense ViT's blocks in MoNE's fused form), widths ``D`` or
+``mlp_dim`` that are not multiples of 16 (``shape_fits``), models under a
 Keras distribution, and training calls of blocks with dropout.
 
 Training calls (``training=True``, without dropout): fc1's epilogue writes its pre-activations

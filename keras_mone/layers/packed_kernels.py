@@ -26,10 +26,11 @@ CUDA's memory-efficient kernel, float32's). The weights are read as stored
 the rows' dtype as it loads it, the values Keras' autocast would give, without a cast copy of
 every weight per call. Attention is torch's.
 
-Blocks the kernel does not cover keep the per-group path: all groups at full width (dense's
-GEMMs; but under ``grouped_kernel_all``), ``D`` or ``mlp_dim`` not a multiple of 16, rows that are not float16, bfloat16 or
-float32, torch's autocast, TorchScript tracing and ``torch.func`` transforms
-(``torch_eager.eager``). Gradients are the per-group path's, recomputed (the kernel's custom op). Not timed on a card.
+Blocks the kernel does not cover keep the per-group path: all groups at full width (dense's GEMMs;
+but under ``grouped_kernel_all``), ``D`` or ``mlp_dim`` not a multiple of 16, rows that are not
+float16, bfloat16 or float32, torch's autocast, TorchScript tracing and ``torch.func`` transforms
+(``torch_eager.eager``). Gradients are the per-group path's, recomputed (the kernel's custom op).
+Not timed on a card.
 """
 
 import weakref

@@ -169,6 +169,7 @@ def projections_form():
     return _kernel_form(PROJECTIONS_ENV, _env_form(PROJECTIONS_ENV, PROJECTIONS_FORMS, "per_group"), "per_group",
                         "projections")
 
+
 def kernel_covers(widths, hidden_dim):
     """Whether ``projections_form`` runs a block whose token groups are at ``widths`` (of
     ``hidden_dim``) through the grouped kernels: any block under ``grouped_kernel_all``, one with a
@@ -313,7 +314,6 @@ def current_forms():
             "order_form": order_form(), "norms_form": norms_form(), "statistics_form": statistics_form(),
             "layout_form": layout_form(), "residuals_form": residuals_form(),
             "projections_form": projections_form()}
-
 
 
 def _kernel_form(variable, chosen, plain, kernel):
