@@ -47,7 +47,8 @@ def test_fewer_groups_give_the_first_rows_without_a_copy():
     np.testing.assert_array_equal(first.numpy(), whole.numpy()[:7])
 
 
-@pytest.mark.parametrize("case", ["reordered", "without_the_first", "a_copy", "two_wholes", "untagged", "none"])
+@pytest.mark.parametrize("case", ["reordered", "without_the_first", "a_copy", "two_wholes", "two_cuts",
+                                  "reshaped_in_place", "untagged", "none"])
 def test_groups_that_are_not_the_first_views_in_order_have_no_whole(case):
     whole = _whole()
     groups = cut_groups(whole, [2, 5, 3])
@@ -57,6 +58,8 @@ def test_groups_that_are_not_the_first_views_in_order_have_no_whole(case):
         "without_the_first": groups[1:],
         "a_copy": [groups[0].clone(), groups[1], groups[2]],
         "two_wholes": [groups[0], others[1], groups[2]],
+        "two_cuts": [cut_groups(whole, [1, 2])[0], cut_groups(whole, [2, 2])[1]],  # rows 0 and 2-3, not 0-2
+        "reshaped_in_place": [groups[0].transpose_(0, 1), groups[1], groups[2]],
         "untagged": [g.transpose(0, 1).transpose(0, 1) for g in groups],
         "none": [],
     }[case]

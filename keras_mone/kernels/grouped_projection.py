@@ -213,7 +213,9 @@ def _in_place(in_place, residual, residual_sums, x, side, statistics):
         return False, None
     if statistics is None:
         return True, None
-    fits = residual_sums is not None and residual_sums.sums.shape == (statistics[1],) + residual.shape[:2]
+    shape = (statistics[1],) + residual.shape[:2]
+    fits = residual_sums is not None and all(t.shape == shape and t.dtype == jnp.float32
+                                             for t in (residual_sums.sums, residual_sums.squares))
     return (True, (residual_sums.sums, residual_sums.squares)) if fits else (False, None)
 
 

@@ -151,6 +151,7 @@ def mlp_form():
     fused kernels' products counted")."""
     return _kernel_form(MLP_ENV, _env_form(MLP_ENV, MLP_FORMS, "plain"), "plain", "mlp")
 
+
 def projections_form():
     """``"per_group"``, ``"grouped_kernel"`` or ``"grouped_kernel_all"``: a ``ViTBlock``'s nested
     projections (q/k/v, the attention's out-projection, fc1, fc2) as one GEMM per token group, or
@@ -171,12 +172,11 @@ def projections_form():
 
 
 def kernel_covers(widths, hidden_dim):
-    """Whether ``projections_form`` runs a block whose token groups are at ``widths`` (of
-    ``hidden_dim``) through the grouped kernels: any block under ``grouped_kernel_all``, one with a
-    nested group under ``grouped_kernel``, none under ``per_group``."""
-    form = projections_form()
-    nested = any(width != hidden_dim for width in widths)
+    """Whether a block whose groups run at ``widths`` (of ``hidden_dim``) takes the grouped kernels: any
+    under ``grouped_kernel_all``, one with a nested group under ``grouped_kernel``, none per group."""
+    form, nested = projections_form(), any(width != hidden_dim for width in widths)
     return form == "grouped_kernel_all" or (form == "grouped_kernel" and nested)
+
 
 def order_form():
     """``"tied"`` or ``"free"``: whether jax ties each nested weight slice and each token

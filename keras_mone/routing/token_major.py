@@ -17,16 +17,16 @@ the caller concatenates.
 """
 
 TAG = "_keras_mone_token_major"
-"""The attribute a cut view carries: ``(whole, its index among the groups)``."""
+"""The attribute a cut view carries: ``(whole, its first row, its row past the last)``."""
 
 
 def cut_groups(whole, sizes):
     """``whole`` (``(sum(sizes) [+ more], batch, ...)``, token-major) as ``(batch, k_j, ...)`` views of
     its first rows, one per size in ``sizes``, each tagged for ``tagged_whole``."""
     groups, start = [], 0
-    for index, size in enumerate(sizes):
+    for size in sizes:
         view = whole[start:start + size].transpose(0, 1)
-        setattr(view, TAG, (whole, index))
+        setattr(view, TAG, (whole, start, start + size))
         groups.append(view)
         start += size
     return groups
@@ -34,13 +34,17 @@ def cut_groups(whole, sizes):
 
 def tagged_whole(groups):
     """The token-major tensor ``groups`` were cut from by ``cut_groups``, as ``(sum k_j, batch,
-    ...)`` (its first rows where it has more), or ``None`` unless ``groups`` are its first
-    views, in order."""
+    ...)`` (its first rows where it has more), or ``None`` unless ``groups`` are views of its
+    consecutive rows from the first, in order, each still of its cut's shape (views cut from
+    one tensor in two ways, or reshaped in place since, have no whole)."""
     tags = [getattr(group, TAG, None) for group in groups]
     if not tags or tags[0] is None:
         return None
-    whole = tags[0][0]
-    if any(tag is None or tag[0] is not whole or tag[1] != index for index, tag in enumerate(tags)):
-        return None
-    rows = sum(group.shape[1] for group in groups)
-    return whole if rows == whole.shape[0] else whole[:rows]
+    whole, stop = tags[0][0], 0
+    for group, tag in zip(groups, tags):
+        if tag is None or tag[0] is not whole or tag[1] != stop:
+            return None
+        if tuple(group.shape) != (whole.shape[1], tag[2] - tag[1]) + tuple(whole.shape[2:]):
+            return None
+        stop = tag[2]
+    return whole if stop == whole.shape[0] else whole[:stop]
