@@ -268,17 +268,18 @@ def _run_forms(args):
     for batch_size in batch_sizes:
         images, labels = _batch(dense.backbone, dense.num_classes, batch_size, args.seed)
         x, _ = device_batch(images, labels)
-        dense_steps, first_logits, dense_logits = {}, None, {}
+        dense_steps, first_logits, first_dense, dense_keys = {}, None, None, set()
         for form in forms:
             timed = timed_pair("forward", batch_size, form, lambda model: forward_step(model, x), models,
                                dense_steps, args, notes, log)
             if timed is not None:
                 rows.append(timed[0])
                 first_logits = _compare_logits(timed[2](), first_logits, form, forms[0], batch_size, notes)
-                if _dense_key(form) not in dense_logits:  # a dense program of its own (grouped_kernel_all)
-                    first = next(iter(dense_logits.values()), (form, None))
-                    dense_logits[_dense_key(form)] = (first[0], _compare_logits(
-                        timed[1](), first[1], form, first[0], batch_size, notes, "dense"))
+                if _dense_key(form) not in dense_keys:  # a dense program of its own (e.g. grouped_kernel_all)
+                    dense_keys.add(_dense_key(form))
+                    first_form, first = first_dense or (form, None)
+                    first_dense = first_form, _compare_logits(timed[1](), first, form, first_form, batch_size, notes,
+                                                              "dense")
                 if args.profile and batch_size == batch_sizes[-1]:
                     dense_label = f"dense {_dense_key(form) or 'default'}"
                     profile_pair([(dense_label, timed[1]), (f"MoNE {form}", timed[2])], args, profiles, notes, log)

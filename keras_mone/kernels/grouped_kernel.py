@@ -220,6 +220,19 @@ def _check_backward_forms(pieces, residual, scale, norm, side, parts, tiles, der
                          "`derivative` and one part, neither with a `norm` or `residual`.")
 
 
+def in_place_fits(residual, dtype, residual_sums=None, column_tiles=None):
+    """Whether an out-projection can write into the buffer of ``residual``: a residual of the rows'
+    ``dtype`` and, where the launch stores row sums over ``column_tiles`` (``None``: it stores
+    none), ``residual_sums`` the residual's float32 ``(sums, squares)``, ``(column_tiles, batch,
+    tokens)`` each (``_in_place_aliases``)."""
+    if residual is None or residual.dtype != dtype:
+        return False
+    if column_tiles is None:
+        return True
+    expected = (column_tiles,) + tuple(residual.shape[:2])
+    return residual_sums is not None and len(residual_sums) == 2 and all(
+        tuple(jnp.shape(t)) == expected and jnp.dtype(t.dtype) == jnp.float32 for t in residual_sums)
+
 def _in_place_aliases(operands, pieces, residual, side, parts, row_sums, residual_sums, column_tiles, others):
     """``(input_output_aliases, unread operands)`` of an ``in_place`` launch: an inference
     out-projection whose output is its residual's buffer (the residual is read after x, w and b),
@@ -234,12 +247,11 @@ def _in_place_aliases(operands, pieces, residual, side, parts, row_sums, residua
             other is not None and other is not False for other in others):
         raise ValueError("`in_place` belongs to a forward out-projection with a `residual` of x's dtype: one part, "
                          "no `keep_pre`, `derivative`, `products`, `norm_sums` or transposed weights.")
-    if row_sums:
-        expected = (column_tiles,) + tuple(residual.shape[:2])
+    if not in_place_fits(residual, pieces[0].dtype, residual_sums, column_tiles if row_sums else None):
         shapes = [tuple(jnp.shape(t)) for t in residual_sums or ()]
-        if shapes != [expected, expected] or any(jnp.dtype(t.dtype) != jnp.float32 for t in residual_sums):
-            raise ValueError(f"`in_place` with `row_sums` needs `residual_sums`, the residual's float32 (sums, "
-                             f"squares) of shape {expected} each (one per column tile); got {shapes}.")
+        raise ValueError(f"`in_place` with `row_sums` needs `residual_sums`, the residual's float32 (sums, "
+                         f"squares) of shape {(column_tiles,) + tuple(residual.shape[:2])} each (one per column "
+                         f"tile); got {shapes}.")
     aliases = {len(pieces) + 2: 0}
     if not row_sums:
         return aliases, 0

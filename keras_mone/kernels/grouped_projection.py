@@ -37,8 +37,8 @@ import jax.numpy as jnp
 
 from keras_mone.kernels.grouped_gradients import gate_cotangents, projection_gradients
 from keras_mone.kernels.grouped_kernel import (
-    SIDES, TILES_ENV, check_tiles, checked_groups, default_tiles, gated_scale, normalized, pallas_projection,
-    shape_fits, tile_override,
+    SIDES, TILES_ENV, check_tiles, checked_groups, default_tiles, gated_scale, in_place_fits, normalized,
+    pallas_projection, shape_fits, tile_override,
 )
 from keras_mone.kernels.grouped_labels import kernel_label, labelled_cost
 from keras_mone.kernels.precision import precision_context, precision_name
@@ -209,14 +209,10 @@ def _in_place(in_place, residual, residual_sums, x, side, statistics):
     if side != "out" or residual is None:
         raise ValueError(f"`in_place` belongs to side 'out' with a `residual`; got side {side!r} and "
                          f"{'no' if residual is None else 'a'} residual.")
-    if residual.dtype != x.dtype:
+    sums = None if residual_sums is None or statistics is None else (residual_sums.sums, residual_sums.squares)
+    if not in_place_fits(residual, x.dtype, sums, None if statistics is None else statistics[1]):
         return False, None
-    if statistics is None:
-        return True, None
-    shape = (statistics[1],) + residual.shape[:2]
-    fits = residual_sums is not None and all(t.shape == shape and t.dtype == jnp.float32
-                                             for t in (residual_sums.sums, residual_sums.squares))
-    return (True, (residual_sums.sums, residual_sums.squares)) if fits else (False, None)
+    return True, sums
 
 
 def _activated(x, input_activation, activated):
